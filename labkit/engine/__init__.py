@@ -1,0 +1,1 @@
+"""The serving engine: requests, scheduler policies, model runner, step loop."""

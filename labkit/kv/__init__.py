@@ -1,0 +1,1 @@
+"""KV caches: a contiguous per-sequence cache and the paged block pool."""

