@@ -10,6 +10,7 @@ import sys
 # and its docstring's first line is the subcommand's help.
 SUBCOMMANDS = {
     "info": "labkit.info",
+    "plan": "labkit.plan_cli",
 }
 
 

@@ -1,0 +1,291 @@
+"""Napkin capacity planning: how many users one GPU serves, and what a million tokens costs.
+
+Memory decides how many conversations fit (one subtraction, one division); the cost
+model decides how long a decode step and a prefill take; the rest is bookkeeping:
+GPU time per request, the request ceiling, tokens per second, the price, and the load
+that keeps a promise about time per token. Every number is a model output, not a
+measurement: it shows which resource binds, then a benchmark has the last word.
+
+``SALE_EXAMPLE`` and ``FRIENDS_EXAMPLE`` rebuild the two worked examples of the course's
+sources, whose tables were not published, from the numbers the texts quote.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from labkit.sim.cost_model import MODELS, CostModel, ModelSpec, get_model
+from labkit.sim.hardware import GB, TB, TFLOPS, Hardware, get_hardware
+
+# The lessons say "8B" and compute with 8.0e9 parameters (16 GB of BF16 weights); the real
+# checkpoint holds 8.03e9. Their figures are reproduced only with the round number.
+LESSON_LLAMA_8B = replace(MODELS["llama-3.1-8b"], name="Llama 3.1 8B (round 8e9 parameters)", parameters=8e9)
+
+SALE_GPU = Hardware(
+    "the sale's GPU (A100-class, round figures)", 80 * GB, 2 * TB, 150 * TFLOPS,
+    "reconstructed from seed 000: 2 TB/s is quoted; 150 TFLOP/s gives both its critical batch of 75 "
+    "and its 35.0 ms arithmetic term; about half the A100's 312 TFLOP/s peak, a rate kernels reach")
+
+SALE_EXAMPLE: dict = dict(
+    hardware=SALE_GPU, model=LESSON_LLAMA_8B, prompt_len=1000, answer_len=300,
+    memory_fraction=0.9, overhead_s=0.003, promise_s=0.050, price_per_gpu_hour=2.0)
+"""The festival-sale plan of seed 000 ("Capacity planning, by hand"), rebuilt from its quotes.
+
+Inputs and the quotes that pin them: 80 GB card at 90% (72 GB, less 16 GB of weights,
+leaves 56 GB); 1,000-token prompt and 300-token answer (1,300 tokens x 128 KiB per
+conversation: 328 fit; mean context 1,000 + 300/2 = 1,150 tokens); 2 TB/s and 150 TFLOP/s
+(memory term 32.7 ms, arithmetic 35.0 ms, critical batch 75); 3 ms overhead per pass
+(step 38.0 ms; prefill 109.7 ms, so 144.4 ms of GPU time per request of which 34.7 ms is
+decode). Outputs then match every quote: 125 tokens/s for one stream, about 17x that in
+total, 24% decode share, 158 ms between a user's tokens, a 6.9 requests/s ceiling, and
+under a 50 ms promise 5.9 requests/s with 88 conversations in flight, about 15% lost.
+The price, $2.00 per GPU-hour, is our assumption: the source quotes no price.
+"""
+
+FRIENDS_GPU = Hardware(
+    "the post's 24 GB card (close to an RTX 4090)", 24 * GB, 1 * TB, 165 * TFLOPS,
+    "seed 002: 'about 1 TB/s of memory bandwidth and 165 TFLOPS'")
+
+FRIENDS_EXAMPLE: dict = dict(
+    hardware=FRIENDS_GPU, model=LESSON_LLAMA_8B, prompt_len=6144, answer_len=2048, memory_fraction=0.85)
+"""Seed 002's Llama 3.1 8B on a 24 GB card, friends chatting at 8K tokens each.
+
+Quoted: 16 GB of weights; 128 KiB of KV per token, about 1 GB for an 8K chat; four friends
+at 8K fit and ten do not; about 60 tokens/s for one person (62.5); a 2,000-token prompt is
+compute-bound (critical batch 165). The post does not say how much of the card it keeps
+back for activations: 85% is the roundest fraction that fits four (any from 85% to 89% does).
+The 6,144 + 2,048 split of the 8K chat is ours; only the total is quoted. The step figures
+(18 ms, 26 ms, 800 ms, 54 tokens/s each) are cost-model calls shown in the tests and book.
+"""
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """Everything :func:`plan` works out; ``str()`` gives the table, numbered as in the lesson."""
+
+    hardware: Hardware
+    model: ModelSpec
+    prompt_len: int
+    answer_len: int
+    memory_fraction: float
+    gpu_memory_bytes: float
+    # Part 1: how many conversations fit
+    kv_budget_bytes: float  # memory x fraction - weights
+    kv_bytes_per_conversation: float  # (prompt + answer) x KV bytes per token
+    conversations: int
+    # Part 2: how fast, and how much
+    single_stream_tokens_per_s: float  # bandwidth / weight bytes
+    critical_batch: float  # tokens per pass where arithmetic time = weight-read time
+    mean_context: float  # prompt + answer / 2: the average sequence in a full batch
+    decode_memory_s: float
+    decode_compute_s: float
+    overhead_s: float
+    decode_step_s: float
+    prefill_s: float
+    decode_s_per_request: float  # answer x step / conversations
+    gpu_s_per_request: float
+    request_ceiling_per_s: float
+    tokens_per_s: float  # output tokens at the ceiling
+    cost_per_million_tokens: float | None
+    price_per_gpu_hour: float | None
+    # Part 3: the promise to users
+    decode_share: float  # fraction of GPU time that decode steps get
+    token_interval_s: float  # what a user sees between tokens at the ceiling
+    promise_s: float | None
+    promise_load_per_s: float | None
+    promise_in_flight: float | None
+
+    @property
+    def kv_read_bytes(self) -> float:
+        """KV cache a full decode step reads: conversations x mean context x KV bytes per token."""
+        return self.conversations * self.mean_context * self.model.kv_bytes_per_token
+
+    @property
+    def speedup_over_single_stream(self) -> float:
+        return self.tokens_per_s / self.single_stream_tokens_per_s
+
+    @property
+    def promise_capacity_cost(self) -> float | None:
+        """Fraction of the request ceiling given up to keep the promise."""
+        if self.promise_load_per_s is None:
+            return None
+        return 1 - self.promise_load_per_s / self.request_ceiling_per_s
+
+    def __str__(self) -> str:
+        m, ms = self.model, 1e3
+        tokens = self.prompt_len + self.answer_len
+        rows = [
+            f"Capacity plan: {m.name} on {self.hardware.name}",
+            "(napkin estimate from the four-constant cost model, not a measurement)",
+            "",
+            "Part 1: how many conversations fit",
+            _row(1, "usable memory", f"{self.gpu_memory_bytes / GB:,.0f} GB x {self.memory_fraction:.2f}",
+                 f"{self.gpu_memory_bytes * self.memory_fraction / GB:,.1f} GB"),
+            _row(2, "left for KV caches", f"minus {m.weight_bytes / GB:,.1f} GB of weights",
+                 f"{self.kv_budget_bytes / GB:,.1f} GB"),
+            _row(3, "KV per token", f"2 x {m.layers} x {m.kv_heads} x {m.head_dim} x {m.kv_bytes_per_value:g} B",
+                 f"{m.kv_bytes_per_token / 1024:,.0f} KiB"),
+            _row(4, "KV per conversation", f"{tokens:,} tokens", f"{self.kv_bytes_per_conversation / 1e6:,.0f} MB"),
+            _row(5, "conversations that fit", "row 2 / row 4, rounded down", f"{self.conversations:,}"),
+            "",
+            "Part 2: how fast, and how much",
+            _row(6, "decode step, all on board", f"mean context {self.mean_context:,.0f} tokens", ""),
+            _row("", "  memory term", f"({m.weight_bytes / GB:,.1f} + {self.kv_read_bytes / GB:,.1f} GB KV) / "
+                 f"{self.hardware.bandwidth / TB:.3g} TB/s", f"{self.decode_memory_s * ms:.1f} ms"),
+            _row("", "  arithmetic term", f"{self.conversations:,} x 2 x {m.parameters / 1e9:.3g}e9 / "
+                 f"{self.hardware.flops / TFLOPS:.3g} TFLOP/s", f"{self.decode_compute_s * ms:.1f} ms"),
+            _row("", "  step", f"the larger + {self.overhead_s * ms:.1f} ms overhead",
+                 f"{self.decode_step_s * ms:.1f} ms"),
+            _row(7, "prefill", f"{self.prompt_len:,} tokens", f"{self.prefill_s * ms:.1f} ms"),
+            _row(8, "GPU time per request", f"prefill + {self.answer_len:,} x step / {self.conversations:,}",
+                 f"{self.gpu_s_per_request * ms:.1f} ms"),
+            _row(9, "request ceiling", "1 / row 8", f"{_rate(self.request_ceiling_per_s)} req/s"),
+            _row(10, "output tokens/s", f"row 9 x {self.answer_len:,}", f"{self.tokens_per_s:,.0f}"),
+            _row(11, "cost per million tokens", self._price_formula(), self._price_value()),
+            _row("", "single-stream bound", "bandwidth / weight bytes",
+                 f"{self.single_stream_tokens_per_s:,.1f} tok/s"),
+            _row("", "batching buys", "row 10 / single stream", f"{self.speedup_over_single_stream:.1f}x"),
+            _row("", "critical batch", "flops / bandwidth x bytes per param / 2",
+                 f"{self.critical_batch:,.0f} tokens"),
+            "",
+            "Part 3: the promise to users",
+            _row("", "decode share of GPU time", f"{self.decode_s_per_request * ms:.1f} / "
+                 f"{self.gpu_s_per_request * ms:.1f} ms", f"{self.decode_share:.0%}"),
+            _row("", "time between a user's tokens", "step / decode share", f"{self.token_interval_s * ms:.0f} ms"),
+        ]
+        if self.promise_s is not None:
+            rows += [
+                _row("", "load that keeps the promise", f"a token every {self.promise_s * ms:.0f} ms or sooner",
+                     f"{_rate(self.promise_load_per_s)} req/s"),
+                _row("", "conversations in flight", "load x answer x promise", f"{self.promise_in_flight:,.0f}"),
+                _row("", "capacity the promise costs", "1 - load / ceiling", f"{self.promise_capacity_cost:.0%}"),
+            ]
+        return "\n".join(rows)
+
+    def _price_formula(self) -> str:
+        if self.price_per_gpu_hour is None:
+            return "no price given"
+        return f"${self.price_per_gpu_hour:.2f}/h / 3600 / row 10 x 1e6"
+
+    def _price_value(self) -> str:
+        return "-" if self.cost_per_million_tokens is None else f"${self.cost_per_million_tokens:.3f}"
+
+
+def _rate(per_s: float) -> str:
+    return f"{per_s:,.1f}" if per_s >= 1 else f"{per_s:.2g}"
+
+
+def _row(number: int | str, label: str, formula: str, value: str) -> str:
+    return f"{number!s:>3}  {label:<30} {formula:<46} {value:>14}"
+
+
+def conversations_that_fit(gpu_memory_bytes: float, memory_fraction: float, model: ModelSpec,
+                           tokens_per_conversation: int) -> int:
+    """How many conversations of ``tokens_per_conversation`` tokens fit beside the weights."""
+    if not 0 < memory_fraction <= 1:
+        raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}; "
+                         "0.9 (vLLM's default) is a usual choice")
+    if not gpu_memory_bytes > 0:
+        raise ValueError(f"gpu_memory_bytes must be positive, got {gpu_memory_bytes!r}")
+    usable = gpu_memory_bytes * memory_fraction
+    if model.weight_bytes >= usable:
+        raise ValueError(f"the weights of {model.name} ({model.weight_bytes / GB:.1f} GB) do not fit in "
+                         f"{memory_fraction:.0%} of {gpu_memory_bytes / GB:.1f} GB; use a GPU with more memory, "
+                         "fewer bytes per parameter (quantize) or several GPUs")
+    return math.floor((usable - model.weight_bytes) / (tokens_per_conversation * model.kv_bytes_per_token))
+
+
+def load_within_promise(cost: CostModel, prefill_s: float, answer_len: int, mean_context: float,
+                        promise_s: float) -> tuple[float, float]:
+    """Requests/s, and conversations in flight, at which users get a token every ``promise_s``.
+
+    The fixed point. At a load of λ requests/s, prefills take the share λ·p of GPU time
+    (p = prefill seconds per request), so decode steps get 1 − λ·p of it and a user waits
+    τ = t(B) / (1 − λ·p) between tokens, where t(B) is a decode step with B sequences on
+    board. Each conversation decodes for L tokens, i.e. L·τ seconds, so by Little's law
+    B = λ·L·τ. Keeping the promise exactly (τ = T) gives B = λ·L·T and
+
+        t(λ·L·T) = T · (1 − λ·p).
+
+    With t(B) = max(m₀ + m₁·B, c₁·B) + o — m₀ = weights / bandwidth, m₁ = mean context ×
+    KV bytes per token / bandwidth, c₁ = 2·parameters / rate, o = overhead — a maximum
+    stays under a bound only if both of its terms do, and each term is a line in λ:
+
+        memory:      m₀ + o + m₁·L·T·λ ≤ T − T·p·λ   ⇒   λ ≤ (T − m₀ − o) / (L·T·m₁ + T·p)
+        arithmetic:       o + c₁·L·T·λ ≤ T − T·p·λ   ⇒   λ ≤ (T − o) / (L·T·c₁ + T·p)
+
+    The load is the smaller bound; the conversations in flight are B = λ·L·T. (The caller
+    caps both by memory: if B exceeds the conversations that fit, memory binds first.)
+    """
+    if not promise_s > 0:
+        raise ValueError(f"promise_s must be positive, got {promise_s!r}; for 50 ms between tokens pass 0.050")
+    weight_read_s = cost.weight_bytes / cost.bandwidth
+    if promise_s <= weight_read_s + cost.overhead_s:
+        raise ValueError(f"no load keeps a promise of {promise_s * 1e3:.1f} ms per token: a decode step already "
+                         f"takes {(weight_read_s + cost.overhead_s) * 1e3:.1f} ms to read the weights; promise "
+                         "more, or use more bandwidth or fewer bytes per parameter")
+    kv_s_per_sequence = mean_context * cost.kv_bytes_per_token / cost.bandwidth
+    compute_s_per_sequence = cost.flops_per_token / cost.flops
+    memory_bound = (promise_s - weight_read_s - cost.overhead_s) / (
+        answer_len * promise_s * kv_s_per_sequence + promise_s * prefill_s)
+    compute_bound = (promise_s - cost.overhead_s) / (answer_len * promise_s * compute_s_per_sequence
+                                                     + promise_s * prefill_s)
+    load = min(memory_bound, compute_bound)
+    return load, load * answer_len * promise_s
+
+
+def plan(hardware: Hardware | str, model: ModelSpec | str, prompt_len: int, answer_len: int, *,
+         memory_fraction: float = 0.9, gpu_memory_bytes: float | None = None, overhead_s: float = 0.0,
+         promise_s: float | None = None, price_per_gpu_hour: float | None = None) -> CapacityPlan:
+    """Plan one GPU serving conversations of ``prompt_len`` + ``answer_len`` tokens.
+
+    ``hardware`` and ``model`` are presets or their names; ``gpu_memory_bytes`` overrides the
+    card's memory. Times are in seconds (``promise_s=0.050`` for a token every 50 ms); the
+    price is per GPU-hour. The batch is assumed full: every conversation that fits is on
+    board, the average one halfway through its answer. See :func:`load_within_promise` for
+    the algebra of the promise. ``plan(**SALE_EXAMPLE)`` is the lesson's worked example.
+    """
+    hardware, model = get_hardware(hardware), get_model(model)
+    for name, value in (("prompt_len", prompt_len), ("answer_len", answer_len)):
+        if not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"{name} must be a whole number of tokens, 1 or more; got {value!r}")
+    if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
+        raise ValueError(f"price_per_gpu_hour must be zero or more, got {price_per_gpu_hour!r}")
+    gpu_memory = hardware.memory_bytes if gpu_memory_bytes is None else gpu_memory_bytes
+    cost = CostModel.from_parts(hardware, model, overhead_s)
+
+    conversations = conversations_that_fit(gpu_memory, memory_fraction, model, prompt_len + answer_len)
+    if conversations < 1:
+        raise ValueError(f"not one conversation of {prompt_len + answer_len:,} tokens fits beside the weights; "
+                         "shorten the prompt or answer, raise memory_fraction, or use a GPU with more memory")
+    mean_context = prompt_len + answer_len / 2
+    step = cost.pass_breakdown(conversations, conversations * mean_context)
+    prefill_s = cost.prefill_time(prompt_len)
+    decode_s_per_request = answer_len * step.total_s / conversations
+    gpu_s_per_request = prefill_s + decode_s_per_request
+    ceiling = 1 / gpu_s_per_request
+    tokens_per_s = ceiling * answer_len
+    decode_share = decode_s_per_request / gpu_s_per_request
+
+    promise_load = in_flight = None
+    if promise_s is not None:
+        promise_load, in_flight = load_within_promise(cost, prefill_s, answer_len, mean_context, promise_s)
+        if in_flight >= conversations:  # the promise does not bind before memory does
+            promise_load, in_flight = ceiling, float(conversations)
+
+    return CapacityPlan(
+        hardware=hardware, model=model, prompt_len=prompt_len, answer_len=answer_len,
+        memory_fraction=memory_fraction, gpu_memory_bytes=gpu_memory,
+        kv_budget_bytes=gpu_memory * memory_fraction - model.weight_bytes,
+        kv_bytes_per_conversation=(prompt_len + answer_len) * model.kv_bytes_per_token,
+        conversations=conversations,
+        single_stream_tokens_per_s=cost.single_stream_bound, critical_batch=cost.critical_batch,
+        mean_context=mean_context, decode_memory_s=step.memory_s, decode_compute_s=step.compute_s,
+        overhead_s=overhead_s, decode_step_s=step.total_s, prefill_s=prefill_s,
+        decode_s_per_request=decode_s_per_request, gpu_s_per_request=gpu_s_per_request,
+        request_ceiling_per_s=ceiling, tokens_per_s=tokens_per_s,
+        cost_per_million_tokens=None if price_per_gpu_hour is None else price_per_gpu_hour / 3600 / tokens_per_s * 1e6,
+        price_per_gpu_hour=price_per_gpu_hour, decode_share=decode_share,
+        token_interval_s=step.total_s / decode_share, promise_s=promise_s,
+        promise_load_per_s=promise_load, promise_in_flight=in_flight)

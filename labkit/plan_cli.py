@@ -1,0 +1,78 @@
+"""Plan GPU capacity by hand: conversations that fit, step times, tokens/s, cost, load under a promise.
+
+Start from a preset (``--gpu``, ``--model``) or a worked example (``--example sale``) and
+override any figure, for example::
+
+    labkit plan --gpu h100-sxm --model qwen3-8b --prompt 2000 --answer 400 --promise-ms 40 --price 3
+    labkit plan --example sale --memory-fraction 0.95
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+
+from labkit.capacity import FRIENDS_EXAMPLE, SALE_EXAMPLE, plan
+from labkit.sim.cost_model import MODELS, get_model
+from labkit.sim.hardware import GB, PRESETS, TB, TFLOPS, get_hardware
+
+EXAMPLES = {"sale": SALE_EXAMPLE, "friends": FRIENDS_EXAMPLE}
+DEFAULTS = dict(hardware="a100-80gb", model="llama-3.1-8b", prompt_len=1000, answer_len=300)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--example", choices=sorted(EXAMPLES), help="start from a worked example of the course")
+    parser.add_argument("--gpu", help=f"hardware preset: {', '.join(sorted(PRESETS))} or this-machine "
+                                      "(default a100-80gb)")
+    parser.add_argument("--gpu-memory-gb", type=float, help="memory of the card, GB")
+    parser.add_argument("--bandwidth-tbs", type=float, help="memory bandwidth, TB/s")
+    parser.add_argument("--tflops", type=float, help="arithmetic rate, TFLOP/s")
+    parser.add_argument("--model", help=f"model preset: {', '.join(sorted(MODELS))} (default llama-3.1-8b)")
+    parser.add_argument("--params-b", type=float, help="parameters, billions")
+    parser.add_argument("--bytes-per-param", type=float, help="2 for BF16, 1 for 8-bit, about 0.52 for 4-bit")
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--kv-heads", type=int)
+    parser.add_argument("--head-dim", type=int)
+    parser.add_argument("--memory-fraction", type=float, help="share of the card the server may use (0.9)")
+    parser.add_argument("--prompt", type=int, help="prompt tokens per conversation (1000)")
+    parser.add_argument("--answer", type=int, help="answer tokens per conversation (300)")
+    parser.add_argument("--overhead-ms", type=float, help="fixed cost of every forward pass, ms (0)")
+    parser.add_argument("--promise-ms", type=float, help="promised time between a user's tokens, ms")
+    parser.add_argument("--price", type=float, help="price per GPU-hour, dollars")
+
+
+def _inputs(args: argparse.Namespace) -> dict:
+    """The example's (or default) inputs, with every figure given on the command line put in."""
+    inputs = dict(EXAMPLES[args.example] if args.example else DEFAULTS)
+    hardware = get_hardware(args.gpu or inputs["hardware"])
+    hardware_changes = {field: value * unit for field, value, unit in (
+        ("memory_bytes", args.gpu_memory_gb, GB), ("bandwidth", args.bandwidth_tbs, TB),
+        ("flops", args.tflops, TFLOPS)) if value is not None}
+    model = get_model(args.model or inputs["model"])
+    model_changes = {field: value for field, value in (
+        ("parameters", None if args.params_b is None else args.params_b * 1e9),
+        ("bytes_per_param", args.bytes_per_param), ("layers", args.layers), ("kv_heads", args.kv_heads),
+        ("head_dim", args.head_dim)) if value is not None}
+    if hardware_changes:
+        hardware = replace(hardware, name=f"{hardware.name}, as changed", **hardware_changes)
+    if model_changes:
+        model = replace(model, name=f"{model.name}, as changed", **model_changes)
+    inputs.update(hardware=hardware, model=model)
+    for key, value in (("memory_fraction", args.memory_fraction), ("prompt_len", args.prompt),
+                       ("answer_len", args.answer), ("price_per_gpu_hour", args.price),
+                       ("overhead_s", None if args.overhead_ms is None else args.overhead_ms / 1e3),
+                       ("promise_s", None if args.promise_ms is None else args.promise_ms / 1e3)):
+        if value is not None:
+            inputs[key] = value
+    return inputs
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        print(plan(**_inputs(args)))
+    except ValueError as err:
+        print(f"labkit plan: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,198 @@
+"""How long one forward pass takes, from four constants and the size of the KV cache.
+
+The lesson's cost model: a pass moves its bytes over the memory link and does its
+arithmetic, the slower of the two sets its length, and a fixed overhead (kernel
+launches, scheduling, sampling) is added on top::
+
+    t_pass = max(bytes / bandwidth, flops / rate) + overhead
+    bytes  = weight bytes + KV bytes per token x (context of every sequence in the batch)
+    flops  = 2 x parameters x (tokens computed in the pass)
+
+The four constants are ``bandwidth``, ``flops`` (the arithmetic rate), ``weight_bytes`` and
+``overhead_s``; the model adds ``kv_bytes_per_token`` and ``flops_per_token`` (2 x parameters).
+
+Left out, as the lesson leaves them out:
+
+* attention arithmetic. Scores and the weighted sum cost about 4 x layers x query heads x
+  head_dim x context FLOPs per token; for Llama 3.1 8B at a 1,150-token context that is
+  about 0.6 GFLOP against the 16 GFLOP of the weights (4%), more for long prompts.
+* writing the new tokens' KV entries (one token's worth per sequence in a decode step),
+  activations, and any kernel that runs below its peak rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple
+
+from labkit.sim.hardware import Hardware
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape of a decoder-only model that serving cost depends on."""
+
+    name: str
+    parameters: float
+    layers: int
+    kv_heads: int
+    head_dim: int
+    bytes_per_param: float = 2.0  # 2 for BF16; about 0.52 for 4-bit weights with their scales
+    kv_bytes_per_value: float = 2.0  # the KV cache is usually kept in 16-bit even for quantized weights
+
+    def __post_init__(self) -> None:
+        for field_name in ("parameters", "layers", "kv_heads", "head_dim", "bytes_per_param",
+                           "kv_bytes_per_value"):
+            value = getattr(self, field_name)
+            if not value > 0:
+                raise ValueError(f"ModelSpec {self.name!r}: {field_name} must be positive, got {value!r}; "
+                                 "take it from the model's config.json")
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.parameters * self.bytes_per_param
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """A key and a value, per layer, per KV head: 2 x layers x kv_heads x head_dim x bytes."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes_per_value
+
+
+# Parameter counts worked out from each model's config.json (embeddings included).
+MODELS: dict[str, ModelSpec] = {
+    "llama-3.1-8b": ModelSpec("Llama 3.1 8B", 8_030_261_248, layers=32, kv_heads=8, head_dim=128),
+    "qwen3-8b": ModelSpec("Qwen3 8B", 8_190_735_360, layers=36, kv_heads=8, head_dim=128),
+    "smollm2-135m": ModelSpec("SmolLM2 135M", 134_515_008, layers=30, kv_heads=3, head_dim=64),
+}
+
+
+def get_model(name: str | ModelSpec) -> ModelSpec:
+    """A model preset by name (``"llama-3.1-8b"``), or a ModelSpec passed through."""
+    if isinstance(name, ModelSpec):
+        return name
+    try:
+        return MODELS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; use one of {sorted(MODELS)} "
+                         "or build a ModelSpec(name, parameters, layers, kv_heads, head_dim)") from None
+
+
+class SequenceWork(NamedTuple):
+    """One sequence's share of a pass: tokens it computes now, tokens already in its KV cache."""
+
+    new_tokens: int
+    context_len: int
+
+
+class PassTime(NamedTuple):
+    """The terms of one pass, in seconds: the larger of the first two, plus the overhead."""
+
+    memory_s: float
+    compute_s: float
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        return max(self.memory_s, self.compute_s) + self.overhead_s
+
+    @property
+    def bound(self) -> str:
+        """Which resource sets the pass's length: ``"memory"`` or ``"compute"``."""
+        return "memory" if self.memory_s >= self.compute_s else "compute"
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Step times from bandwidth (bytes/s), arithmetic rate (FLOP/s), weight bytes and overhead (s)."""
+
+    bandwidth: float
+    flops: float
+    weight_bytes: float
+    overhead_s: float
+    kv_bytes_per_token: float
+    flops_per_token: float
+
+    def __post_init__(self) -> None:
+        for field_name in ("bandwidth", "flops", "weight_bytes", "kv_bytes_per_token", "flops_per_token"):
+            value = getattr(self, field_name)
+            if not value > 0:
+                raise ValueError(f"CostModel: {field_name} must be positive, got {value!r}; "
+                                 "a zero rate would make every pass take forever")
+        if self.overhead_s < 0:
+            raise ValueError(f"CostModel: overhead_s must be zero or more, got {self.overhead_s!r}")
+
+    @classmethod
+    def from_parts(cls, hardware: Hardware, model: ModelSpec, overhead_s: float = 0.0) -> "CostModel":
+        """The cost model of ``model`` served on ``hardware`` with a fixed per-pass overhead."""
+        return cls(bandwidth=hardware.bandwidth, flops=hardware.flops, weight_bytes=model.weight_bytes,
+                   overhead_s=overhead_s, kv_bytes_per_token=model.kv_bytes_per_token,
+                   flops_per_token=2 * model.parameters)
+
+    def pass_breakdown(self, new_tokens: int, context_tokens: int) -> PassTime:
+        """The terms of a pass computing ``new_tokens`` while reading ``context_tokens`` of KV cache.
+
+        Both are totals over the batch. The simulator calls this (or :meth:`pass_time`) every step.
+        """
+        if new_tokens < 1 or context_tokens < 0:
+            raise ValueError(f"a pass computes at least one token and reads no negative context; got "
+                             f"new_tokens={new_tokens}, context_tokens={context_tokens}")
+        bytes_moved = self.weight_bytes + self.kv_bytes_per_token * context_tokens
+        return PassTime(bytes_moved / self.bandwidth, self.flops_per_token * new_tokens / self.flops,
+                        self.overhead_s)
+
+    def pass_time(self, new_tokens: int, context_tokens: int) -> float:
+        """Seconds of a pass over batch totals; see :meth:`pass_breakdown`."""
+        return self.pass_breakdown(new_tokens, context_tokens).total_s
+
+    def step_breakdown(self, batch: Iterable[SequenceWork | tuple[int, int]]) -> PassTime:
+        """The terms of one step, given each sequence's (new tokens, context length)."""
+        new_tokens = context_tokens = 0
+        for index, (new, context) in enumerate(batch):
+            if new < 1 or context < 0:
+                raise ValueError(f"sequence {index} in the batch has new_tokens={new}, context_len={context}; "
+                                 "each sequence computes at least one token and has a context of 0 or more")
+            new_tokens += new
+            context_tokens += context
+        if new_tokens == 0:
+            raise ValueError("the batch is empty; a step needs at least one sequence")
+        return self.pass_breakdown(new_tokens, context_tokens)
+
+    def step_time(self, batch: Iterable[SequenceWork | tuple[int, int]]) -> float:
+        """Seconds of one step, given each sequence's (new tokens, context length)."""
+        return self.step_breakdown(batch).total_s
+
+    def prefill_time(self, prompt_len: int, cached_len: int = 0) -> float:
+        """Seconds to prefill one prompt alone, ``cached_len`` of its tokens already in the cache."""
+        return self.pass_time(prompt_len - cached_len, cached_len)
+
+    def decode_step_time(self, batch_size: int, mean_context: float) -> float:
+        """Seconds of a decode step: ``batch_size`` sequences, one new token each, ``mean_context`` cached."""
+        return self.pass_time(batch_size, batch_size * mean_context)
+
+    @property
+    def single_stream_bound(self) -> float:
+        """Tokens/s one sequence can never beat: every token must read all the weights."""
+        return self.bandwidth / self.weight_bytes
+
+    @property
+    def critical_batch(self) -> float:
+        """Tokens per pass at which the arithmetic takes as long as reading the weights.
+
+        weight_bytes / bandwidth = tokens x flops_per_token / flops, so
+        tokens = flops / bandwidth x weight_bytes / flops_per_token
+               = flops / bandwidth x bytes_per_param / 2.
+        Fewer tokens per pass: memory-bound (batching is nearly free). More: compute-bound.
+        """
+        return self.flops / self.bandwidth * self.weight_bytes / self.flops_per_token
+
+    def decode_crossover_batch(self, context_len: float) -> float:
+        """Batch size at which a decode step turns compute-bound, each sequence holding ``context_len``.
+
+        Solves (W + B c k) / bandwidth = B f / flops for B. Every sequence's KV read
+        pushes the crossover out; when a sequence's KV read alone takes as long as its
+        arithmetic, decode never turns compute-bound and this is infinite.
+        """
+        per_sequence_gap = self.flops_per_token / self.flops - context_len * self.kv_bytes_per_token / self.bandwidth
+        if per_sequence_gap <= 0:
+            return float("inf")
+        return self.weight_bytes / self.bandwidth / per_sequence_gap

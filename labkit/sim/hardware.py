@@ -1,0 +1,147 @@
+"""The two numbers of an accelerator that decide serving speed, for common parts and this machine.
+
+A forward pass either waits for bytes to cross the memory link (``bandwidth``) or for the
+arithmetic units to finish (``flops``). Everything else about a chip matters less for a
+first estimate, so a :class:`Hardware` holds those two rates plus the memory size.
+
+The presets are vendors' published peak figures (dense BF16 tensor rate, no sparsity;
+peak memory bandwidth). Real kernels reach a fraction of them: treat the presets as
+ceilings and :func:`probe_this_machine` as what one machine actually does.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from labkit.device import default_device, default_dtype
+
+GB = 1e9
+TB = 1e12
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator: memory size (bytes), memory bandwidth (bytes/s), arithmetic rate (FLOP/s)."""
+
+    name: str
+    memory_bytes: float
+    bandwidth: float
+    flops: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for field_name in ("memory_bytes", "bandwidth", "flops"):
+            value = getattr(self, field_name)
+            if not value > 0:
+                raise ValueError(f"Hardware {self.name!r}: {field_name} must be positive, got {value!r}; "
+                                 "give the part's published figure or measure it with probe_this_machine()")
+
+    def __str__(self) -> str:
+        return (f"{self.name}: {self.memory_bytes / GB:.0f} GB, {self.bandwidth / TB:.2f} TB/s, "
+                f"{self.flops / TFLOPS:.0f} TFLOP/s")
+
+
+_PEAK = "published peak, dense BF16 tensor rate without sparsity"
+
+PRESETS: dict[str, Hardware] = {
+    "a100-80gb": Hardware("NVIDIA A100 80GB SXM", 80 * GB, 2.039 * TB, 312 * TFLOPS,
+                          f"NVIDIA A100 Tensor Core GPU datasheet; {_PEAK}"),
+    "h100-sxm": Hardware("NVIDIA H100 SXM", 80 * GB, 3.35 * TB, 989 * TFLOPS,
+                         f"NVIDIA H100 Tensor Core GPU datasheet (1,979 with sparsity); {_PEAK}"),
+    "h200": Hardware("NVIDIA H200 SXM", 141 * GB, 4.8 * TB, 989 * TFLOPS,
+                     f"NVIDIA H200 Tensor Core GPU datasheet (1,979 with sparsity); {_PEAK}"),
+    "b200": Hardware("NVIDIA B200 (HGX)", 180 * GB, 8.0 * TB, 2250 * TFLOPS,
+                     f"NVIDIA HGX B200 datasheet, per GPU (4.5 PFLOPS with sparsity); {_PEAK}"),
+    "rtx-4090": Hardware("NVIDIA GeForce RTX 4090", 24 * GB, 1.008 * TB, 165.2 * TFLOPS,
+                         f"NVIDIA Ada Lovelace architecture whitepaper (BF16 with FP32 accumulate); {_PEAK}"),
+    "mi355x": Hardware("AMD Instinct MI355X", 288 * GB, 8.0 * TB, 2500 * TFLOPS,
+                       f"AMD Instinct MI355X datasheet (5.0 PFLOPS with sparsity); {_PEAK}"),
+}
+
+
+def get_hardware(name: str | Hardware) -> Hardware:
+    """A preset by name (``"h100-sxm"``), ``"this-machine"`` for a probe, or a Hardware passed through."""
+    if isinstance(name, Hardware):
+        return name
+    key = name.lower()
+    if key == "this-machine":
+        return probe_this_machine()
+    try:
+        return PRESETS[key]
+    except KeyError:
+        raise ValueError(f"unknown hardware {name!r}; use one of {sorted(PRESETS) + ['this-machine']} "
+                         "or build a Hardware(name, memory_bytes, bandwidth, flops)") from None
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _best_seconds(work, device: torch.device, repeats: int) -> float:
+    """Fastest of ``repeats`` timed calls after one warm-up call: the least disturbed run."""
+    work()
+    _synchronize(device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        _synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_bandwidth(megabytes: float = 256, device: torch.device | None = None, repeats: int = 3) -> float:
+    """Bytes per second a large tensor copy moves (each byte is read once and written once)."""
+    device = device or default_device()
+    count = max(1, int(megabytes * 1e6 / 4))
+    source = torch.ones(count, dtype=torch.float32, device=device)
+    target = torch.empty_like(source)
+    seconds = _best_seconds(lambda: target.copy_(source), device, repeats)
+    return 2 * source.numel() * source.element_size() / seconds
+
+
+def measure_matmul_rate(size: int = 1024, dtype: torch.dtype = torch.float32,
+                        device: torch.device | None = None, repeats: int = 3) -> float:
+    """FLOP/s of one ``size`` x ``size`` matrix product (2 size**3 operations) in ``dtype``."""
+    device = device or default_device()
+    left = torch.randn(size, size, device=device).to(dtype)
+    right = torch.randn(size, size, device=device).to(dtype)
+    seconds = _best_seconds(lambda: torch.matmul(left, right), device, repeats)
+    return 2 * size**3 / seconds
+
+
+def _memory_bytes(device: torch.device) -> float:
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def probe_this_machine(device: torch.device | None = None, copy_megabytes: float | None = None,
+                       matmul_size: int | None = None) -> Hardware:
+    """Measure this machine's bandwidth and matmul rate in a second or two and return them as Hardware.
+
+    ``flops`` is the rate in the dtype labkit computes in on this device (fp32 on CPU, bf16 on
+    a GPU); the source note gives both the fp32 and the bf16 rate. Sizes default to ones that
+    take well under a second each; pass smaller ones for a quicker, noisier figure.
+    """
+    device = device or default_device()
+    on_cpu = device.type == "cpu"
+    copy_megabytes = copy_megabytes or (256 if on_cpu else 2048)
+    matmul_size = matmul_size or (1024 if on_cpu else 8192)
+    bandwidth = measure_bandwidth(copy_megabytes, device)
+    working_dtype = default_dtype(device)
+    rates = {dtype: measure_matmul_rate(matmul_size, dtype, device)
+             for dtype in dict.fromkeys((torch.float32, torch.bfloat16, working_dtype))}
+    note = (f"measured: copy of {copy_megabytes:g} MB, {matmul_size}x{matmul_size} matmul at "
+            f"{rates[torch.float32] / TFLOPS:.3g} TFLOP/s fp32 and {rates[torch.bfloat16] / TFLOPS:.3g} "
+            f"TFLOP/s bf16; flops is the {str(working_dtype).removeprefix('torch.')} rate")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"this machine ({device.type})"
+    return Hardware(name, _memory_bytes(device), bandwidth, rates[working_dtype], note)
