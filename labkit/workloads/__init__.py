@@ -1,0 +1,20 @@
+"""Workloads: the requests a run serves, arriving over time, synthetic or from real chats.
+
+- :mod:`~labkit.workloads.spec`: ``RequestSpec`` and ``Workload``, what every generator returns;
+- :mod:`~labkit.workloads.arrivals`: Poisson and gamma-bursty arrivals, lognormal or recorded lengths;
+- :mod:`~labkit.workloads.sale`: the course's running example, a cashback sale's support chats;
+- :mod:`~labkit.workloads.sharegpt`: real prompts and answer lengths from the ShareGPT wheel.
+"""
+
+from labkit.workloads.arrivals import (LogNormal, arrival_times, replay_workload, sample_lengths,
+                                      synthetic_workload)
+from labkit.workloads.sale import sale_workload
+from labkit.workloads.sharegpt import ShareGPTData, load_sharegpt, read_conversations, sharegpt_prompts
+from labkit.workloads.spec import RequestSpec, Workload
+from labkit.workloads.tokens import estimate_tokens
+
+__all__ = [
+    "LogNormal", "RequestSpec", "ShareGPTData", "Workload", "arrival_times", "estimate_tokens",
+    "load_sharegpt", "read_conversations", "replay_workload", "sale_workload", "sample_lengths",
+    "sharegpt_prompts", "synthetic_workload",
+]
