@@ -10,7 +10,7 @@ from labkit.workloads import (LogNormal, RequestSpec, Workload, arrival_times, l
                               read_conversations, replay_workload, sale_workload, sample_lengths,
                               sharegpt_prompts, synthetic_workload)
 from labkit.workloads import sharegpt
-from labkit.workloads.tokens import chat_token_ids
+from labkit.models.tokens import encode_prompt
 
 
 class WordTokenizer:
@@ -28,11 +28,9 @@ class WordTokenizer:
     def decode(self, ids):
         return " ".join(self.words[i] for i in ids)
 
-    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True):
-        ids = []
-        for m in messages:
-            ids += [self._id("<turn>"), self._id(m["role"])] + self.encode(m["content"])
-        return ids + ([self._id("<turn>"), self._id("assistant")] if add_generation_prompt else [])
+    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=False):
+        turns = [f"<turn> {m['role']} {m['content']}" for m in messages]
+        return " ".join(turns + (["<turn> assistant"] if add_generation_prompt else []))
 
     def _id(self, word):
         if word not in self.vocab:
@@ -176,7 +174,7 @@ def test_sale_workload_is_a_seeded_burst_with_skewed_answers():
 def test_sale_workload_counts_prompts_exactly_with_a_tokenizer():
     tokenizer = WordTokenizer()
     w = sale_workload(20, seed=1, tokenizer=tokenizer)
-    assert all(r.prompt_len == len(chat_token_ids(tokenizer, r.prompt)) for r in w)
+    assert all(r.prompt_len == len(encode_prompt(tokenizer, r.prompt)) for r in w)
     with pytest.raises(ValueError, match="answer_sigma"):
         sale_workload(5, answer_sigma=-1)
 
@@ -258,7 +256,7 @@ def test_sharegpt_prompts_count_tokens_with_a_tokenizer():
     tokenizer = WordTokenizer()
     w = sharegpt_prompts(12, seed=0, tokenizer=tokenizer, max_prompt_tokens=40, limit=400)
     for r in w:
-        assert r.prompt_len == len(chat_token_ids(tokenizer, r.prompt)) <= 40
+        assert r.prompt_len == len(encode_prompt(tokenizer, r.prompt)) <= 40
     assert w.prompt_lens.max() == 40  # some long questions were cut right to the bound
 
 

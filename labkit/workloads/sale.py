@@ -13,7 +13,7 @@ import numpy as np
 
 from labkit.workloads.arrivals import arrival_times
 from labkit.workloads.spec import RequestSpec, Workload
-from labkit.workloads.tokens import chat_token_ids, estimate_tokens
+from labkit.workloads.tokens import estimate_tokens
 
 SYSTEM_PROMPT = "You are the support assistant of a payments app. Answer clearly and politely."
 
@@ -65,5 +65,7 @@ def _messages(question: str) -> list[dict[str, str]]:
 
 def _prompt_len(messages: list[dict[str, str]], tokenizer) -> int:
     if tokenizer is not None:
-        return len(chat_token_ids(tokenizer, messages))
+        from labkit.models.tokens import encode_prompt  # here, so lengths-only users never import torch
+
+        return len(encode_prompt(tokenizer, messages))
     return sum(estimate_tokens(m["content"]) for m in messages)

