@@ -1,0 +1,227 @@
+"""The engine's front door: ``LLM(...).generate(prompts)`` offline, or step by step for the labs.
+
+One step = arrivals join the queue, the scheduler policy plans the step, the model runner
+runs it as one forward pass, new tokens are appended, finished requests release their
+blocks, and the step is written to the trace. The policy, the block allocator and the
+attention function are plain arguments, so a lab can swap in a learner's own.
+
+Dials carry vLLM's names: ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
+``num_blocks`` or ``gpu_memory_utilization``, ``block_size``, ``enable_chunked_prefill``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from typing import Callable, Sequence
+
+from tqdm.auto import tqdm
+
+from labkit.engine.request import Request, RequestOutput
+from labkit.engine.runner import ModelRunner
+from labkit.engine.scheduler import ChunkedPrefill, SchedulerPolicy, SchedulerState, make_policy
+from labkit.kv.block_allocator import BlockAllocator
+from labkit.kv.paged import AttentionFn, PagedKVCache, num_blocks_for_memory, paged_attention
+from labkit.models.tokens import Prompt, encode_prompt
+from labkit.sampling import SamplingParams
+from labkit.trace import StepRecord, Trace
+
+CHUNKED_TOKEN_BUDGET = 512    # default max_num_batched_tokens with chunked prefill (a CPU-sized chunk)
+UNCHUNKED_TOKEN_BUDGET = 2048  # without chunking: at least this, and at least max_model_len (as vLLM V0)
+
+
+class LLM:
+    """A serving engine over one model: continuous batching on a paged KV cache by default."""
+
+    def __init__(self, model=None, *, max_model_len: int | None = None, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int | None = None, num_blocks: int | None = None,
+                 gpu_memory_utilization: float = 0.9, block_size: int = 16,
+                 enable_chunked_prefill: bool | None = None, policy: str | SchedulerPolicy | None = None,
+                 block_allocator: type | BlockAllocator = BlockAllocator,
+                 attention: AttentionFn = paged_attention, clock: Callable[[], float] = time.perf_counter):
+        self.model = _resolve_model(model)
+        cfg = self.model.config
+        self.max_model_len = max_model_len or cfg.max_position_embeddings
+        if self.max_model_len > cfg.max_position_embeddings:
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's context of "
+                             f"{cfg.max_position_embeddings}; lower it")
+        self.policy = _resolve_policy(policy, enable_chunked_prefill)
+        chunked = isinstance(self.policy, ChunkedPrefill)
+        budget = max_num_batched_tokens or (
+            CHUNKED_TOKEN_BUDGET if chunked else max(self.max_model_len, UNCHUNKED_TOKEN_BUDGET))
+        if not chunked and budget < self.max_model_len:
+            raise ValueError(f"max_num_batched_tokens={budget} is below max_model_len={self.max_model_len}, "
+                             "so a long prompt could never run whole; raise it, lower max_model_len, "
+                             "or enable chunked prefill")
+        blocks = self._make_allocator(block_allocator, num_blocks, block_size, gpu_memory_utilization,
+                                      max_num_seqs)
+        self.state = SchedulerState(blocks, max_num_seqs, budget, self.max_model_len)
+        cache = PagedKVCache(cfg.num_layers, blocks.num_blocks, blocks.block_size, cfg.num_kv_heads,
+                             cfg.head_dim, self.model.device, self.model.dtype, attention)
+        self.runner = ModelRunner(self.model, cache)
+        self._clock = clock
+        self._pending: list[tuple[float, int, Request]] = []  # not yet arrived: (arrival, order, request)
+        self._order = itertools.count()
+        self._ids = itertools.count()
+        self.start_run()
+
+    def _make_allocator(self, block_allocator, num_blocks, block_size, utilization, max_num_seqs):
+        if not isinstance(block_allocator, type):
+            return block_allocator  # a ready-made allocator decides its own size
+        if num_blocks is None:
+            cfg = self.model.config
+            num_blocks = num_blocks_for_memory(cfg.kv_bytes_per_token(self.model.dtype), block_size,
+                                               self.model.device, utilization, max_num_seqs * self.max_model_len)
+        return block_allocator(num_blocks, block_size)
+
+    # --- the clock and the record of a run ----------------------------------------------
+    def now(self) -> float:
+        """Seconds since the run started, on the engine's clock."""
+        return self._clock() - self._start
+
+    def start_run(self) -> None:
+        """Restart the clock at 0 and begin a fresh trace; only between runs."""
+        if self._pending or self.state.has_unfinished:
+            raise RuntimeError("cannot start a new run while requests are unfinished; finish them first")
+        self._start = self._clock()
+        self.trace = Trace(meta=self.describe())
+
+    def describe(self) -> dict:
+        """The setup, as written into each trace's meta."""
+        blocks = self.state.blocks
+        return dict(model=self.model.config.name, device=str(self.model.device), dtype=str(self.model.dtype),
+                    policy=self.policy.name, max_model_len=self.max_model_len,
+                    max_num_seqs=self.state.max_num_seqs, max_num_batched_tokens=self.state.max_num_batched_tokens,
+                    num_blocks=blocks.num_blocks, block_size=blocks.block_size)
+
+    @property
+    def num_preemptions(self) -> int:
+        """Preemptions since the engine was built, over all requests."""
+        return self.state.num_preemptions
+
+    # --- the step API ------------------------------------------------------------------
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                    arrival_time: float | None = None) -> str:
+        """Queue a prompt (text, chat messages or token ids); it joins once the clock passes ``arrival_time``."""
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self.state.requests or any(r.request_id == request_id for *_, r in self._pending):
+            raise ValueError(f"request id {request_id!r} is already in use; pick another or pass None")
+        token_ids = encode_prompt(self.model.tokenizer, prompt)
+        arrival = self.now() if arrival_time is None else float(arrival_time)
+        request = Request(request_id, token_ids, params or SamplingParams(), arrival, prompt=prompt)
+        heapq.heappush(self._pending, (arrival, next(self._order), request))
+        self.trace.requests.append(request.record)
+        return request_id
+
+    def has_unfinished(self) -> bool:
+        return bool(self._pending) or self.state.has_unfinished
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step; return an output for every request that got a token or finished."""
+        state = self.state
+        state.now = start = self.now()
+        outputs = [self._output(r) for r in self._admit_arrivals(start)]
+        plan = self.policy.schedule(state)
+        if plan.is_empty:
+            if state.has_unfinished and not state.running:
+                raise RuntimeError(f"policy {self.policy.name!r} scheduled nothing although requests wait "
+                                   "and none runs; it must admit the head of the queue when blocks allow")
+            if self._pending and not state.has_unfinished:  # idle: wait for the next arrival
+                time.sleep(min(max(self._pending[0][0] - start, 0.0), 0.05))
+            return outputs
+        work = [(state.requests[rid], n) for rid, n in plan.scheduled.items()]
+        split = [request.split_new_tokens(n) for request, n in work]
+        blocks_used, num_waiting = state.blocks.num_used_blocks, len(state.waiting)
+        tokens = self.runner.execute(work, state.blocks)
+        state.now = end = self.now()
+        for request, num_new in work:
+            request.num_computed_tokens += num_new
+            if request.request_id not in tokens:
+                continue
+            request.append_token(tokens[request.request_id], end)
+            reason = request.stop_reason(list(self.model.config.eos_token_ids), self.max_model_len)
+            if reason:
+                state.finish(request, reason)
+                self.runner.release(request.request_id)
+            outputs.append(self._output(request))
+        self.trace.steps.append(StepRecord(
+            index=len(self.trace.steps), start=start, end=end, scheduled=dict(plan.scheduled),
+            num_prefill_tokens=sum(p for p, _ in split), num_decode_tokens=sum(d for _, d in split),
+            slots_held=plan.slots_held if plan.slots_held is not None else len(plan.scheduled),
+            num_waiting=num_waiting, blocks_used=blocks_used, blocks_total=state.blocks.num_blocks,
+            preempted=list(plan.preempted)))
+        return outputs
+
+    def _admit_arrivals(self, now: float) -> list[Request]:
+        """Move arrived requests into the queue; return those rejected as never fitting."""
+        rejected = []
+        while self._pending and self._pending[0][0] <= now:
+            request = heapq.heappop(self._pending)[2]
+            if not self.state.add(request):
+                rejected.append(request)
+        return rejected
+
+    def _output(self, request: Request) -> RequestOutput:
+        tokenizer = self.model.tokenizer
+        text = None
+        if request.is_finished and tokenizer is not None:
+            text = tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
+                             list(request.output_token_ids), text, request.is_finished,
+                             request.finish_reason, request.message, request.num_preemptions)
+
+    # --- offline use ---------------------------------------------------------------------
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 arrival_times: Sequence[float] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Serve every prompt to the end and return their outputs in the order given.
+
+        ``arrival_times`` (seconds from the start of this call) make requests trickle in;
+        by default all arrive at once. The run's trace is in ``self.trace`` afterwards.
+        """
+        prompts = [prompts] if _is_single_prompt(prompts) else list(prompts)
+        params = sampling_params if isinstance(sampling_params, Sequence) else [sampling_params] * len(prompts)
+        arrivals = list(arrival_times) if arrival_times is not None else [0.0] * len(prompts)
+        if not len(params) == len(arrivals) == len(prompts):
+            raise ValueError(f"{len(prompts)} prompts need as many sampling params and arrival times, "
+                             f"got {len(params)} and {len(arrivals)}")
+        self.start_run()
+        ids = [self.add_request(p, sp, arrival_time=t) for p, sp, t in zip(prompts, params, arrivals)]
+        finished: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc=f"generate ({self.policy.name})", disable=not use_tqdm) as bar:
+            while self.has_unfinished():
+                for output in self.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        bar.update(1)
+                tokens = sum(r.output_len for r in self.trace.requests)
+                bar.set_postfix(tok_per_s=f"{tokens / max(self.now(), 1e-9):.1f}", refresh=False)
+        self.trace.meta["num_preemptions"] = sum(r.num_preemptions for r in self.trace.requests)
+        return [finished[i] for i in ids]
+
+
+def _is_single_prompt(prompts) -> bool:
+    """A string, a chat (list of dicts) or a token list is one prompt; a list of those is many."""
+    if isinstance(prompts, str):
+        return True
+    return isinstance(prompts, list) and bool(prompts) and all(isinstance(p, (int, dict)) for p in prompts)
+
+
+def _resolve_model(model):
+    from labkit.models import load_model
+
+    if model is None or isinstance(model, str):
+        return load_model() if model is None else load_model(model)
+    return model
+
+
+def _resolve_policy(policy, enable_chunked_prefill: bool | None) -> SchedulerPolicy:
+    """The policy object; chunked prefill by default, as in vLLM V1."""
+    if policy is None:
+        return make_policy("continuous" if enable_chunked_prefill is False else "chunked")
+    resolved = make_policy(policy)
+    if enable_chunked_prefill is not None and isinstance(resolved, ChunkedPrefill) != enable_chunked_prefill:
+        raise ValueError(f"policy {resolved.name!r} contradicts enable_chunked_prefill={enable_chunked_prefill}; "
+                         "pass only one of them")
+    return resolved

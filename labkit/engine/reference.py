@@ -1,0 +1,60 @@
+"""The oracle for any engine: decode one request alone, and compare a batched run against it.
+
+Batching must not change what a request says. With greedy decoding, a request served in
+any batch, under any policy, must produce the tokens it produces alone, except where the
+model's top two choices are so close (a near-tie) that rounding in a different batch shape
+may flip them; from such a step on, the two runs may legitimately part ways.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NEAR_TIE = 1e-4  # top-2 logit gap below which a differing greedy token is forgiven
+
+
+@dataclass
+class SoloRun:
+    """Greedy tokens of one request decoded alone, and the top-2 logit gap at each of them."""
+
+    tokens: list[int]
+    gaps: list[float]
+
+
+def solo_greedy(model, prompt_ids: list[int], max_tokens: int, ignore_eos: bool = False) -> SoloRun:
+    """Decode one prompt alone with the model's dense contiguous cache (prefill, then decode)."""
+    eos = set() if ignore_eos else set(model.config.eos_token_ids)
+    logits, cache = model.prefill(prompt_ids)
+    last = logits[-1]
+    tokens, gaps = [], []
+    for _ in range(max_tokens):
+        top2 = torch.topk(last.float(), 2).values
+        tokens.append(int(last.argmax()))
+        gaps.append(float(top2[0] - top2[1]))
+        if tokens[-1] in eos:
+            break
+        last = model.decode(tokens[-1], cache)
+    return SoloRun(tokens, gaps)
+
+
+def compare_to_solo(batched: list[int], solo: SoloRun, near_tie: float = NEAR_TIE) -> str | None:
+    """None if ``batched`` matches the solo run (up to a near-tie), else a description of the difference."""
+    for index, (got, want) in enumerate(zip(batched, solo.tokens)):
+        if got != want:
+            if solo.gaps[index] < near_tie:
+                return None  # a near-tie: from here on the runs may differ
+            return (f"token {index}: batched run chose {got}, alone it chose {want} "
+                    f"(top-2 gap {solo.gaps[index]:.2e}, not a near-tie)")
+    if len(batched) != len(solo.tokens):
+        return f"batched run made {len(batched)} tokens, alone it made {len(solo.tokens)}"
+    return None
+
+
+def is_near_tie_divergence(batched: list[int], solo: SoloRun, near_tie: float = NEAR_TIE) -> bool:
+    """True if the runs differ only from a near-tie on (so a test can say so)."""
+    for index, (got, want) in enumerate(zip(batched, solo.tokens)):
+        if got != want:
+            return solo.gaps[index] < near_tie
+    return False

@@ -1,0 +1,136 @@
+"""A request's life in the engine: its tokens, its progress, and every state change with a time.
+
+Plain Python with no tensors, so the real engine and the simulator share it. Progress is
+counted the vLLM V1 way: there is no "prefill phase" flag, only ``num_computed_tokens``
+(tokens whose K/V are in the cache) against ``num_tokens`` (prompt plus output so far).
+A step computes some of the missing tokens; once none are missing, the step yields the
+next output token.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from labkit.trace import RequestRecord
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"      # arrived, holds no blocks (new, or preempted and back in the queue)
+    RUNNING = "running"      # admitted: holds blocks and is scheduled every step it fits
+    FINISHED = "finished"    # done: finish_reason says why ("stop", "length" or "rejected")
+
+
+@dataclass
+class Request:
+    """One prompt being served. ``params`` is a :class:`labkit.sampling.SamplingParams`."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: object
+    arrival_time: float = 0.0
+    prompt: object = None  # the text or chat messages it came from, for the output
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None
+    message: str | None = None  # why it was rejected
+    events: list[tuple[float, str]] = field(default_factory=list)  # (time, what happened)
+    record: RequestRecord = field(init=False)
+    _prefill_target: int = field(init=False)  # tokens to compute before decoding starts
+
+    def __post_init__(self):
+        if not self.prompt_token_ids:
+            raise ValueError(f"request {self.request_id!r} has an empty prompt; give at least one token")
+        self.record = RequestRecord(self.request_id, self.arrival_time, len(self.prompt_token_ids))
+        self._prefill_target = len(self.prompt_token_ids)
+        self.events.append((self.arrival_time, "arrived"))
+
+    # --- sizes ---------------------------------------------------------------------
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output so far: the sequence the cache must eventually hold."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_missing_tokens(self) -> int:
+        """Tokens still to compute before the next output token can be sampled."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_decoding(self) -> bool:
+        """True once the prompt (or a recompute after preemption) is done: one token per step."""
+        return self.num_computed_tokens >= self._prefill_target
+
+    def split_new_tokens(self, num_new: int) -> tuple[int, int]:
+        """How many of ``num_new`` tokens computed from here are (prefill, decode) tokens."""
+        prefill = max(0, min(num_new, self._prefill_target - self.num_computed_tokens))
+        return prefill, num_new - prefill
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    # --- state changes, each stamped with the engine clock ---------------------------
+    def mark_running(self, now: float) -> None:
+        self.status = RequestStatus.RUNNING
+        if self.record.first_scheduled_time is None:
+            self.record.first_scheduled_time = now
+        self.events.append((now, "scheduled"))
+
+    def mark_preempted(self, now: float) -> None:
+        """Recompute-style preemption: forget the cache, keep the tokens, wait again."""
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self._prefill_target = self.num_tokens
+        self.record.num_preemptions += 1
+        self.events.append((now, "preempted"))
+
+    def append_token(self, token_id: int, now: float) -> None:
+        self.output_token_ids.append(token_id)
+        self.record.token_times.append(now)
+
+    def mark_finished(self, reason: str, now: float, message: str | None = None) -> None:
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = reason
+        self.message = message
+        self.record.finish_reason = reason
+        self.record.finish_time = now
+        self.events.append((now, f"finished ({reason})"))
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.record.num_preemptions
+
+    def stop_reason(self, eos_token_ids: list[int], max_model_len: int) -> str | None:
+        """'stop' after an end token, 'length' at max_tokens or max_model_len, else None."""
+        params = self.params
+        last = self.output_token_ids[-1]
+        if last in params.stop_token_ids or (not params.ignore_eos and last in eos_token_ids):
+            return "stop"
+        if len(self.output_token_ids) >= params.max_tokens or self.num_tokens >= max_model_len:
+            return "length"
+        return None
+
+
+@dataclass
+class RequestOutput:
+    """What the engine hands back for a request: its tokens so far, and whether it is done."""
+
+    request_id: str
+    prompt: object
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str | None
+    finished: bool
+    finish_reason: str | None = None
+    message: str | None = None
+    num_preemptions: int = 0

@@ -1,0 +1,24 @@
+"""Scheduler policies behind one interface: ``policy.schedule(state) -> SchedulerOutput``."""
+
+from labkit.engine.scheduler.base import (SchedulerOutput, SchedulerPolicy, SchedulerState,
+                                          schedule_running)
+from labkit.engine.scheduler.chunked import ChunkedPrefill
+from labkit.engine.scheduler.continuous import ContinuousBatching
+from labkit.engine.scheduler.static import StaticBatching
+
+POLICIES = {"static": StaticBatching, "continuous": ContinuousBatching, "chunked": ChunkedPrefill}
+
+
+def make_policy(policy: "str | SchedulerPolicy") -> SchedulerPolicy:
+    """A policy object from its name ('static', 'continuous', 'chunked') or the object itself."""
+    if isinstance(policy, SchedulerPolicy):
+        return policy
+    try:
+        return POLICIES[policy]()
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown scheduler policy {policy!r}; use one of {sorted(POLICIES)} "
+                         "or pass a SchedulerPolicy instance") from None
+
+
+__all__ = ["SchedulerOutput", "SchedulerPolicy", "SchedulerState", "schedule_running", "StaticBatching",
+           "ContinuousBatching", "ChunkedPrefill", "POLICIES", "make_policy"]

@@ -1,0 +1,152 @@
+"""What a scheduler sees and what it decides, with no tensors and no clock of its own.
+
+Each step the engine (or the simulator) calls ``policy.schedule(state)``. The policy moves
+requests between ``state.waiting`` and ``state.running``, takes blocks for them from
+``state.blocks``, and returns a :class:`SchedulerOutput`: how many new tokens each chosen
+request computes this step, and whom it preempted. Whoever drives the scheduler then runs
+the step (a model or a cost model) and reports back through :meth:`SchedulerState.finish`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from labkit.engine.request import Request, RequestStatus
+from labkit.kv.block_allocator import BlockAllocator
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan. ``scheduled`` keeps batch order: request id -> new tokens to compute."""
+
+    scheduled: dict[str, int] = field(default_factory=dict)
+    preempted: list[str] = field(default_factory=list)
+    slots_held: int | None = None  # batch slots taken; None means one per scheduled request
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.scheduled.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class SchedulerState:
+    """The queues, the block pool and the limits a policy works with."""
+
+    def __init__(self, blocks: BlockAllocator, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int):
+        for name, value in [("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                            ("max_model_len", max_model_len)]:
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()  # arrived and not running, in serving order
+        self.running: list[Request] = []        # admitted, oldest first
+        self.requests: dict[str, Request] = {}  # every unfinished request, by id
+        self.now = 0.0                          # set by the driver before each schedule()
+        self.num_preemptions = 0
+
+    # --- arrivals --------------------------------------------------------------------
+    def rejection(self, request: Request) -> str | None:
+        """Why a request can never be served here, or None if it can."""
+        prompt, limit = request.num_prompt_tokens, self.max_model_len
+        if prompt >= limit:
+            return (f"prompt has {prompt} tokens but max_model_len is {limit}, which leaves no room "
+                    "for output; shorten the prompt or raise max_model_len")
+        # The last output token is never fed back, so the cache holds at most total - 1 tokens.
+        worst = min(prompt + request.params.max_tokens, limit) - 1
+        capacity = self.blocks.num_blocks * self.blocks.block_size
+        if worst > capacity:
+            return (f"request may need {worst} tokens of KV cache but the whole cache holds {capacity}; "
+                    "add blocks (num_blocks or gpu_memory_utilization) or lower max_tokens")
+        return None
+
+    def add(self, request: Request) -> bool:
+        """Queue an arrived request; reject it (finished, with a message) if it can never fit."""
+        reason = self.rejection(request)
+        if reason is not None:
+            request.mark_finished("rejected", self.now, message=reason)
+            return False
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+        return True
+
+    # --- moves a policy makes --------------------------------------------------------
+    def admit(self, request: Request, num_tokens: int) -> None:
+        """Move the head of the waiting queue to running, with blocks for ``num_tokens`` tokens."""
+        if not self.waiting or self.waiting[0] is not request:
+            raise ValueError(f"only the head of the waiting queue can be admitted, not {request.request_id!r}")
+        self.blocks.allocate(request.request_id, num_tokens)
+        self.waiting.popleft()
+        self.running.append(request)
+        request.mark_running(self.now)
+
+    def preempt(self, request: Request) -> None:
+        """Recompute preemption: free its blocks and put it at the front of the queue."""
+        self.running.remove(request)
+        self.blocks.free(request.request_id)
+        request.mark_preempted(self.now)
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+
+    def reserve(self, request: Request, num_new_tokens: int, output: SchedulerOutput) -> bool:
+        """Make room for a running request's next tokens, preempting the newest if blocks run out.
+
+        Returns False if the request had to preempt itself (it was the newest).
+        """
+        needed = request.num_computed_tokens + num_new_tokens
+        while not self.blocks.can_allocate(request.request_id, needed):
+            victim = self.running[-1]
+            self.preempt(victim)
+            output.preempted.append(victim.request_id)
+            output.scheduled.pop(victim.request_id, None)
+            if victim is request:
+                return False
+        self.blocks.allocate(request.request_id, needed)
+        return True
+
+    # --- after the step ----------------------------------------------------------------
+    def finish(self, request: Request, reason: str) -> None:
+        """A running request is done: release its blocks and forget it."""
+        self.running.remove(request)
+        self.blocks.free(request.request_id)
+        del self.requests[request.request_id]
+        request.mark_finished(reason, self.now)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+
+class SchedulerPolicy:
+    """Decides, each step, who runs and how many tokens each computes. Subclass and plug in."""
+
+    name = "policy"
+
+    def schedule(self, state: SchedulerState) -> SchedulerOutput:
+        raise NotImplementedError
+
+
+def schedule_running(state: SchedulerState, output: SchedulerOutput, budget: int, chunked: bool) -> int:
+    """Give running requests their tokens: decodes first, then unfinished prompts, oldest first.
+
+    Without chunking, a prompt runs whole or waits for a step with room. Returns the budget left.
+    """
+    order = [r for r in state.running if r.is_decoding] + [r for r in state.running if not r.is_decoding]
+    for request in order:
+        if request.status is not RequestStatus.RUNNING:
+            continue  # preempted earlier in this loop
+        wanted = request.num_missing_tokens
+        num_new = min(wanted, budget) if chunked else (wanted if wanted <= budget else 0)
+        if num_new == 0:
+            continue
+        if state.reserve(request, num_new, output):
+            output.scheduled[request.request_id] = num_new
+            budget -= num_new
+    return budget

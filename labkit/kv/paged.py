@@ -1,0 +1,184 @@
+"""The paged KV cache: block pools per layer, and attention that reads through block tables.
+
+Every layer has one K pool and one V pool shaped [num_blocks, block_size, kv_heads, head_dim].
+A token's K/V live in *slot* ``block * block_size + offset``; a sequence's block table says
+which blocks are its own, in order. The engine describes each step once in a
+:class:`PagedBatch` (slots to write, tables to read, masks), and every layer reuses it:
+:meth:`PagedKVCache.attend` writes the step's new K/V into their slots, then calls an
+attention function such as :func:`paged_attention` that gathers each sequence's blocks.
+
+Plain PyTorch, so it runs on CPU and CUDA alike. Speed comes from doing the bookkeeping
+once per step (not per layer), from one ``index_copy_`` write and one ``index_select``
+gather per layer into reused buffers, and from one ``scaled_dot_product_attention`` call
+for all single-token (decode) rows with the query heads grouped under their KV head.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from labkit.models.attention import attention, causal_mask
+
+# Without a GPU there is no "device memory" to take a fraction of; the pool takes a fraction of
+# the RAM available, but never more than this (vLLM's CPU backend also uses a fixed KV space).
+CPU_KV_CACHE_CAP_BYTES = 2 * 1024**3
+
+
+@dataclass
+class SequenceSlice:
+    """One sequence's part of the flat batch: rows [start, start + num_query) of q/k/v."""
+
+    start: int
+    num_query: int
+    context_len: int      # tokens cached after this step: earlier ones plus this step's
+    block_table: list[int]
+
+
+@dataclass
+class PagedBatch:
+    """Everything attention needs about one step, built once and shared by all layers.
+
+    Rows of the flat batch are ordered with single-token sequences (decodes) first.
+    """
+
+    slot_mapping: torch.Tensor              # [T] slot of each new token
+    sequences: list[SequenceSlice]
+    num_decodes: int                        # the first num_decodes sequences have one query row
+    decode_blocks: torch.Tensor | None      # [num_decodes * max_blocks] padded block tables, flat
+    decode_mask: torch.Tensor | None        # [num_decodes, 1, 1, max_blocks * block_size] additive
+    prefill_blocks: list[torch.Tensor]      # per longer sequence: the blocks it reads
+    prefill_masks: list[torch.Tensor]       # per longer sequence: causal mask [num_query, context_len]
+    scratch: dict = field(default_factory=dict)  # gather buffers reused across layers
+
+    @classmethod
+    def build(cls, sequences: list[SequenceSlice], block_size: int, device: torch.device,
+              dtype: torch.dtype) -> "PagedBatch":
+        """Slots, padded tables and masks for one step; ``sequences`` must list decodes first."""
+        slots = []
+        for seq in sequences:
+            first = seq.context_len - seq.num_query
+            for pos in range(first, seq.context_len):
+                slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
+        num_decodes = 0
+        while num_decodes < len(sequences) and sequences[num_decodes].num_query == 1:
+            num_decodes += 1
+        if any(seq.num_query == 1 for seq in sequences[num_decodes:]):
+            raise ValueError("list single-token sequences before the others in a PagedBatch")
+        decode_blocks = decode_mask = None
+        if num_decodes:
+            decodes = sequences[:num_decodes]
+            width = max(len(seq.block_table) for seq in decodes)
+            padded = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in decodes]
+            decode_blocks = torch.tensor(padded, dtype=torch.long).flatten().to(device)
+            lengths = torch.tensor([seq.context_len for seq in decodes])
+            visible = torch.arange(width * block_size)[None, :] < lengths[:, None]
+            decode_mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+            decode_mask = decode_mask[:, None, None, :].to(device)
+        prefills = sequences[num_decodes:]
+        prefill_blocks = [torch.tensor(seq.block_table[:-(-seq.context_len // block_size)], device=device)
+                          for seq in prefills]
+        prefill_masks = [causal_mask(seq.num_query, seq.context_len, device) for seq in prefills]
+        return cls(torch.tensor(slots, dtype=torch.long).to(device), sequences, num_decodes,
+                   decode_blocks, decode_mask, prefill_blocks, prefill_masks)
+
+
+# attention_fn(layer, q [T,Hq,D], k_pool, v_pool, batch) -> [T,Hq,D]
+AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, PagedBatch], torch.Tensor]
+
+
+def paged_attention(layer: int, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                    batch: PagedBatch) -> torch.Tensor:
+    """Attention for every query row, reading each sequence's keys and values through its block table."""
+    out = torch.empty_like(q)
+    if batch.num_decodes:
+        out[:batch.num_decodes] = _decode_attention(q[:batch.num_decodes], k_pool, v_pool, batch)
+    prefills = zip(batch.sequences[batch.num_decodes:], batch.prefill_blocks, batch.prefill_masks)
+    for seq, blocks, mask in prefills:
+        keys = k_pool.index_select(0, blocks).flatten(0, 1)[:seq.context_len]
+        values = v_pool.index_select(0, blocks).flatten(0, 1)[:seq.context_len]
+        rows = slice(seq.start, seq.start + seq.num_query)
+        out[rows] = attention(q[rows], keys, values, mask)
+    return out
+
+
+def _decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                      batch: PagedBatch) -> torch.Tensor:
+    """All one-token rows at once: gather padded block tables, mask the padding, one SDPA call."""
+    num_seqs, num_heads, head_dim = q.shape
+    num_blocks, block_size, kv_heads, _ = k_pool.shape
+    group = num_heads // kv_heads
+    shape = (batch.decode_blocks.numel(), block_size, kv_heads, head_dim)
+    if batch.scratch.get("shape") != shape or batch.scratch["k"].dtype != k_pool.dtype:
+        batch.scratch.update(shape=shape, k=k_pool.new_empty(shape), v=v_pool.new_empty(shape))
+    keys = torch.index_select(k_pool, 0, batch.decode_blocks, out=batch.scratch["k"])
+    values = torch.index_select(v_pool, 0, batch.decode_blocks, out=batch.scratch["v"])
+    # [seqs, tokens, kv_heads, D] -> [seqs, kv_heads, tokens, D]; queries [seqs, kv_heads, group, D]
+    keys = keys.view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
+    values = values.view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
+    grouped = q.reshape(num_seqs, kv_heads, group, head_dim)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=batch.decode_mask)
+    return out.reshape(num_seqs, num_heads, head_dim)
+
+
+class PagedKVCache:
+    """A K and a V pool per layer, plus the ``attend`` callback the model's forward pass calls."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 attention_fn: AttentionFn = paged_attention):
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        # zeros, not empty: padding slots are masked out, but 0 × NaN garbage would still be NaN
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.attention_fn = attention_fn
+        self.batch: PagedBatch | None = None  # the step being run; set by the model runner
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Store this step's new K/V [T, kv_heads, D] into their slots."""
+        self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)
+        self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The ``attend`` callback for ``model.forward``: write the new K/V, then attend through the pool."""
+        self.write(layer, k, v, self.batch.slot_mapping)
+        return self.attention_fn(layer, q, self.k[layer], self.v[layer], self.batch)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+def num_blocks_for_memory(bytes_per_token: int, block_size: int, device: torch.device,
+                          gpu_memory_utilization: float, max_useful_tokens: int) -> int:
+    """How many blocks fit, vLLM style: a fraction of device memory, less what is in use now.
+
+    On CUDA, the budget is ``gpu_memory_utilization`` × total memory minus what torch already
+    holds (the weights), so call it after loading the model. Elsewhere it is that fraction of
+    the RAM available now, capped at ``CPU_KV_CACHE_CAP_BYTES``. Either way the pool never
+    exceeds ``max_useful_tokens`` (max_num_seqs × max_model_len): more could never be used.
+    """
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if device.type == "cuda":
+        total = torch.cuda.mem_get_info(device)[1]
+        budget = gpu_memory_utilization * total - torch.cuda.memory_allocated(device)
+    else:
+        budget = min(gpu_memory_utilization * _available_ram(), CPU_KV_CACHE_CAP_BYTES)
+    bytes_per_block = bytes_per_token * block_size
+    num_blocks = min(int(budget // bytes_per_block), -(-max_useful_tokens // block_size))
+    if num_blocks < 1:
+        raise ValueError(f"no room for a single KV block ({bytes_per_block} bytes) with "
+                         f"gpu_memory_utilization={gpu_memory_utilization}; raise it or pass num_blocks")
+    return num_blocks
+
+
+def _available_ram() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not Linux: fall back to the physical total
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
