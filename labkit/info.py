@@ -3,31 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import time
 
-import torch
-
-from labkit.device import default_device
-
-
-def measure_bandwidth(device: torch.device | None = None, megabytes: int = 256, repeats: int = 5) -> float:
-    """Bytes per second for a large copy (read + write), best of a few runs."""
-    device = device or default_device()
-    n = megabytes * 2**20 // 4
-    src, dst = torch.ones(n, device=device), torch.empty(n, device=device)
-    best = float("inf")
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n * 4 / best
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from labkit.sim.hardware import measure_bandwidth
 
 
 def model_facts(model, bandwidth: float) -> dict:
@@ -60,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from labkit.models import load_model
 
     model = load_model(args.model, device=args.device, dtype=args.dtype)
-    bandwidth = args.bandwidth * 1e9 if args.bandwidth else measure_bandwidth(model.device)
+    bandwidth = args.bandwidth * 1e9 if args.bandwidth else measure_bandwidth(device=model.device)
     for key, value in model_facts(model, bandwidth).items():
         shown = f"{value:,.1f}" if isinstance(value, float) else (f"{value:,}" if isinstance(value, int) else value)
         print(f"{key:>40}: {shown}")
