@@ -1,4 +1,8 @@
-"""Serving without a model: hardware figures, the four-constant cost model, and (soon) a simulator."""
+"""Serving without a model: hardware figures and the four-constant cost model.
+
+The simulator, which drives the engine's schedulers on the cost model's clock, is
+:func:`labkit.sim.simulator.simulate` (imported on its own, as it pulls in the engine).
+"""
 
 from labkit.sim.cost_model import MODELS, CostModel, ModelSpec, PassTime, SequenceWork, get_model
 from labkit.sim.hardware import PRESETS, Hardware, get_hardware, probe_this_machine
