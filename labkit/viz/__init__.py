@@ -1,0 +1,25 @@
+"""Pictures of a serving run: who ran when, which blocks each sequence owns, latency, the roofline.
+
+Each function draws on a matplotlib Axes (a new one if none is given) and returns it (or
+the Figure), so a notebook or the book can compose, restyle and save the picture; nothing
+here calls ``plt.show``. Everything reads a :class:`~labkit.trace.Trace`, a metrics
+summary or plain numbers, so runs of the real engine and of the simulator draw the same way.
+
+- :mod:`~labkit.viz.timeline`: one row per request (waiting, prefill, decode, preempted),
+  or the batch composition of each step;
+- :mod:`~labkit.viz.blocks`: the KV block map, coloured by owner, and a slider over steps;
+- :mod:`~labkit.viz.latency`: TTFT/ITL percentiles and throughput against arrival rate,
+  and every token gap over time;
+- :mod:`~labkit.viz.roofline`: the roofline of a machine with measured points on it.
+"""
+
+from labkit.viz.blocks import BlockSnapshot, block_map_slider, plot_block_map, plot_block_maps, snapshot_blocks
+from labkit.viz.latency import plot_latency_vs_rate, plot_throughput_vs_rate, plot_token_gaps
+from labkit.viz.roofline import RooflinePoint, plot_roofline
+from labkit.viz.timeline import Segment, plot_batch_composition, plot_timeline, request_segments
+
+__all__ = [
+    "BlockSnapshot", "RooflinePoint", "Segment", "block_map_slider", "plot_batch_composition",
+    "plot_block_map", "plot_block_maps", "plot_latency_vs_rate", "plot_roofline", "plot_throughput_vs_rate",
+    "plot_timeline", "plot_token_gaps", "request_segments", "snapshot_blocks",
+]

@@ -1,0 +1,173 @@
+"""The schedule of a run as a picture: one row per request, coloured by what it did when.
+
+Read from a :class:`~labkit.trace.Trace` alone, so the real engine and the simulator
+draw alike. Per step, a request that computed tokens was in **prefill** (its prompt, or a
+recompute after preemption, is not fully cached yet) or **decode**; a request that had
+arrived but was not in the step was **waiting** (never run yet) or **preempted** (thrown
+out and waiting to recompute). Ticks mark each output token, so a stall shows as a gap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from matplotlib.axes import Axes
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from labkit.trace import Trace
+from labkit.viz._axes import axes_or_new
+
+KINDS = ("waiting", "prefill", "decode", "preempted")
+COLOURS = {"waiting": "#d9d9d9", "prefill": "#e6862e", "decode": "#3a78b5", "preempted": "#c62828",
+           "padded": "#bdbdbd"}
+Axis = Literal["time", "step"]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of one request's life in one state, from ``start`` to ``end`` (seconds or step numbers)."""
+
+    request_id: str
+    start: float
+    end: float
+    kind: str  # one of KINDS
+
+
+def _step_kinds(trace: Trace) -> list[dict[str, str]]:
+    """For every step, the state of each request alive during it (request id -> kind)."""
+    requests = {r.request_id: r for r in trace.requests}
+    computed = dict.fromkeys(requests, 0)
+    target = {rid: r.prompt_len for rid, r in requests.items()}
+    ever_ran, thrown_out = set(), set()
+    kinds = []
+    for step in trace.steps:
+        for rid in step.preempted:
+            emitted = sum(t <= step.start for t in requests[rid].token_times)
+            computed[rid], target[rid] = 0, requests[rid].prompt_len + emitted
+            thrown_out.add(rid)
+        now: dict[str, str] = {}
+        for rid, record in requests.items():
+            if rid in step.scheduled:
+                now[rid] = "prefill" if computed[rid] < target[rid] else "decode"
+                computed[rid] += step.scheduled[rid]
+                ever_ran.add(rid)
+                thrown_out.discard(rid)
+            elif record.arrival_time <= step.start and (record.finish_time is None or record.finish_time > step.start):
+                if rid in thrown_out:
+                    now[rid] = "preempted"
+                elif rid not in ever_ran:
+                    now[rid] = "waiting"
+        kinds.append(now)
+    return kinds
+
+
+def request_segments(trace: Trace, x: Axis = "time") -> list[Segment]:
+    """Every request's states as segments, merged where a state lasts several steps in a row.
+
+    With ``x="time"`` segments run from step start to step end in seconds (a first wait
+    starts at the arrival); with ``x="step"`` step ``i`` covers ``[i, i + 1)``.
+    """
+    if x not in ("time", "step"):
+        raise ValueError(f"x must be 'time' or 'step', got {x!r}")
+    arrivals = {r.request_id: r.arrival_time for r in trace.requests}
+    open_segments: dict[str, Segment] = {}
+    last_step: dict[str, int] = {}
+    done: list[Segment] = []
+    for index, (step, kinds) in enumerate(zip(trace.steps, _step_kinds(trace))):
+        start, end = (step.start, step.end) if x == "time" else (index, index + 1)
+        for rid, kind in kinds.items():
+            current = open_segments.get(rid)
+            if current is not None and current.kind == kind and last_step[rid] == index - 1:
+                open_segments[rid] = Segment(rid, current.start, end, kind)
+            else:
+                if current is not None:
+                    done.append(current)
+                first = x == "time" and current is None and kind == "waiting"
+                open_segments[rid] = Segment(rid, min(arrivals[rid], start) if first else start, end, kind)
+            last_step[rid] = index
+    done.extend(open_segments.values())
+    order = {rid: i for i, rid in enumerate(arrivals)}
+    return sorted(done, key=lambda s: (order[s.request_id], s.start))
+
+
+def plot_timeline(trace: Trace, ax: Axes | None = None, x: Axis = "time", max_requests: int | None = 40,
+                  show_tokens: bool = True, title: str | None = None) -> Axes:
+    """A Gantt chart of the run: one row per request (first arrival on top), coloured by state.
+
+    ``max_requests`` keeps the first requests only (None: all). Ticks mark output tokens
+    (time axis only); a red cross marks each preemption.
+    """
+    if not trace.steps:
+        raise ValueError("the trace has no steps to draw; run the engine (or simulator) first")
+    ids = [r.request_id for r in trace.requests][:max_requests]
+    rows = {rid: row for row, rid in enumerate(ids)}
+    ax = axes_or_new(ax, (10, 0.9 + 0.22 * len(ids)))
+    spans: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for segment in request_segments(trace, x):
+        if segment.request_id in rows:
+            spans.setdefault((segment.request_id, segment.kind), []).append((segment.start, segment.end - segment.start))
+    for (rid, kind), bars in spans.items():
+        ax.broken_barh(bars, (rows[rid] - 0.4, 0.8), facecolors=COLOURS[kind], linewidth=0)
+    if show_tokens and x == "time":
+        for record in trace.requests[:len(ids)]:
+            ax.plot(record.token_times, [rows[record.request_id]] * record.output_len, "|", color="white",
+                    markersize=4, markeredgewidth=0.6)
+    for index, step in enumerate(trace.steps):
+        for rid in step.preempted:
+            if rid in rows:
+                ax.plot(step.start if x == "time" else index, rows[rid], "x", color=COLOURS["preempted"])
+    ax.set_ylim(len(ids) - 0.5, -0.5)
+    ax.set_yticks(range(len(ids)), ids, fontsize=7 if len(ids) > 20 else 9)
+    ax.set_xlabel("time (s)" if x == "time" else "step")
+    ax.set_ylabel("request")
+    handles = [Patch(color=COLOURS[k], label=k) for k in KINDS]
+    if trace.meta.get("num_preemptions") or any(s.preempted for s in trace.steps):
+        handles.append(Line2D([], [], marker="x", linestyle="", color=COLOURS["preempted"], label="preemption"))
+    ax.legend(handles=handles, loc="upper right", fontsize=8, ncols=len(handles))
+    ax.set_title(title or _default_title(trace))
+    return ax
+
+
+def plot_batch_composition(trace: Trace, ax: Axes | None = None, unit: Literal["sequences", "tokens"] = "sequences",
+                           budget: int | None = None, title: str | None = None) -> Axes:
+    """What each step computed, as stacked bars: decodes, prefills (and padded slots, in sequences).
+
+    With ``unit="tokens"`` the bars count tokens and ``budget`` draws the per-step token
+    limit; with ``unit="sequences"`` a line shows how many requests were waiting.
+    """
+    if unit not in ("sequences", "tokens"):
+        raise ValueError(f"unit must be 'sequences' or 'tokens', got {unit!r}")
+    if not trace.steps:
+        raise ValueError("the trace has no steps to draw; run the engine (or simulator) first")
+    ax = axes_or_new(ax, (10, 3))
+    steps = range(len(trace.steps))
+    kinds = _step_kinds(trace)
+    if unit == "tokens":
+        layers = {"decode": [s.num_decode_tokens for s in trace.steps],
+                  "prefill": [s.num_prefill_tokens for s in trace.steps]}
+    else:
+        layers = {"decode": [sum(k == "decode" for k in ks.values()) for ks in kinds],
+                  "prefill": [sum(k == "prefill" for k in ks.values()) for ks in kinds],
+                  "padded": [max(0, s.slots_held - s.num_active) for s in trace.steps]}
+    bottom = [0] * len(trace.steps)
+    for kind, heights in layers.items():
+        ax.bar(steps, heights, bottom=bottom, width=1.0, color=COLOURS[kind], label=kind, linewidth=0)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    if unit == "sequences":
+        ax.step(steps, [s.num_waiting for s in trace.steps], where="mid", color="black", linewidth=1, label="waiting")
+    if budget is not None:
+        ax.axhline(budget, color="black", linestyle="--", linewidth=1, label=f"budget ({budget})")
+    ax.set_xlabel("step")
+    ax.set_ylabel(unit)
+    ax.set_xlim(-0.5, len(trace.steps) - 0.5)
+    ax.legend(loc="upper right", fontsize=8, ncols=4)
+    ax.set_title(title or _default_title(trace))
+    return ax
+
+
+def _default_title(trace: Trace) -> str:
+    policy = trace.meta.get("policy")
+    return f"{policy}: {len(trace.steps)} steps" if policy else f"{len(trace.steps)} steps"
+
