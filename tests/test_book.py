@@ -1,0 +1,250 @@
+"""The course book: its words are our own, it builds with warnings as errors, and a reader sees it whole.
+
+Why: the book is the front door of the course. These tests build it exactly as
+the README does (every chapter executed, `-W --keep-going`), then look at the
+HTML a reader gets: each chapter's computed figures, its math, its folded
+answers and its navigation, and, where Debian's `chromium` is installed, what a
+real browser renders (MathJax typesets offline, screenshots kept in
+test-artifacts/).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = Path(__file__).resolve().parents[2] / "shared" / "sources"
+ARTIFACTS = REPO / "test-artifacts"
+RUN_LENGTH = 8  # no run of this many consecutive words may come from the sources
+BUILD_TIMEOUT_S = 420
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOT_PAGES = ("capacity_planning", "kv_memory")
+
+
+def chapter_docs() -> list[str]:
+    """Chapter documents (like 'book/sale') in table-of-contents order, root and back matter excluded."""
+    toc = yaml.safe_load((REPO / "_toc.yml").read_text())
+    docs = [chapter["file"] for part in toc["parts"] for chapter in part["chapters"]]
+    return [doc for doc in docs if Path(doc).name not in ("references",)]
+
+
+# --- our own words ---------------------------------------------------------------------------
+
+
+def words(text: str) -> list[str]:
+    """Lower-case words with punctuation, quotes and markup removed, so only the wording is compared."""
+    text = text.replace("\u2019", "'").replace("\u2018", "'").lower()
+    text = re.sub(r"(\w)'(\w)", r"\1\2", text)  # "don't" and "don’t" both become "dont"
+    return re.findall(r"[a-z0-9]+", text)
+
+
+def source_text(path: Path) -> str:
+    """A source's prose: JSON sources contribute their string values, others their raw text."""
+    raw = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+    strings: list[str] = []
+
+    def collect(node: object) -> None:
+        if isinstance(node, str):
+            strings.append(node)
+        elif isinstance(node, dict):
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+
+    collect(data)
+    return "\n".join(strings)
+
+
+def runs(tokens: list[str], length: int = RUN_LENGTH) -> set[tuple[str, ...]]:
+    return {tuple(tokens[i : i + length]) for i in range(len(tokens) - length + 1)}
+
+
+def test_no_eight_word_run_from_the_sources() -> None:
+    if not SOURCES.is_dir():
+        pytest.skip(f"source lessons not found at {SOURCES} (they live beside the repository, in ../shared/sources)")
+    borrowed = set()
+    for source in sorted(SOURCES.glob("*.txt")):
+        borrowed |= runs(words(source_text(source)))
+    assert borrowed, f"no text found in {SOURCES}/*.txt"
+    copied = []
+    for page in sorted((REPO / "book").glob("*.md")):
+        tokens = words(page.read_text(encoding="utf-8"))
+        for i in range(len(tokens) - RUN_LENGTH + 1):
+            if tuple(tokens[i : i + RUN_LENGTH]) in borrowed:
+                copied.append(f"{page.name}: '{' '.join(tokens[i : i + RUN_LENGTH])}'")
+    assert not copied, "these word runs are copied from the sources; rewrite them in your own words:\n" + "\n".join(copied)
+
+
+def test_the_copy_check_catches_a_copied_sentence() -> None:
+    """The checker itself: punctuation and case must not hide a copied run."""
+    source = runs(words("Prefill pushes the whole prompt through the model in one parallel pass."))
+    copied = words("PREFILL pushes the whole prompt, through the model -- in one go")
+    assert any(run in source for run in runs(copied))
+    assert not any(run in source for run in runs(words("Prefill reads every prompt token in a single pass.")))
+
+
+# --- the build -----------------------------------------------------------------------------
+
+
+def jupyter_book_command() -> list[str]:
+    script = Path(sys.executable).with_name("jupyter-book")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "jupyter_book.cli.main"]
+
+
+@pytest.fixture(scope="module")
+def html(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build the whole book once, chapters executed, into a temporary folder; return its html/ folder."""
+    out = tmp_path_factory.mktemp("book")
+    command = [*jupyter_book_command(), "build", str(REPO), "-W", "--keep-going", "--path-output", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, cwd=REPO)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, f"jupyter-book build failed (exit {result.returncode}):\n{log[-6000:]}"
+    return out / "_build" / "html"
+
+
+class PageParser(HTMLParser):
+    """Collects what a reader would see on a page: images, math, folded answers, navigation links."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[str] = []
+        self.scripts: list[str] = []
+        self.math_blocks = 0
+        self.dropdowns = 0
+        self.prev_links: list[str] = []
+        self.next_links: list[str] = []
+        self.sidebar_links: list[str] = []
+        self.headings: list[str] = []
+        self._nav_depth = 0
+        self._heading: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attr = {key: value or "" for key, value in attrs}
+        classes = attr.get("class", "").split()
+        if tag == "img":
+            self.images.append(attr.get("src", ""))
+        elif tag == "script" and attr.get("src"):
+            self.scripts.append(attr["src"])
+        if "math" in classes:
+            self.math_blocks += 1
+        if "dropdown" in classes or tag == "details":
+            self.dropdowns += 1
+        if tag == "a" and "left-prev" in classes:
+            self.prev_links.append(attr.get("href", ""))
+        if tag == "a" and "right-next" in classes:
+            self.next_links.append(attr.get("href", ""))
+        if tag == "nav" and "bd-links" in classes:
+            self._nav_depth = 1
+        elif tag == "nav" and self._nav_depth:
+            self._nav_depth += 1
+        if tag == "a" and self._nav_depth:
+            self.sidebar_links.append(attr.get("href", ""))
+        if tag in ("h1", "h2"):
+            self._heading = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "nav" and self._nav_depth:
+            self._nav_depth -= 1
+        if tag in ("h1", "h2") and self._heading is not None:
+            self.headings.append("".join(self._heading).strip())
+            self._heading = None
+
+    def handle_data(self, data: str) -> None:
+        if self._heading is not None:
+            self._heading.append(data)
+
+
+def parse(page: Path) -> PageParser:
+    parser = PageParser()
+    parser.feed(page.read_text(encoding="utf-8"))
+    return parser
+
+
+@pytest.mark.parametrize("doc", chapter_docs())
+def test_chapter_renders_figures_math_answers_and_navigation(html: Path, doc: str) -> None:
+    page = html / f"{doc}.html"
+    assert page.is_file(), f"{doc}.html was not built; is {doc}.md listed in _toc.yml?"
+    seen = parse(page)
+
+    figures = [src for src in seen.images if src.endswith(".png") and "_images/" in src]
+    assert figures, f"{doc}: no figure computed at build time (expected an <img> of a generated png)"
+    for src in figures:
+        image = (page.parent / src).resolve()
+        assert image.is_file() and image.stat().st_size > 5_000, f"{doc}: figure {src} is missing or nearly empty"
+
+    assert any("mathjax" in src.lower() for src in seen.scripts), f"{doc}: no MathJax script on the page"
+    assert seen.math_blocks, f"{doc}: no math on the page"
+    assert seen.dropdowns, f"{doc}: no collapsible answer to a 'predict first' question"
+    assert any("remember" in heading.lower() for heading in seen.headings), f"{doc}: no 'What you should remember'"
+
+    assert seen.prev_links and seen.next_links, f"{doc}: missing previous/next links"
+    chapters = {Path(other).name + ".html" for other in chapter_docs()}
+    in_sidebar = {Path(href.split("#")[0]).name for href in seen.sidebar_links} | {page.name}
+    assert chapters <= in_sidebar, f"{doc}: sidebar lacks {sorted(chapters - in_sidebar)}"
+
+
+def test_bibliography_lists_the_papers_the_chapters_cite(html: Path) -> None:
+    text = (html / "book" / "references.html").read_text(encoding="utf-8")
+    for paper in ("Orca", "PagedAttention", "SARATHI", "Sarathi-Serve", "Speculative Decoding", "DistServe"):
+        assert paper.lower() in text.lower(), f"references page lacks {paper}"
+    cited = sum("references.html#" in (html / f"{doc}.html").read_text(encoding="utf-8") for doc in chapter_docs())
+    assert cited >= 6, f"only {cited} chapters link a citation to the references page"
+
+
+# --- a real browser --------------------------------------------------------------------------
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+
+
+def browse(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=15000", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(chromium() is None, reason="Debian's chromium is not installed (apt-get install -y chromium); CI installs it")
+def test_headless_chromium_typesets_math_and_shows_figures(html: Path, tmp_path: Path) -> None:
+    from matplotlib.image import imread
+
+    browser = chromium()
+    ARTIFACTS.mkdir(exist_ok=True)
+    for name in SCREENSHOT_PAGES:
+        url = (html / "book" / f"{name}.html").as_uri()
+        dom = browse(browser, tmp_path / "profile", "--dump-dom", url).stdout
+        assert "<mjx-container" in dom, f"{name}: MathJax did not typeset any math in Chromium"
+        assert "<mjx-merror" not in dom, f"{name}: MathJax reported an error in a formula"
+
+        shot = ARTIFACTS / f"book-{name}.png"
+        shot.unlink(missing_ok=True)
+        browse(browser, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1280,1600", url)
+        assert shot.is_file() and shot.stat().st_size > 30_000, f"{name}: screenshot missing or tiny"
+        pixels = imread(shot)[..., :3]
+        assert pixels.shape[:2] == (1600, 1280), f"{name}: screenshot has shape {pixels.shape}"
+        assert pixels.std() > 0.05, f"{name}: screenshot is nearly one colour (blank page?)"
+        ink = (pixels.mean(axis=2) < 0.5).mean()
+        assert ink > 0.005, f"{name}: screenshot has almost no dark pixels (no text rendered?)"
