@@ -1,0 +1,106 @@
+"""The registry of exercises: each exercise id ("lab2.decode_with_cache") maps to its check.
+
+A check is written as a small spec rather than one opaque function, because the
+grader runs it in two halves: the learner's functions run inside the notebook's
+kernel, while the oracle and the comparison run in the grader's own process. The
+in-notebook `labkit.check` simply runs both halves in one process.
+
+Exercises of lab `X` are registered by the module `labkit.grading.exercises.X`,
+imported the first time one of its ids is looked up.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from labkit.grading.result import Mismatch
+
+
+def call_first_function(functions: Sequence[Callable[..., Any]], inputs: Any) -> Any:
+    """The default way to run an exercise: call its one function with the inputs as arguments."""
+    return functions[0](*inputs)
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """How to check one exercise, split so that the grader can judge outside the learner's kernel.
+
+    - `functions`: names of the learner's functions the exercise needs, looked up in
+      the notebook's namespace.
+    - `make_inputs(seed)`: builds the inputs; must be deterministic in the seed, since
+      the kernel and the grader each build them.
+    - `run(functions, inputs)`: calls the learner's code (in the kernel) and returns its
+      outputs as plain data (tensors, numbers, strings, lists, tuples, dicts).
+    - `oracle(inputs)`: the expected outputs, computed by the grader (use the real
+      model wherever there is one).
+    - `compare(expected, got)`: None when right, else the first `Mismatch`.
+    - `tested`: one line saying what is checked; `hint`: what to look at when it fails.
+    """
+
+    id: str
+    functions: tuple[str, ...]
+    make_inputs: Callable[[int], Any]
+    oracle: Callable[[Any], Any]
+    compare: Callable[[Any, Any], Mismatch | None]
+    tested: str
+    hint: str
+    points: float = 1.0
+    run: Callable[[Sequence[Callable[..., Any]], Any], Any] = call_first_function
+
+    @property
+    def lab(self) -> str:
+        """The lab the exercise belongs to: the part of its id before the first dot."""
+        return lab_of(self.id)
+
+
+_REGISTRY: dict[str, Exercise] = {}
+
+
+def lab_of(exercise_id: str) -> str:
+    """The lab an exercise id belongs to: lab2 for lab2.decode_with_cache."""
+    lab, dot, name = exercise_id.partition(".")
+    if not dot or not lab or not name:
+        raise ValueError(f"exercise id {exercise_id!r} should look like '<lab>.<name>', e.g. 'lab2.decode_with_cache'")
+    return lab
+
+
+def register(exercise: Exercise) -> Exercise:
+    """Add an exercise to the registry (a lab module re-imported in a notebook replaces its own entries)."""
+    lab_of(exercise.id)
+    if not exercise.functions:
+        raise ValueError(f"exercise {exercise.id!r} names no learner functions; list them in `functions`")
+    _REGISTRY[exercise.id] = exercise
+    return exercise
+
+
+def _load_lab(lab: str) -> None:
+    module_name = f"{__package__}.exercises.{lab}"
+    try:
+        importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name != module_name:
+            raise
+        raise ValueError(
+            f"no exercises are registered for lab {lab!r}: expected a module {module_name} "
+            f"(labkit/grading/exercises/{lab}.py) that registers them"
+        ) from None
+
+
+def get_exercise(exercise_id: str) -> Exercise:
+    """The exercise with this id, loading its lab's module if needed."""
+    if exercise_id not in _REGISTRY:
+        _load_lab(lab_of(exercise_id))
+    if exercise_id not in _REGISTRY:
+        known = ", ".join(exercise.id for exercise in exercises_for_lab(lab_of(exercise_id))) or "none"
+        raise ValueError(f"unknown exercise {exercise_id!r}; exercises of this lab: {known}")
+    return _REGISTRY[exercise_id]
+
+
+def exercises_for_lab(lab: str) -> list[Exercise]:
+    """All exercises of a lab, in the order they were registered."""
+    if not any(exercise.lab == lab for exercise in _REGISTRY.values()):
+        _load_lab(lab)
+    return [exercise for exercise in _REGISTRY.values() if exercise.lab == lab]

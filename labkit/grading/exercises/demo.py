@@ -1,0 +1,74 @@
+"""A toy lab, "demo": three small exercises that show how to write a check spec.
+
+Each spec names the learner's function, builds inputs from a seed, computes the
+expected answer itself (the oracle) and compares with a helper that reports the
+first difference. The grader's tests use these exercises; real labs follow the
+same pattern in `labkit/grading/exercises/labN.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from labkit.grading.checks import Exercise, register
+from labkit.grading.compare import compare_tensors, compare_tokens
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _two_matrices(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = _generator(seed)
+    return torch.randn(3, 4, generator=generator), torch.randn(3, 4, generator=generator)
+
+
+def _large_scores(seed: int) -> tuple[torch.Tensor]:
+    # Scores around 100: exp overflows float32 (above about 88), so a softmax
+    # without the max subtraction gives nan.
+    return (100 + 5 * torch.randn(4, 7, generator=_generator(seed)),)
+
+
+def _logits_for_steps(seed: int) -> tuple[torch.Tensor]:
+    return (torch.randn(6, 50, generator=_generator(seed)),)
+
+
+register(
+    Exercise(
+        id="demo.add",
+        functions=("add",),
+        make_inputs=_two_matrices,
+        oracle=lambda inputs: inputs[0] + inputs[1],
+        compare=lambda expected, got: compare_tensors(expected, got, dims=("row", "column"), what="sum"),
+        tested="add(a, b) on two random (3, 4) tensors gives their elementwise sum",
+        hint="Add the two tensors element by element and return a tensor of the same shape.",
+    )
+)
+
+register(
+    Exercise(
+        id="demo.softmax",
+        functions=("softmax",),
+        make_inputs=_large_scores,
+        oracle=lambda inputs: torch.softmax(inputs[0], dim=-1),
+        compare=lambda expected, got: compare_tensors(expected, got, dims=("row", "column"), what="probability"),
+        tested="softmax(x) over the last axis of a (4, 7) tensor of large scores matches torch.softmax",
+        hint=(
+            "Normalise over the last axis only, and subtract each row's maximum before exp "
+            "so large scores do not overflow."
+        ),
+        points=2.0,
+    )
+)
+
+register(
+    Exercise(
+        id="demo.greedy_tokens",
+        functions=("greedy_tokens",),
+        make_inputs=_logits_for_steps,
+        oracle=lambda inputs: inputs[0].argmax(dim=-1).tolist(),
+        compare=lambda expected, got: compare_tokens(expected, got),
+        tested="greedy_tokens(logits) picks the highest-scoring token id at each of 6 steps",
+        hint="Take the argmax over the vocabulary axis (the last one) at every step and return a list of ints.",
+    )
+)

@@ -1,0 +1,57 @@
+"""Turn the learner's outputs into a verdict by comparing them with the oracle's.
+
+The grader calls this in its own process, on outputs loaded back from the kernel;
+`labkit.check` calls it in the notebook. Either way the message has the same shape:
+a headline, what was tested, the first difference (or the problem), and a hint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from labkit.grading.attempt import OK, Attempt, describe_exception
+from labkit.grading.checks import Exercise
+from labkit.grading.result import FAIL, NOT_DONE, PASS, STATUS_LABELS, CheckResult, Mismatch
+
+_NOT_DONE_ADVICE = (
+    "write your code in place of the `raise NotImplementedError(...)` line, run that cell, then run this check again."
+)
+
+
+def verdict(exercise: Exercise, status: str, detail: str = "", hint: str | None = None) -> CheckResult:
+    """A CheckResult with the standard message for this status."""
+    headline = f"{STATUS_LABELS[status]} {exercise.id}"
+    if status == PASS:
+        lines = [headline, f"Tested: {exercise.tested}"]
+    elif status == NOT_DONE:
+        lines = [f"{headline}: {_NOT_DONE_ADVICE}"]
+    else:
+        label = "First difference" if status == FAIL else "Problem"
+        lines = [headline, f"Tested: {exercise.tested}", f"{label}: {detail}", f"Hint: {hint or exercise.hint}"]
+    passed = status == PASS
+    return CheckResult(
+        passed=passed,
+        points=exercise.points if passed else 0.0,
+        message="\n".join(lines),
+        exercise=exercise.id,
+        status=status,
+        max_points=exercise.points,
+    )
+
+
+def expected_outputs(exercise: Exercise, seed: int) -> Any:
+    """The oracle's outputs for the inputs this seed gives."""
+    return exercise.oracle(exercise.make_inputs(seed))
+
+
+def judge(exercise: Exercise, attempt: Attempt, expected: Any) -> CheckResult:
+    """Compare an attempt with the oracle's outputs; only a clean match passes."""
+    if attempt.status != OK:
+        return verdict(exercise, attempt.status, attempt.message)
+    try:
+        mismatch = exercise.compare(expected, attempt.outputs)
+    except Exception as error:  # odd learner output that the comparer did not foresee
+        mismatch = Mismatch(f"your output could not be compared with the expected one ({describe_exception(error)})")
+    if mismatch is None:
+        return verdict(exercise, PASS)
+    return verdict(exercise, FAIL, mismatch.difference, mismatch.hint)

@@ -1,0 +1,194 @@
+"""A kernel that outlives the notebook it runs: per-cell timeouts, a time budget, crash recovery.
+
+nbclient runs each cell; a cell that runs past its timeout is interrupted, and if
+the kernel ignores the interrupt it is killed. When the kernel dies (a crash, an
+os._exit, a kill), a fresh one is started and the cells that had completed are run
+again, skipping the one that killed it, so the rest of the notebook and the
+grading still happen. The number of restarts is capped so a notebook that crashes
+every kernel cannot keep the grader busy for ever.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
+
+# Outcome of running one piece of code.
+RAN = "ok"
+RAISED = "error"
+TIMED_OUT = "timeout"
+DIED = "crashed"
+SKIPPED = "skipped"
+
+_TIMEOUT_MARK = "LabkitCellTimeout"  # the ename nbclient reports for a cell that ran out of time
+_PROBE_TIMEOUT_S = 3.0  # how long an interrupted kernel gets to show it is listening again
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one piece of code: a status above and a one-line detail."""
+
+    status: str
+    detail: str = ""
+
+
+class KernelSession:
+    """Runs a notebook's cells, then the grader's code, in one (restartable) kernel.
+
+    `setup_code` runs first in every fresh kernel, outside the notebook's time
+    budget: the grader uses it to import the heavy libraries it needs anyway, so
+    a notebook's `import torch` is not what runs out of time.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        cell_timeout: float,
+        notebook_budget: float,
+        kernel_name: str = "python3",
+        env: dict[str, str] | None = None,
+        setup_code: str = "",
+        setup_timeout: float = 300.0,
+        max_restarts: int = 3,
+    ) -> None:
+        self.workdir = workdir
+        self.cell_timeout = cell_timeout
+        self.kernel_name = kernel_name
+        self.env = env
+        self.setup_code = setup_code
+        self.setup_timeout = setup_timeout
+        self.setup_problem: Outcome | None = None  # set if the setup code failed in the last kernel
+        self.restarts = 0
+        self._max_restarts = max_restarts
+        self._budget_left = notebook_budget
+        self._replay: list[str] = []  # notebook cells that completed, to re-run in a fresh kernel
+        self._client: NotebookClient | None = None
+        self._stack = ExitStack()
+        self._started = False
+        self._reply: dict[str, Any] = {}
+
+    def __enter__(self) -> KernelSession:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Shut the kernel down (immediately; nothing in it is needed any more)."""
+        self._client = None
+        try:
+            self._stack.close()
+        except Exception:  # a kernel that is already gone can fail to clean up; nothing is lost
+            pass
+        self._stack = ExitStack()
+
+    def run_notebook_cell(self, source: str) -> Outcome:
+        """Run one of the notebook's cells under the per-cell timeout and the notebook's time budget."""
+        if not self._ensure_kernel():
+            return Outcome(SKIPPED, "not run: the kernel crashed too many times")
+        outcome = self._run_budgeted(source)
+        if outcome.status in (RAN, RAISED):
+            self._replay.append(source)
+        return outcome
+
+    def run_grader_code(self, source: str) -> Outcome:
+        """Run the grader's own code in the notebook's namespace, under the per-cell timeout only."""
+        if not self._ensure_kernel():
+            return Outcome(SKIPPED, "not run: the kernel crashed too many times")
+        return self._execute(source, self.cell_timeout)
+
+    def _run_budgeted(self, source: str) -> Outcome:
+        if self._budget_left <= 0:
+            return Outcome(SKIPPED, "not run: the notebook's total time limit was used up")
+        started = time.monotonic()
+        outcome = self._execute(source, min(self.cell_timeout, self._budget_left))
+        self._budget_left -= time.monotonic() - started
+        return outcome
+
+    def _ensure_kernel(self) -> bool:
+        while self._client is None:
+            if self._started:
+                if self.restarts >= self._max_restarts:
+                    return False
+                self.restarts += 1
+            self._start()
+            if self.setup_code:
+                outcome = self._execute(self.setup_code, self.setup_timeout)
+                self.setup_problem = outcome if outcome.status != RAN else None
+            self._replay_completed_cells()
+        return True
+
+    def _start(self) -> None:
+        self._started = True
+        client = NotebookClient(
+            nbformat.v4.new_notebook(),
+            kernel_name=self.kernel_name,
+            allow_errors=True,
+            interrupt_on_timeout=True,
+            error_on_timeout={"ename": _TIMEOUT_MARK, "evalue": ""},
+            iopub_timeout=1,  # only the reply matters, not late outputs
+            shutdown_kernel="immediate",
+            record_timing=False,
+        )
+        client.on_cell_executed = self._remember_reply
+        options: dict[str, Any] = {"cwd": str(self.workdir), "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        if self.env is not None:
+            options["env"] = self.env
+        self._stack.enter_context(client.setup_kernel(**options))
+        self._client = client
+
+    def _replay_completed_cells(self) -> None:
+        kept: list[str] = []
+        for position, source in enumerate(self._replay):
+            if self._client is None:  # it died again: keep the rest for the next fresh kernel
+                kept.extend(self._replay[position:])
+                break
+            if self._run_budgeted(source).status in (RAN, RAISED):
+                kept.append(source)
+        self._replay = kept
+
+    def _remember_reply(self, cell: Any, cell_index: int, execute_reply: dict[str, Any]) -> None:
+        self._reply = execute_reply.get("content", {})
+
+    def _send(self, source: str, timeout: float) -> dict[str, Any]:
+        """Execute code and return the kernel's reply; raises DeadKernelError if the kernel dies."""
+        assert self._client is not None
+        notebook = self._client.nb
+        cell = nbformat.v4.new_code_cell(source)
+        notebook.cells.append(cell)
+        self._client.timeout = max(1, math.ceil(timeout))
+        self._reply = {}
+        try:
+            self._client.execute_cell(cell, len(notebook.cells) - 1)
+        finally:
+            cell.outputs = []  # only the reply matters; do not hoard what the code printed
+        return self._reply
+
+    def _execute(self, source: str, timeout: float) -> Outcome:
+        try:
+            reply = self._send(source, timeout)
+            if reply.get("ename") == _TIMEOUT_MARK:
+                self._send("pass", _PROBE_TIMEOUT_S)
+                if self._reply.get("ename") == _TIMEOUT_MARK:  # the interrupt was ignored
+                    self.close()
+                    return Outcome(
+                        TIMED_OUT,
+                        f"still running after {timeout:.0f} s; the kernel ignored the interrupt and was restarted",
+                    )
+                return Outcome(TIMED_OUT, f"still running after {timeout:.0f} s; interrupted")
+        except DeadKernelError:
+            self.close()
+            return Outcome(DIED, "the kernel died while running this code (a crash, exit or kill)")
+        if reply.get("status") == "error":
+            return Outcome(RAISED, f"{reply.get('ename', 'Error')}: {reply.get('evalue', '')}".rstrip(": "))
+        return Outcome(RAN)

@@ -1,0 +1,33 @@
+"""The grader's agent inside a submission's kernel: run one exercise and hand back the outputs.
+
+After the notebook has run, the grader sends a line calling `save_attempt` with a
+seed it drew itself and a fresh file path it chose. This runs the learner's
+functions on inputs from that seed and writes the outcome as plain data with
+torch.save. It decides nothing: the grader loads the file in its own process and
+compares with its own oracle, so patching this module earns nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from labkit.grading.attempt import attempt_in_namespace
+from labkit.grading.checks import get_exercise
+
+
+def save_attempt(exercise_id: str, seed: int, path: str, namespace: Mapping[str, Any]) -> None:
+    """Run the exercise's learner functions from `namespace` and torch.save the outcome to `path`."""
+    attempt = attempt_in_namespace(get_exercise(exercise_id), namespace, seed)
+    torch.save(attempt.to_record(), path)
+
+
+def attempt_code(exercise_id: str, seed: int, path: str) -> str:
+    """The code the grader sends to the kernel for one exercise (runs in the notebook's namespace)."""
+    return (
+        "import labkit.grading.kernel_side as _labkit_kernel_side\n"
+        f"_labkit_kernel_side.save_attempt({exercise_id!r}, {seed!r}, {path!r}, globals())\n"
+        "del _labkit_kernel_side\n"
+    )

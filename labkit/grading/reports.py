@@ -1,0 +1,105 @@
+"""The grader's reports: JSON for machines, JUnit XML for CI, Markdown for people, CSV for the class.
+
+Per submission NAME: NAME.json, NAME.xml and NAME.md; for the whole run: grades.csv
+with one row per submission and one column per exercise. Files are always written
+fresh, so anything a notebook left in the output folder is overwritten.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from pathlib import Path
+
+from labkit.grading.grader import SubmissionGrade
+
+
+def _points(value: float) -> str:
+    return f"{value:g}"
+
+
+def to_junit(grade: SubmissionGrade) -> ET.ElementTree:
+    """One test suite per submission, one test case per exercise; anything but PASS is a failure."""
+    suites = ET.Element("testsuites", name="labkit grade")
+    suite = ET.SubElement(suites, "testsuite", name=grade.name, time=f"{grade.elapsed_s:.2f}")
+    properties = ET.SubElement(suite, "properties")
+    for key, value in (
+        ("lab", grade.lab or ""),
+        ("score", _points(grade.score)),
+        ("max_score", _points(grade.max_score)),
+    ):
+        ET.SubElement(properties, "property", name=key, value=value)
+    failures = 0
+    for result in grade.results:
+        case = ET.SubElement(suite, "testcase", classname=grade.name, name=result.exercise, time="0")
+        if not result.passed:
+            failures += 1
+            failure = ET.SubElement(case, "failure", message=result.message.splitlines()[0], type=result.status)
+            failure.text = result.message
+    errors = 0
+    if grade.error:
+        errors = 1
+        case = ET.SubElement(suite, "testcase", classname=grade.name, name="notebook", time="0")
+        ET.SubElement(case, "error", message=grade.error, type="ungradable")
+    if grade.notes:
+        ET.SubElement(suite, "system-out").text = "\n".join(grade.notes)
+    tests = len(grade.results) + errors
+    suite.set("tests", str(tests))
+    suite.set("failures", str(failures))
+    suite.set("errors", str(errors))
+    ET.indent(suites)
+    return ET.ElementTree(suites)
+
+
+def to_markdown(grade: SubmissionGrade) -> str:
+    """A summary a learner or instructor can read: the score, a table, then each message."""
+    lines = [f"# {grade.name}: {_points(grade.score)} / {_points(grade.max_score)} points", ""]
+    if grade.error:
+        lines += [f"**Not graded:** {grade.error}", ""]
+    if grade.results:
+        lines += [f"Lab `{grade.lab}`; the grader's inputs came from seed {grade.seed}.", ""]
+        lines += ["| Exercise | Result | Points |", "|---|---|---|"]
+        lines += [
+            f"| `{result.exercise}` | {result.label} | {_points(result.points)} / {_points(result.max_points)} |"
+            for result in grade.results
+        ]
+        lines += ["", "## Feedback", ""]
+        for result in grade.results:
+            lines += [f"### `{result.exercise}`: {result.label}", "", "```text", result.message, "```", ""]
+    if grade.notes:
+        lines += ["## While running the notebook", ""] + [f"- {note}" for note in grade.notes] + [""]
+    return "\n".join(lines)
+
+
+def write_submission_reports(grade: SubmissionGrade, out_dir: Path) -> list[Path]:
+    """Write NAME.json, NAME.xml and NAME.md for one submission; return their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, xml_path, md_path = (out_dir / f"{grade.name}{suffix}" for suffix in (".json", ".xml", ".md"))
+    json_path.write_text(json.dumps(grade.to_dict(), indent=2) + "\n")
+    to_junit(grade).write(xml_path, encoding="utf-8", xml_declaration=True)
+    md_path.write_text(to_markdown(grade))
+    return [json_path, xml_path, md_path]
+
+
+def write_grades_csv(grades: Sequence[SubmissionGrade], path: Path) -> Path:
+    """One row per submission: points per exercise (blank if not part of its lab), total, maximum, error."""
+    exercise_ids = list(dict.fromkeys(result.exercise for grade in grades for result in grade.results))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["submission", "lab", *exercise_ids, "total", "max_total", "error"])
+        for grade in grades:
+            points = {result.exercise: _points(result.points) for result in grade.results}
+            writer.writerow(
+                [
+                    grade.name,
+                    grade.lab or "",
+                    *(points.get(i, "") for i in exercise_ids),
+                    _points(grade.score),
+                    _points(grade.max_score),
+                    grade.error or "",
+                ]
+            )
+    return path

@@ -1,0 +1,163 @@
+"""`labkit grade` on a class of awkward submissions: each is scored as it deserves.
+
+One grade call covers every submission (kernel starts are slow): a solved notebook,
+the generated learner notebook, an empty one, one that hangs, one that kills its
+kernel, one that tampers, a malformed notebook and a text file.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+from labkit.cli import main
+
+FIXTURES = Path(__file__).parent / "fixtures" / "grading"
+EXAMPLE_WORKFLOW = Path(__file__).resolve().parents[1] / "labkit" / "grading" / "examples" / "grade-labs.yml"
+SUBMISSIONS = {  # the slowest first, since three are graded at a time
+    "hangs": FIXTURES / "hangs.ipynb",
+    "kills_kernel": FIXTURES / "kills_kernel.ipynb",
+    "solved": FIXTURES / "source" / "demo_basics.ipynb",
+    "learner": FIXTURES / "demo_basics.ipynb",
+    "empty": FIXTURES / "empty.ipynb",
+    "tampers": FIXTURES / "tampers.ipynb",
+    "broken": FIXTURES / "broken.ipynb",
+    "notes": FIXTURES / "notes.txt",
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Grade all submissions once; return the output folder and each submission's JSON report."""
+    folder = tmp_path_factory.mktemp("class")
+    out = folder / "grades"
+    paths = []
+    for name, fixture in SUBMISSIONS.items():
+        path = folder / f"{name}{fixture.suffix}"
+        path.write_text(fixture.read_text().replace("__OUT_DIR__", str(out)))
+        paths.append(str(path))
+    code = main(
+        [
+            "grade",
+            *paths,
+            "--out",
+            str(out),
+            "--lab",
+            "demo",
+            "--cell-timeout",
+            "3",
+            "--total-timeout",
+            "60",
+            "--jobs",
+            "3",
+        ]
+    )
+    assert code == 0
+    reports = {name: json.loads((out / f"{name}.json").read_text()) for name in SUBMISSIONS}
+    return out, reports
+
+
+def statuses(report):
+    return {exercise["id"]: exercise["status"] for exercise in report["exercises"]}
+
+
+def test_solved_notebook_gets_full_marks(graded):
+    _, reports = graded
+    report = reports["solved"]
+    assert report["score"] == report["max_score"] == 4
+    assert set(statuses(report).values()) == {"pass"} and report["notes"] == [] and report["error"] is None
+
+
+def test_learner_notebook_runs_to_the_end_and_scores_zero(graded):
+    report = graded[1]["learner"]
+    assert report["score"] == 0 and report["error"] is None
+    assert set(statuses(report).values()) == {"not_done"}
+
+
+def test_empty_notebook_scores_zero_with_missing_functions(graded):
+    report = graded[1]["empty"]
+    assert report["score"] == 0 and set(statuses(report).values()) == {"missing"}
+    assert "no function named `add`" in report["exercises"][0]["message"]
+
+
+def test_hanging_cells_are_cut_off_and_the_rest_is_graded(graded):
+    report = graded[1]["hangs"]
+    assert statuses(report) == {"demo.add": "pass", "demo.softmax": "timeout", "demo.greedy_tokens": "missing"}
+    assert report["score"] == 1
+    notes = "\n".join(report["notes"])
+    assert "cell 2" in notes and "interrupted" in notes
+    assert "cell 4" in notes and "ignored the interrupt" in notes
+
+
+def test_killed_kernel_is_restarted_and_the_rest_is_graded(graded):
+    report = graded[1]["kills_kernel"]
+    assert statuses(report) == {"demo.add": "pass", "demo.softmax": "pass", "demo.greedy_tokens": "crashed"}
+    assert report["score"] == 3
+    assert any("cell 3" in note and "crashed" in note for note in report["notes"])
+
+
+def test_tampering_earns_nothing(graded):
+    out, reports = graded
+    report = reports["tampers"]
+    assert report["score"] == 0
+    assert statuses(report) == {"demo.add": "fail", "demo.softmax": "error", "demo.greedy_tokens": "error"}
+    # The real comparison ran in the grader, though the kernel's compare was patched to pass.
+    assert "First difference: sum at row 0, column 0" in report["exercises"][0]["message"]
+    assert "not in the grader's format" in report["exercises"][1]["message"]
+    assert "could not be loaded safely" in report["exercises"][2]["message"]
+    assert not (out / "pwned").exists()
+    # The fake report the notebook wrote into the output folder was replaced by the real one.
+    assert json.loads((out / "tampers.json").read_text())["score"] == 0
+
+
+@pytest.mark.parametrize("name", ["broken", "notes"])
+def test_unreadable_files_become_error_entries(graded, name):
+    report = graded[1][name]
+    assert "not a readable Jupyter notebook" in report["error"]
+    assert report["score"] == 0 and set(statuses(report).values()) == {"not_run"}
+
+
+def test_reports_for_ci_people_and_the_class(graded):
+    out, reports = graded
+    seeds = {report["seed"] for report in reports.values()}
+    assert len(seeds) == 1 and None not in seeds
+    with (out / "grades.csv").open() as file:
+        rows = {row["submission"]: row for row in csv.DictReader(file)}
+    assert set(rows) == set(SUBMISSIONS)
+    assert rows["solved"]["demo.softmax"] == "2" and rows["solved"]["total"] == "4"
+    assert rows["kills_kernel"]["total"] == "3" and rows["tampers"]["total"] == "0"
+    assert "not a readable" in rows["broken"]["error"]
+
+    suite = ET.parse(out / "hangs.xml").getroot().find("testsuite")
+    assert suite.get("tests") == "3" and suite.get("failures") == "2"
+    cases = {case.get("name"): case for case in suite.iter("testcase")}
+    assert cases["demo.add"].find("failure") is None
+    assert cases["demo.softmax"].find("failure").get("type") == "timeout"
+    broken = ET.parse(out / "broken.xml").getroot().find("testsuite")
+    assert broken.get("errors") == "1"
+
+    summary = (out / "kills_kernel.md").read_text()
+    assert summary.startswith("# kills_kernel: 3 / 4 points")
+    assert "| `demo.greedy_tokens` | CRASHED | 0 / 1 |" in summary
+
+
+def test_misuse_is_refused_before_any_kernel_starts(tmp_path, capsys):
+    notebook = str(FIXTURES / "empty.ipynb")
+    assert main(["grade", notebook, "--out", str(tmp_path), "--lab", "lab99"]) == 2
+    assert "labkit/grading/exercises/lab99.py" in capsys.readouterr().out
+    assert main(["grade", notebook, "--out", str(tmp_path), "--cell-timeout", "0"]) == 2
+    assert main(["grade", notebook, "--out", str(tmp_path), "--jobs", "0"]) == 2
+    assert not list(tmp_path.iterdir())
+
+
+def test_example_ci_workflow_runs_the_grader():
+    workflow = yaml.safe_load(EXAMPLE_WORKFLOW.read_text())
+    steps = workflow["jobs"]["grade"]["steps"]
+    commands = " ".join(step.get("run", "") for step in steps)
+    assert "labkit grade" in commands and "--out grades" in commands
+    assert any(step.get("uses", "").startswith("actions/upload-artifact") for step in steps)
