@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import nbformat
 import pytest
 import yaml
 
 from labkit.cli import main
+from labkit.grading.grader import SubmissionError, infer_lab, kernel_env, read_notebook, submission_names
 
 FIXTURES = Path(__file__).parent / "fixtures" / "grading"
 EXAMPLE_WORKFLOW = Path(__file__).resolve().parents[1] / "labkit" / "grading" / "examples" / "grade-labs.yml"
@@ -149,7 +152,7 @@ def test_reports_for_ci_people_and_the_class(graded):
 def test_misuse_is_refused_before_any_kernel_starts(tmp_path, capsys):
     notebook = str(FIXTURES / "empty.ipynb")
     assert main(["grade", notebook, "--out", str(tmp_path), "--lab", "lab99"]) == 2
-    assert "labkit/grading/exercises/lab99.py" in capsys.readouterr().out
+    assert "expected a module labkit.labs.lab99" in capsys.readouterr().out
     assert main(["grade", notebook, "--out", str(tmp_path), "--cell-timeout", "0"]) == 2
     assert main(["grade", notebook, "--out", str(tmp_path), "--jobs", "0"]) == 2
     assert not list(tmp_path.iterdir())
@@ -161,3 +164,44 @@ def test_example_ci_workflow_runs_the_grader():
     commands = " ".join(step.get("run", "") for step in steps)
     assert "labkit grade" in commands and "--out grades" in commands
     assert any(step.get("uses", "").startswith("actions/upload-artifact") for step in steps)
+
+
+def test_malformed_files_are_described_not_raised(tmp_path):
+    cases = {
+        "not_json.ipynb": "def add(a, b):",
+        "not_a_notebook.ipynb": json.dumps({"a": 1}),
+        "cells_not_a_list.ipynb": json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": "x"}),
+        "empty_file.ipynb": "",
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(SubmissionError, match=f"{name} is not a readable Jupyter notebook"):
+            read_notebook(tmp_path / name)
+    with pytest.raises(SubmissionError, match="is not a file"):
+        read_notebook(tmp_path)
+
+
+def test_lab_is_read_from_metadata_or_tags_or_refused():
+    tagged = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("", metadata={"tags": ["exercise:lab2.x"]})])
+    assert infer_lab(tagged) == "lab2"
+    tagged.metadata["labkit"] = {"lab": "lab3"}
+    assert infer_lab(tagged) == "lab3"
+    odd = nbformat.from_dict(
+        {"metadata": {"labkit": "lab3"}, "cells": [{"cell_type": "code", "metadata": {"tags": "exercise:lab2.x"}}]}
+    )
+    with pytest.raises(SubmissionError, match="pass --lab"):
+        infer_lab(odd)
+
+
+def test_same_file_names_in_different_folders_get_distinct_report_names(tmp_path):
+    paths = [tmp_path / "alice" / "lab2.ipynb", tmp_path / "bob" / "lab2.ipynb", tmp_path / "bob" / "lab2.ipynb"]
+    assert submission_names(paths) == ["alice__lab2", "bob__lab2", "bob__lab2_again"]
+    assert submission_names([tmp_path / "my lab (final).ipynb"]) == ["my_lab_final_"]
+
+
+def test_kernel_gets_no_secrets_and_this_labkit_first(monkeypatch):
+    monkeypatch.setenv("COURSE_API_TOKEN", "hidden")
+    monkeypatch.setenv("LABKIT_CACHE", "/tmp/cache")
+    env = kernel_env()
+    assert "COURSE_API_TOKEN" not in env and env["LABKIT_CACHE"] == "/tmp/cache"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(Path(__file__).resolve().parents[1])

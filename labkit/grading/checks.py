@@ -5,8 +5,9 @@ grader runs it in two halves: the learner's functions run inside the notebook's
 kernel, while the oracle and the comparison run in the grader's own process. The
 in-notebook `labkit.check` simply runs both halves in one process.
 
-Exercises of lab `X` are registered by the module `labkit.grading.exercises.X`,
-imported the first time one of its ids is looked up.
+Exercises of lab `X` are registered by the module `labkit.labs.X` (the course's
+labs) or `labkit.grading.exercises.X` (the demo), imported the first time one of
+its ids is looked up.
 """
 
 from __future__ import annotations
@@ -76,17 +77,21 @@ def register(exercise: Exercise) -> Exercise:
     return exercise
 
 
+# Packages that hold one module per lab, named after the lab, which registers its exercises.
+LAB_PACKAGES = ("labkit.labs", "labkit.grading.exercises")
+
+
 def _load_lab(lab: str) -> None:
-    module_name = f"{__package__}.exercises.{lab}"
-    try:
-        importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name != module_name:
-            raise
-        raise ValueError(
-            f"no exercises are registered for lab {lab!r}: expected a module {module_name} "
-            f"(labkit/grading/exercises/{lab}.py) that registers them"
-        ) from None
+    for package in LAB_PACKAGES:
+        module_name = f"{package}.{lab}"
+        try:
+            importlib.import_module(module_name)
+            return
+        except ModuleNotFoundError as error:
+            if not module_name.startswith(error.name or "-"):  # a missing dependency inside the module
+                raise
+    places = " or ".join(f"{package}.{lab}" for package in LAB_PACKAGES)
+    raise ValueError(f"no exercises are registered for lab {lab!r}: expected a module {places} that registers them")
 
 
 def get_exercise(exercise_id: str) -> Exercise:

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ from labkit.grading.learner_notebook import EXERCISE_TAG
 from labkit.grading.result import CRASHED, ERROR, MISSING, NOT_DONE, NOT_RUN, TIMEOUT, CheckResult
 
 _RECORD_STATUSES = {OK, NOT_DONE, ERROR, MISSING}
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE_?KEY", re.IGNORECASE)
 # What went wrong in the kernel while the grader ran an exercise -> the verdict's status.
 _GRADER_CODE_PROBLEMS = {ks.TIMED_OUT: TIMEOUT, ks.DIED: CRASHED, ks.SKIPPED: NOT_RUN, ks.RAISED: ERROR}
 
@@ -99,14 +101,12 @@ def read_notebook(path: Path) -> nbformat.NotebookNode:
     if not path.is_file():
         raise SubmissionError(f"{path} is not a file")
     try:
-        notebook = nbformat.read(path, as_version=4)
+        with warnings.catch_warnings():  # old notebooks without cell ids are fine here
+            warnings.simplefilter("ignore")
+            return nbformat.read(path, as_version=4)
     except Exception as error:
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise SubmissionError(f"{path.name} is not a readable Jupyter notebook ({first_line})") from None
-    cells = notebook.get("cells")
-    if not isinstance(cells, list) or not all(isinstance(cell, dict) for cell in cells):
-        raise SubmissionError(f"{path.name} has no list of cells; is it a Jupyter notebook?")
-    return notebook
 
 
 def code_cells(notebook: nbformat.NotebookNode) -> Iterator[tuple[int, str]]:
@@ -117,22 +117,31 @@ def code_cells(notebook: nbformat.NotebookNode) -> Iterator[tuple[int, str]]:
             yield position, source
 
 
+def _as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def infer_lab(notebook: nbformat.NotebookNode) -> str:
     """The lab a notebook belongs to: its `labkit.lab` metadata, else its exercise tags."""
-    lab = notebook.get("metadata", {}).get("labkit", {}).get("lab")
+    lab = _as_dict(_as_dict(notebook.get("metadata")).get("labkit")).get("lab")
     if isinstance(lab, str) and lab:
         return lab
     for cell in notebook.cells:
-        for tag in cell.get("metadata", {}).get("tags", []):
+        tags = _as_dict(cell.get("metadata")).get("tags")
+        for tag in tags if isinstance(tags, list) else []:
             if isinstance(tag, str) and tag.startswith(EXERCISE_TAG):
-                return lab_of(tag[len(EXERCISE_TAG) :])
+                try:
+                    return lab_of(tag[len(EXERCISE_TAG) :])
+                except ValueError:
+                    continue
     raise SubmissionError("cannot tell which lab this notebook belongs to; pass --lab")
 
 
 def kernel_env() -> dict[str, str]:
-    """The grader's environment, with the folder holding this labkit first on PYTHONPATH,
-    so the kernel imports the same labkit (and the same exercise specs) as the grader."""
-    env = dict(os.environ)
+    """The environment for a submission's kernel: the grader's own, less any variable whose name
+    suggests a secret (the learner's code runs there), with the folder holding this labkit first
+    on PYTHONPATH so the kernel imports the same labkit, and exercise specs, as the grader."""
+    env = {name: value for name, value in os.environ.items() if not _SECRET_NAME.search(name)}
     labkit_parent = str(Path(labkit.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(part for part in (labkit_parent, env.get("PYTHONPATH")) if part)
     return env
