@@ -11,6 +11,7 @@ test-artifacts/).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -120,7 +121,9 @@ def html(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Build the whole book once, chapters executed, into a temporary folder; return its html/ folder."""
     out = tmp_path_factory.mktemp("book")
     command = [*jupyter_book_command(), "build", str(REPO), "-W", "--keep-going", "--path-output", str(out)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, cwd=REPO)
+    # The chapters import labkit; put this checkout first on the path even where it is not pip-installed.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, cwd=REPO, env=env)
     log = result.stdout + result.stderr
     assert result.returncode == 0, f"jupyter-book build failed (exit {result.returncode}):\n{log[-6000:]}"
     return out / "_build" / "html"
