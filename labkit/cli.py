@@ -10,6 +10,7 @@ import sys
 # and its docstring's first line is the subcommand's help.
 SUBCOMMANDS = {
     "info": "labkit.info",
+    "bench": "labkit.bench",
     "grade": "labkit.grading.grade",
     "make-labs": "labkit.grading.make_labs",
     "plan": "labkit.plan_cli",

@@ -1,0 +1,55 @@
+"""The benchmark's parts on the tiny model: baselines record honest traces, the sweep and table run."""
+
+import pytest
+
+from labkit.bench import BenchRow, format_table
+from labkit.bench.decode_sweep import bound_ms, decode_sweep, format_sweep
+from labkit.bench.hf_baselines import hf_static_batches
+from labkit.metrics import summarize
+from labkit.models import tiny_model
+from labkit.sim.hardware import Hardware
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", seed=11)
+
+
+def test_static_batches_hold_slots_until_the_longest_answer(model):
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
+    lengths = [6, 2, 3, 4]
+    trace = hf_static_batches(model, prompts, lengths, batch_size=2, name="hf-2")
+    assert [r.output_len for r in trace.requests] == lengths
+    # batch 1 runs 6 steps with 2 slots (request 1 idles 4 of them); batch 2 runs 4 (request 2 idles 1)
+    assert len(trace.steps) == 6 + 4
+    assert all(step.slots_held == 2 for step in trace.steps)
+    summary = summarize(trace)
+    assert summary.padded_slot_steps == (6 - 2) + (4 - 3)
+    assert summary.slot_utilization == pytest.approx(sum(lengths) / (2 * 10))
+    first_batch_done = max(trace.requests[0].token_times)
+    assert min(trace.requests[2].token_times) > first_batch_done  # the second batch waited
+
+
+def test_one_at_a_time_has_no_padding_and_growing_ttft(model):
+    trace = hf_static_batches(model, [[1, 2, 3]] * 3, [4, 4, 4], batch_size=1, name="hf-1")
+    summary = summarize(trace)
+    assert summary.padded_slot_steps == 0 and summary.slot_utilization == 1.0
+    ttfts = [r.first_token_time for r in trace.requests]
+    assert ttfts == sorted(ttfts) and ttfts[0] < ttfts[-1]
+
+
+def test_decode_sweep_and_table_run(model):
+    hardware = Hardware("test", 1e9, bandwidth=1e9, flops=1e12)
+    points = decode_sweep(model, hardware, batch_sizes=(1, 4), context=20, repeats=3)
+    assert [p.batch_size for p in points] == [1, 4]
+    assert all(p.hf_ms > 0 and p.labkit_ms > 0 for p in points)
+    assert "labkit/HF" in format_sweep(points)
+    weights = model.weight_bytes()
+    assert bound_ms(model, hardware, 1, 0) == pytest.approx(1e3 * weights / 1e9)
+
+
+def test_table_shows_ratios_to_the_first_row(model):
+    trace = hf_static_batches(model, [[1, 2]] * 2, [3, 3], batch_size=1, name="hf-1")
+    batched = hf_static_batches(model, [[1, 2]] * 2, [3, 3], batch_size=2, name="hf-2")
+    table = format_table([BenchRow("(a)", summarize(trace)), BenchRow("(b)", summarize(batched))])
+    assert table.splitlines()[2].split()[2] == "1.00"
