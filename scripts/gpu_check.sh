@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# GPU check, one run of a few minutes: the correctness tests on CUDA, then labkit bench in bf16.
+# Usage (on a machine with a CUDA GPU, after `make setup`):  bash scripts/gpu_check.sh [OUT_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-gpu-check}"
+mkdir -p "$out"
+PY=.venv/bin/python
+$PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA device: this script is for a GPU machine'; print(torch.cuda.get_device_name())"
+# Correctness: the forward pass against transformers and every policy against solo decoding.
+# (fp32 on the GPU so the 1e-4 logit tolerance still means something.)
+LABKIT_DEVICE=cuda LABKIT_DTYPE=float32 $PY -m pytest -q tests/test_models.py tests/test_engine_default_model.py \
+  2>&1 | tee "$out/tests.txt"
+# Speed: the five ways to serve, and the decode-step sweep against this GPU's roofline.
+LABKIT_DEVICE=cuda $PY -m labkit.cli bench --dtype bfloat16 --num-prompts 64 --sweep --out "$out/bench_bf16.json" \
+  2>&1 | tee "$out/bench_bf16.txt"
