@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from labkit.cli import main
-from labkit.grading.grader import SubmissionError, infer_lab, kernel_env, read_notebook, submission_names
+from labkit.grading.grader import kernel_env
+from labkit.grading.submissions import SubmissionError, infer_lab, read_notebook, submission_names
 
 FIXTURES = Path(__file__).parent / "fixtures" / "grading"
 EXAMPLE_WORKFLOW = Path(__file__).resolve().parents[1] / "labkit" / "grading" / "examples" / "grade-labs.yml"

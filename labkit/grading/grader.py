@@ -18,7 +18,6 @@ import shutil
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -33,11 +32,11 @@ from tqdm.auto import tqdm
 import labkit
 from labkit.grading import kernel_session as ks
 from labkit.grading.attempt import OK, Attempt
-from labkit.grading.checks import Exercise, exercises_for_lab, lab_of
+from labkit.grading.checks import Exercise, exercises_for_lab
 from labkit.grading.judge import expected_outputs, judge, verdict
 from labkit.grading.kernel_side import attempt_code
-from labkit.grading.learner_notebook import EXERCISE_TAG
 from labkit.grading.result import CRASHED, ERROR, MISSING, NOT_DONE, NOT_RUN, TIMEOUT, CheckResult
+from labkit.grading.submissions import SubmissionError, code_cells, infer_lab, read_notebook, submission_names
 
 _RECORD_STATUSES = {OK, NOT_DONE, ERROR, MISSING}
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE_?KEY", re.IGNORECASE)
@@ -90,51 +89,6 @@ class SubmissionGrade:
             "elapsed_s": round(self.elapsed_s, 2),
             "exercises": [result.to_dict() for result in self.results],
         }
-
-
-class SubmissionError(Exception):
-    """The submission cannot be graded at all (not a notebook, unknown lab, ...)."""
-
-
-def read_notebook(path: Path) -> nbformat.NotebookNode:
-    """The notebook at `path`, or a SubmissionError that says what is wrong with the file."""
-    if not path.is_file():
-        raise SubmissionError(f"{path} is not a file")
-    try:
-        with warnings.catch_warnings():  # old notebooks without cell ids are fine here
-            warnings.simplefilter("ignore")
-            return nbformat.read(path, as_version=4)
-    except Exception as error:
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise SubmissionError(f"{path.name} is not a readable Jupyter notebook ({first_line})") from None
-
-
-def code_cells(notebook: nbformat.NotebookNode) -> Iterator[tuple[int, str]]:
-    """(1-based position among all cells, source) of each code cell with something in it."""
-    for position, cell in enumerate(notebook.cells, start=1):
-        source = cell.get("source", "")
-        if cell.get("cell_type") == "code" and isinstance(source, str) and source.strip():
-            yield position, source
-
-
-def _as_dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def infer_lab(notebook: nbformat.NotebookNode) -> str:
-    """The lab a notebook belongs to: its `labkit.lab` metadata, else its exercise tags."""
-    lab = _as_dict(_as_dict(notebook.get("metadata")).get("labkit")).get("lab")
-    if isinstance(lab, str) and lab:
-        return lab
-    for cell in notebook.cells:
-        tags = _as_dict(cell.get("metadata")).get("tags")
-        for tag in tags if isinstance(tags, list) else []:
-            if isinstance(tag, str) and tag.startswith(EXERCISE_TAG):
-                try:
-                    return lab_of(tag[len(EXERCISE_TAG) :])
-                except ValueError:
-                    continue
-    raise SubmissionError("cannot tell which lab this notebook belongs to; pass --lab")
 
 
 def kernel_env() -> dict[str, str]:
@@ -270,21 +224,6 @@ class Grader:
                 grade.notes.append(f"the grader's setup code failed in the kernel: {session.setup_problem.detail}")
             if session.restarts:
                 grade.notes.append(f"the kernel was restarted {session.restarts} time(s)")
-
-
-def submission_names(paths: Sequence[Path]) -> list[str]:
-    """Short unique names for report files: the file stem, or the path below the common folder."""
-    stems = [path.stem for path in paths]
-    if len(set(stems)) < len(stems):
-        common = Path(os.path.commonpath([str(path.resolve().parent) for path in paths]))
-        stems = ["__".join(path.resolve().with_suffix("").relative_to(common).parts) for path in paths]
-    names: list[str] = []
-    for stem in stems:
-        name = re.sub(r"[^A-Za-z0-9._-]+", "_", stem) or "submission"
-        while name in names:  # the same file given twice
-            name += "_again"
-        names.append(name)
-    return names
 
 
 def grade_submissions(
