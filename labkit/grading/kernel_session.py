@@ -30,7 +30,7 @@ DIED = "crashed"
 SKIPPED = "skipped"
 
 _TIMEOUT_MARK = "LabkitCellTimeout"  # the ename nbclient reports for a cell that ran out of time
-_PROBE_TIMEOUT_S = 3.0  # how long an interrupted kernel gets to show it is listening again
+_PROBE_TIMEOUT_S = 3  # how long an interrupted kernel gets to show it is listening again
 
 
 @dataclass(frozen=True)
@@ -160,13 +160,13 @@ class KernelSession:
     def _remember_reply(self, cell: Any, cell_index: int, execute_reply: dict[str, Any]) -> None:
         self._reply = execute_reply.get("content", {})
 
-    def _send(self, source: str, timeout: float) -> dict[str, Any]:
+    def _send(self, source: str, seconds: int) -> dict[str, Any]:
         """Execute code and return the kernel's reply; raises DeadKernelError if the kernel dies."""
         assert self._client is not None
         notebook = self._client.nb
         cell = nbformat.v4.new_code_cell(source)
         notebook.cells.append(cell)
-        self._client.timeout = max(1, math.ceil(timeout))
+        self._client.timeout = seconds
         self._reply = {}
         try:
             self._client.execute_cell(cell, len(notebook.cells) - 1)
@@ -175,17 +175,18 @@ class KernelSession:
         return self._reply
 
     def _execute(self, source: str, timeout: float) -> Outcome:
+        seconds = max(1, math.ceil(timeout))
         try:
-            reply = self._send(source, timeout)
+            reply = self._send(source, seconds)
             if reply.get("ename") == _TIMEOUT_MARK:
-                self._send("pass", _PROBE_TIMEOUT_S)
-                if self._reply.get("ename") == _TIMEOUT_MARK:  # the interrupt was ignored
+                probe = self._send("pass", _PROBE_TIMEOUT_S)
+                if probe.get("ename") == _TIMEOUT_MARK:  # the interrupt was ignored
                     self.close()
                     return Outcome(
                         TIMED_OUT,
-                        f"still running after {timeout:.0f} s; the kernel ignored the interrupt and was restarted",
+                        f"still running after {seconds} s; it ignored the interrupt, so the kernel was stopped",
                     )
-                return Outcome(TIMED_OUT, f"still running after {timeout:.0f} s; interrupted")
+                return Outcome(TIMED_OUT, f"still running after {seconds} s; interrupted")
         except DeadKernelError:
             self.close()
             return Outcome(DIED, "the kernel died while running this code (a crash, exit or kill)")
