@@ -94,6 +94,8 @@ AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, PagedBatc
 def paged_attention(layer: int, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                     batch: PagedBatch) -> torch.Tensor:
     """Attention for every query row, reading each sequence's keys and values through its block table."""
+    if batch.num_decodes == q.shape[0]:  # a pure decode step: nothing else to do
+        return _decode_attention(q, k_pool, v_pool, batch)
     out = torch.empty_like(q)
     if batch.num_decodes:
         out[:batch.num_decodes] = _decode_attention(q[:batch.num_decodes], k_pool, v_pool, batch)

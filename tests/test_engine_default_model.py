@@ -1,0 +1,51 @@
+"""The engine on the real default model: a dozen chat prompts, batched, say what they say alone.
+
+Greedy tokens under continuous batching and chunked prefill must match each prompt decoded
+alone, except from a near-tie on (solo top-2 logits within 1e-4), which the test reports.
+"""
+
+import pytest
+
+from labkit.engine import LLM
+from labkit.engine.reference import compare_to_solo, is_near_tie_divergence, solo_greedy
+from labkit.models.tokens import encode_prompt
+from labkit.sampling import SamplingParams
+
+CHATS = [
+    "What is the capital of France?",
+    "Write a haiku about autumn leaves.",
+    "Explain in one sentence why the sky is blue.",
+    "Give me three tips for learning to play the guitar.",
+    "How do I boil an egg?",
+    "Translate 'good morning' into Spanish.",
+    "What is 17 times 3?",
+    "Suggest a name for a friendly robot.",
+    "Why do cats purr?",
+    "Summarise the plot of Romeo and Juliet in two sentences.",
+    "What should I pack for a weekend hiking trip?",
+    "Tell me a short joke about computers.",
+]
+MAX_TOKENS = 20
+
+
+@pytest.fixture(scope="module")
+def solo_runs(default_model):
+    prompts = [[{"role": "user", "content": text}] for text in CHATS]
+    solos = [solo_greedy(default_model, encode_prompt(default_model.tokenizer, p), MAX_TOKENS) for p in prompts]
+    return prompts, solos
+
+
+@pytest.mark.parametrize("policy, budget", [("continuous", None), ("chunked", 64)])
+def test_chat_prompts_match_solo_decoding(default_model, solo_runs, policy, budget):
+    prompts, solos = solo_runs
+    llm = LLM(default_model, policy=policy, max_num_seqs=8, max_num_batched_tokens=budget,
+              num_blocks=128, max_model_len=512)
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS), use_tqdm=False)
+    near_ties = 0
+    for output, solo in zip(outputs, solos):
+        problem = compare_to_solo(output.token_ids, solo)
+        assert problem is None, f"chat {output.request_id} ({output.prompt[0]['content']!r}): {problem}"
+        near_ties += is_near_tie_divergence(output.token_ids, solo)
+    print(f"{policy}: {near_ties} of {len(CHATS)} chats parted from solo at a near-tie (top-2 gap < 1e-4)")
+    assert all(output.text for output in outputs)
+    assert llm.state.blocks.num_free_blocks == 128
