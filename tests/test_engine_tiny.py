@@ -11,6 +11,7 @@ import random
 import pytest
 import torch
 
+from labkit.device import default_device
 from labkit.engine import LLM
 from labkit.engine.reference import compare_to_solo, is_near_tie_divergence, solo_greedy
 from labkit.kv.block_allocator import BlockAllocator
@@ -32,7 +33,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model("llama", seed=0)
+    """On the default device, so a GPU machine checks the paged path on CUDA too."""
+    return tiny_model("llama", seed=0, device=default_device())
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +156,16 @@ def test_bad_settings_get_clear_errors(model):
         LLM(model, max_model_len=10_000, num_blocks=4)
     with pytest.raises(ValueError, match="no tokenizer"):
         LLM(model, num_blocks=4).add_request("hello")
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
+def test_other_architectures_match_solo_too(architecture):
+    model = tiny_model(architecture, seed=1, device=default_device())
+    rng = random.Random(3)
+    prompts = [[rng.randrange(2, 256) for _ in range(rng.randrange(1, 50))] for _ in range(10)]
+    params = SamplingParams(max_tokens=12)
+    outputs = LLM(model, policy="chunked", num_blocks=40, max_num_batched_tokens=32).generate(
+        prompts, params, use_tqdm=False)
+    for output, prompt in zip(outputs, prompts):
+        problem = compare_to_solo(output.token_ids, solo_greedy(model, prompt, params.max_tokens))
+        assert problem is None, f"{architecture} request {output.request_id}: {problem}"
