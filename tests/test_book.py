@@ -41,10 +41,10 @@ SCREENSHOT_PAGES = ("capacity_planning", "kv_memory")
 
 
 def chapter_docs() -> list[str]:
-    """Chapter documents (like 'book/sale') in table-of-contents order, root and back matter excluded."""
+    """Book chapters (like 'book/sale') in table-of-contents order; the root, references and labs are not chapters."""
     toc = yaml.safe_load((REPO / "_toc.yml").read_text())
     docs = [chapter["file"] for part in toc["parts"] for chapter in part["chapters"]]
-    return [doc for doc in docs if Path(doc).name not in ("references",)]
+    return [doc for doc in docs if doc.startswith("book/") and Path(doc).name != "references"]
 
 
 # --- our own words ---------------------------------------------------------------------------
@@ -109,6 +109,15 @@ def test_the_copy_check_catches_a_copied_sentence() -> None:
 
 
 # --- the build -----------------------------------------------------------------------------
+
+
+def test_offline_mathjax_extension_is_installed() -> None:
+    """_config.yml loads MathJax from the book itself, so math renders without a network."""
+    import importlib.util
+
+    assert importlib.util.find_spec("sphinx-mathjax-offline") is not None, (
+        "the book needs the Sphinx extension 'sphinx-mathjax-offline' (MathJax shipped with the book): "
+        "pip install sphinx-mathjax-offline==0.0.2, part of labkit's [book] extra")
 
 
 def jupyter_book_command() -> list[str]:
