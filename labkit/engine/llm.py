@@ -20,15 +20,15 @@ from tqdm.auto import tqdm
 
 from labkit.engine.request import Request, RequestOutput
 from labkit.engine.runner import ModelRunner
-from labkit.engine.scheduler import ChunkedPrefill, SchedulerPolicy, SchedulerState, make_policy
+from labkit.engine.scheduler import (CHUNKED_TOKEN_BUDGET, UNCHUNKED_TOKEN_BUDGET, ChunkedPrefill,
+                                     SchedulerPolicy, SchedulerState, make_policy, token_budget)
 from labkit.kv.block_allocator import BlockAllocator
 from labkit.kv.paged import AttentionFn, PagedKVCache, num_blocks_for_memory, paged_attention
 from labkit.models.tokens import Prompt, encode_prompt
 from labkit.sampling import SamplingParams
-from labkit.trace import StepRecord, Trace
+from labkit.trace import Trace
 
-CHUNKED_TOKEN_BUDGET = 512    # default max_num_batched_tokens with chunked prefill (a CPU-sized chunk)
-UNCHUNKED_TOKEN_BUDGET = 2048  # without chunking: at least this, and at least max_model_len (as vLLM V0)
+__all__ = ["LLM", "CHUNKED_TOKEN_BUDGET", "UNCHUNKED_TOKEN_BUDGET"]
 
 
 class LLM:
@@ -47,13 +47,7 @@ class LLM:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's context of "
                              f"{cfg.max_position_embeddings}; lower it")
         self.policy = _resolve_policy(policy, enable_chunked_prefill)
-        chunked = isinstance(self.policy, ChunkedPrefill)
-        budget = max_num_batched_tokens or (
-            CHUNKED_TOKEN_BUDGET if chunked else max(self.max_model_len, UNCHUNKED_TOKEN_BUDGET))
-        if not chunked and budget < self.max_model_len:
-            raise ValueError(f"max_num_batched_tokens={budget} is below max_model_len={self.max_model_len}, "
-                             "so a long prompt could never run whole; raise it, lower max_model_len, "
-                             "or enable chunked prefill")
+        budget = token_budget(max_num_batched_tokens, self.max_model_len, isinstance(self.policy, ChunkedPrefill))
         blocks = self._make_allocator(block_allocator, num_blocks, block_size, gpu_memory_utilization,
                                       max_num_seqs)
         self.state = SchedulerState(blocks, max_num_seqs, budget, self.max_model_len)
@@ -131,26 +125,14 @@ class LLM:
                 time.sleep(min(max(self._pending[0][0] - start, 0.0), 0.05))
             return outputs
         work = [(state.requests[rid], n) for rid, n in plan.scheduled.items()]
-        split = [request.split_new_tokens(n) for request, n in work]
-        blocks_used, num_waiting = state.blocks.num_used_blocks, len(state.waiting)
         tokens = self.runner.execute(work, state.blocks)
-        state.now = end = self.now()
-        for request, num_new in work:
-            request.num_computed_tokens += num_new
-            if request.request_id not in tokens:
-                continue
-            request.append_token(tokens[request.request_id], end)
-            reason = request.stop_reason(list(self.model.config.eos_token_ids), self.max_model_len)
-            if reason:
-                state.finish(request, reason)
+        record, progressed = state.complete_step(plan, tokens, list(self.model.config.eos_token_ids),
+                                                 len(self.trace.steps), start, self.now())
+        self.trace.steps.append(record)
+        for request in progressed:
+            if request.is_finished:
                 self.runner.release(request.request_id)
             outputs.append(self._output(request))
-        self.trace.steps.append(StepRecord(
-            index=len(self.trace.steps), start=start, end=end, scheduled=dict(plan.scheduled),
-            num_prefill_tokens=sum(p for p, _ in split), num_decode_tokens=sum(d for _, d in split),
-            slots_held=plan.slots_held if plan.slots_held is not None else len(plan.scheduled),
-            num_waiting=num_waiting, blocks_used=blocks_used, blocks_total=state.blocks.num_blocks,
-            preempted=list(plan.preempted)))
         return outputs
 
     def _admit_arrivals(self, now: float) -> list[Request]:

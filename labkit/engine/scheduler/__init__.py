@@ -1,7 +1,7 @@
 """Scheduler policies behind one interface: ``policy.schedule(state) -> SchedulerOutput``."""
 
-from labkit.engine.scheduler.base import (SchedulerOutput, SchedulerPolicy, SchedulerState,
-                                          schedule_running)
+from labkit.engine.scheduler.base import (CHUNKED_TOKEN_BUDGET, UNCHUNKED_TOKEN_BUDGET, SchedulerOutput,
+                                          SchedulerPolicy, SchedulerState, schedule_running, token_budget)
 from labkit.engine.scheduler.chunked import ChunkedPrefill
 from labkit.engine.scheduler.continuous import ContinuousBatching
 from labkit.engine.scheduler.static import StaticBatching
@@ -20,5 +20,5 @@ def make_policy(policy: "str | SchedulerPolicy") -> SchedulerPolicy:
                          "or pass a SchedulerPolicy instance") from None
 
 
-__all__ = ["SchedulerOutput", "SchedulerPolicy", "SchedulerState", "schedule_running", "StaticBatching",
+__all__ = ["CHUNKED_TOKEN_BUDGET", "UNCHUNKED_TOKEN_BUDGET", "token_budget", "SchedulerOutput", "SchedulerPolicy", "SchedulerState", "schedule_running", "StaticBatching",
            "ContinuousBatching", "ChunkedPrefill", "POLICIES", "make_policy"]

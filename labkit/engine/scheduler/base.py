@@ -14,6 +14,21 @@ from dataclasses import dataclass, field
 
 from labkit.engine.request import Request, RequestStatus
 from labkit.kv.block_allocator import BlockAllocator
+from labkit.trace import StepRecord
+
+CHUNKED_TOKEN_BUDGET = 512    # default max_num_batched_tokens with chunked prefill (a CPU-sized chunk)
+UNCHUNKED_TOKEN_BUDGET = 2048  # without chunking: at least this, and at least max_model_len (as vLLM V0)
+
+
+def token_budget(max_num_batched_tokens: int | None, max_model_len: int, chunked: bool) -> int:
+    """The per-step token budget: the one given, or the default; refused if a prompt could never run."""
+    budget = max_num_batched_tokens or (
+        CHUNKED_TOKEN_BUDGET if chunked else max(max_model_len, UNCHUNKED_TOKEN_BUDGET))
+    if not chunked and budget < max_model_len:
+        raise ValueError(f"max_num_batched_tokens={budget} is below max_model_len={max_model_len}, "
+                         "so a long prompt could never run whole; raise it, lower max_model_len, "
+                         "or enable chunked prefill")
+    return budget
 
 
 @dataclass
@@ -118,6 +133,33 @@ class SchedulerState:
         self.blocks.free(request.request_id)
         del self.requests[request.request_id]
         request.mark_finished(reason, self.now)
+
+    def complete_step(self, plan: SchedulerOutput, new_tokens: dict[str, int], eos_token_ids: list[int],
+                      index: int, start: float, end: float) -> tuple[StepRecord, list[Request]]:
+        """Book a step that ran ``plan`` from ``start`` to ``end`` and sampled ``new_tokens``.
+
+        Advances each request, appends its token (stamped ``end``), ends those that stop,
+        and describes the step. Returns the record and the requests that got a token.
+        """
+        work = [(self.requests[request_id], num_new) for request_id, num_new in plan.scheduled.items()]
+        num_prefill = sum(request.split_new_tokens(num_new)[0] for request, num_new in work)
+        record = StepRecord(index=index, start=start, end=end, scheduled=dict(plan.scheduled),
+                            num_prefill_tokens=num_prefill, num_decode_tokens=plan.num_tokens - num_prefill,
+                            slots_held=len(plan.scheduled) if plan.slots_held is None else plan.slots_held,
+                            num_waiting=len(self.waiting), blocks_used=self.blocks.num_used_blocks,
+                            blocks_total=self.blocks.num_blocks, preempted=list(plan.preempted))
+        self.now = end
+        progressed = []
+        for request, num_new in work:
+            request.num_computed_tokens += num_new
+            if request.request_id not in new_tokens:
+                continue  # a prompt chunk: its first token comes with the last chunk
+            request.append_token(new_tokens[request.request_id], end)
+            reason = request.stop_reason(eos_token_ids, self.max_model_len)
+            if reason:
+                self.finish(request, reason)
+            progressed.append(request)
+        return record, progressed
 
     @property
     def has_unfinished(self) -> bool:
