@@ -122,10 +122,11 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, x: Axis = "time", max_re
     ax.set_yticks(range(len(ids)), ids, fontsize=7 if len(ids) > 20 else 9)
     ax.set_xlabel("time (s)" if x == "time" else "step")
     ax.set_ylabel("request")
-    handles = [Patch(color=COLOURS[k], label=k) for k in KINDS]
-    if trace.meta.get("num_preemptions") or any(s.preempted for s in trace.steps):
+    shown = {kind for _, kind in spans}
+    handles = [Patch(color=COLOURS[k], label=k) for k in KINDS if k in shown]
+    if any(s.preempted for s in trace.steps):
         handles.append(Line2D([], [], marker="x", linestyle="", color=COLOURS["preempted"], label="preemption"))
-    ax.legend(handles=handles, loc="upper right", fontsize=8, ncols=len(handles))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(title or _default_title(trace))
     return ax
 
@@ -162,7 +163,7 @@ def plot_batch_composition(trace: Trace, ax: Axes | None = None, unit: Literal["
     ax.set_xlabel("step")
     ax.set_ylabel(unit)
     ax.set_xlim(-0.5, len(trace.steps) - 0.5)
-    ax.legend(loc="upper right", fontsize=8, ncols=4)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(title or _default_title(trace))
     return ax
 

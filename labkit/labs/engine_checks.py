@@ -1,0 +1,196 @@
+"""Running a learner's piece inside labkit's engine, and judging the run (labs 4 to 6).
+
+Labs 4-6 swap one part of the engine for the learner's own: the scheduling decision, the
+block allocator, or paged attention. The checks then serve a seeded set of requests on the
+tiny test model, on a clock that ticks once per reading (so the run is the same every time),
+and judge what came out: each request's greedy tokens against the request decoded alone,
+and invariants observed right after every scheduling decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from labkit.engine import LLM
+from labkit.engine.reference import SoloRun, compare_to_solo, solo_greedy
+from labkit.engine.request import RequestStatus
+from labkit.engine.scheduler import ChunkedPrefill, SchedulerOutput, SchedulerPolicy, SchedulerState
+from labkit.grading.attempt import describe_exception
+from labkit.grading.result import Mismatch
+from labkit.labs.shared import rng, small_model
+from labkit.sampling import SamplingParams
+
+MAX_STEPS = 2000  # a run that needs more has a scheduler that stopped making progress
+
+
+class TickClock:
+    """A clock that moves one unit each time it is read: runs do not depend on the machine's speed."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    """One request of a check: its prompt ids, how many tokens to make, and when it arrives (in ticks)."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    arrival: float = 0.0
+
+
+def observe(state: SchedulerState, plan: SchedulerOutput) -> dict[str, Any]:
+    """What a scheduling decision left behind, as plain data, right after the policy returned."""
+    head = state.waiting[0] if state.waiting else None
+    budget_left = state.max_num_batched_tokens - plan.num_tokens
+    decoding = [r.request_id for r in state.running if r.status is RequestStatus.RUNNING and r.is_decoding]
+    return {
+        "running": len(state.running),
+        "waiting": len(state.waiting),
+        "max_num_seqs": state.max_num_seqs,
+        "budget": state.max_num_batched_tokens,
+        # could the head of the queue have joined: whole (no chunking) or as a chunk of what is left?
+        "head_fits_whole": head is not None and head.num_missing_tokens <= budget_left
+        and state.blocks.can_allocate(head.request_id, head.num_missing_tokens),
+        "head_fits_chunk": head is not None and budget_left > 0
+        and state.blocks.can_allocate(head.request_id, min(head.num_missing_tokens, budget_left)),
+        "head": head.request_id if head is not None else None,
+        "head_tokens": head.num_missing_tokens if head is not None else 0,
+        "budget_left": budget_left,
+        "scheduled": dict(plan.scheduled),
+        "prefill": {rid: n for rid, n in plan.scheduled.items() if not state.requests[rid].is_decoding},
+        "decoding_not_scheduled": [rid for rid in decoding if rid not in plan.scheduled],
+        "preempted": list(plan.preempted),
+    }
+
+
+class FunctionPolicy(SchedulerPolicy):
+    """A scheduling function ``fn(state) -> SchedulerOutput`` as a policy, noting each decision.
+
+    Use :func:`policy_from_function` to build one; it tells the engine whether prompts are chunked.
+    """
+
+    def __init__(self, schedule_fn: Callable[[SchedulerState], SchedulerOutput], name: str = "yours"):
+        self.schedule_fn = schedule_fn
+        self.name = name
+        self.decisions: list[dict[str, Any]] = []
+
+    def schedule(self, state: SchedulerState) -> SchedulerOutput:
+        plan = self.schedule_fn(state)
+        if not isinstance(plan, SchedulerOutput):
+            raise TypeError(f"the scheduling function returned a {type(plan).__name__}; return a SchedulerOutput")
+        self.decisions.append(observe(state, plan))
+        return plan
+
+
+class ChunkingFunctionPolicy(FunctionPolicy, ChunkedPrefill):
+    """A scheduling function that cuts prompts into chunks, so the engine allows a budget below max_model_len."""
+
+
+def policy_from_function(schedule_fn: Callable[[SchedulerState], SchedulerOutput], chunked: bool = False,
+                         name: str = "yours") -> FunctionPolicy:
+    """Wrap a learner's ``schedule(state) -> SchedulerOutput`` so the engine can use it as its policy."""
+    if not callable(schedule_fn):
+        raise TypeError(f"expected your scheduling function, got {type(schedule_fn).__name__}")
+    return (ChunkingFunctionPolicy if chunked else FunctionPolicy)(schedule_fn, name)
+
+
+def random_requests(seed: int, count: int, prompt_range=(3, 20), output_range=(2, 24),
+                    arrival_span: int = 30) -> list[CheckRequest]:
+    """Seeded requests for the tiny model (vocabulary 256), arriving over the first ticks."""
+    r = rng(seed)
+    arrivals = sorted(r.randint(0, arrival_span) for _ in range(count))
+    return [CheckRequest([r.randint(2, 255) for _ in range(r.randint(*prompt_range))], r.randint(*output_range), t)
+            for t in arrivals]
+
+
+def run_requests(requests: list[CheckRequest], policy: SchedulerPolicy | str = "continuous", model=None,
+                 **engine_args) -> tuple[LLM, dict[str, list[int]]]:
+    """Serve the requests (ids r0, r1, ...) on a ticking clock.
+
+    Returns the engine (its trace in ``llm.trace``) and each request's output tokens by id.
+    """
+    model = model or small_model()
+    engine_args.setdefault("max_model_len", 256)
+    llm = LLM(model, policy=policy, clock=TickClock(), **engine_args)
+    for i, r in enumerate(requests):
+        llm.add_request(list(r.prompt_ids), SamplingParams(max_tokens=r.max_tokens, ignore_eos=True),
+                        request_id=f"r{i}", arrival_time=r.arrival)
+    tokens: dict[str, list[int]] = {}
+    calls = 0
+    while llm.has_unfinished():
+        calls += 1
+        if calls > MAX_STEPS:
+            raise RuntimeError(f"the run passed {MAX_STEPS} steps without finishing: does your scheduler "
+                               "leave running requests unscheduled, or never admit waiting ones?")
+        for output in llm.step():
+            if output.finished:
+                tokens[output.request_id] = output.token_ids
+    return llm, tokens
+
+
+def serve(requests: list[CheckRequest], policy: SchedulerPolicy | str = "continuous", model=None,
+          **engine_args) -> dict[str, Any]:
+    """:func:`run_requests`, as plain data: each request's tokens, the step count, preemptions,
+    blocks still used at the end, and (for a :class:`FunctionPolicy`) every decision observed.
+
+    If the run fails, ``error`` says how (one line naming the learner's code) and the decisions
+    made until then are kept, so a check can point at the step where things first went wrong.
+    """
+    try:
+        llm, tokens = run_requests(requests, policy, model, **engine_args)
+    except NotImplementedError:
+        raise  # an unfinished exercise: the check says "not done", not "failed"
+    except Exception as error:  # the learner's piece broke the run: judge what happened before
+        return {"error": describe_exception(error), "decisions": list(getattr(policy, "decisions", []))}
+    return {"error": None, "tokens": [tokens[f"r{i}"] for i in range(len(requests))], "steps": len(llm.trace.steps),
+            "preemptions": llm.num_preemptions, "blocks_used_at_end": llm.state.blocks.num_used_blocks,
+            "decisions": list(getattr(policy, "decisions", []))}
+
+
+def run_failure(run: dict[str, Any], where: str = "") -> Mismatch | None:
+    """A Mismatch saying the run stopped with an error, or None if it ran to the end."""
+    if run.get("error") is None:
+        return None
+    return Mismatch(f"{where}the run stopped: {run['error']}")
+
+
+def solo_runs(requests: list[CheckRequest], model=None) -> list[SoloRun]:
+    """Each request decoded alone with the model's dense cache: the oracle for every batched run."""
+    model = model or small_model()
+    return [solo_greedy(model, r.prompt_ids, r.max_tokens, ignore_eos=True) for r in requests]
+
+
+def compare_with_solo(solo: list[SoloRun], got: list[list[int]]) -> Mismatch | None:
+    """The first request whose batched tokens differ from its solo run (near-ties forgiven)."""
+    if not isinstance(got, list) or len(got) != len(solo):
+        return Mismatch(f"expected tokens for {len(solo)} requests, got {len(got) if isinstance(got, list) else got!r}")
+    for index, (alone, batched) in enumerate(zip(solo, got)):
+        problem = compare_to_solo(batched, alone)
+        if problem is not None:
+            return Mismatch(f"request r{index}: {problem}",
+                            "Batching must not change what a request says. Is every running request given exactly "
+                            "its missing tokens (num_missing_tokens), and admitted with blocks for them?")
+    return None
+
+
+def solo_oracle(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The oracle half shared by the engine checks: solo runs of every request in ``inputs["requests"]``."""
+    return {"solo": solo_runs(inputs["requests"])}
+
+
+def serve_workload(llm: LLM, workload, use_tqdm: bool = False):
+    """Serve a :class:`~labkit.workloads.Workload` on a real clock, each answer exactly its intended length.
+
+    Returns the run's :class:`~labkit.trace.Trace` (also left in ``llm.trace``).
+    """
+    params = [SamplingParams(max_tokens=int(r.output_len), ignore_eos=True) for r in workload]
+    llm.generate([r.prompt for r in workload], params, arrival_times=[r.arrival_time for r in workload],
+                 use_tqdm=use_tqdm)
+    return llm.trace

@@ -1,0 +1,109 @@
+"""The checks of labs 4-6: the solved answers pass, typical wrong answers fail with the right message.
+
+The answers are the solution cells of the lab sources themselves (so the tests cannot drift
+from the notebooks), and each wrong answer is that solution with one typical mistake edited in.
+"""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit.grading import evaluate
+from labkit.grading.result import FAIL, NOT_DONE, PASS
+
+SOURCES = Path(__file__).resolve().parents[1] / "labs" / "source"
+NOTEBOOKS = {"lab4": "lab4_continuous_batching.ipynb", "lab5": "lab5_paged_attention.ipynb",
+             "lab6": "lab6_chunked_prefill.ipynb"}
+
+
+def exercise_code(lab: str, name: str) -> tuple[str, str]:
+    """The lab's import cell and the solved exercise cell that defines ``name``."""
+    cells = nbformat.read(SOURCES / NOTEBOOKS[lab], as_version=4).cells
+    imports = next(c.source for c in cells if c.cell_type == "code")
+    code = next(c.source for c in cells if any(t.startswith("exercise:") for t in c.metadata.get("tags", []))
+                and (f"def {name}(" in c.source or f"class {name}:" in c.source))
+    return imports, code
+
+
+def answer(exercise_id: str, name: str, edits: tuple[tuple[str, str], ...] = ()):
+    """The solved function (or class) ``name``, with each (old, new) edit applied to its source first."""
+    lab = exercise_id.split(".")[0]
+    imports, code = exercise_code(lab, name)
+    for old, new in edits:
+        assert old in code, f"the edit target {old!r} is not in the solution of {exercise_id}"
+        code = code.replace(old, new)
+    namespace: dict = {}
+    exec(imports, namespace)
+    exec(code, namespace)
+    return namespace[name]
+
+
+def verdict(exercise_id: str, name: str, *edits: tuple[str, str]):
+    return evaluate(exercise_id, answer(exercise_id, name, edits))
+
+
+CASES = [
+    # (exercise, learner name, edits, expected status, words the message must contain)
+    ("lab4.continuous_schedule", "continuous_schedule", (), PASS, "PASS"),
+    ("lab4.continuous_schedule", "continuous_schedule",
+     (("while state.waiting and len(state.running) < state.max_num_seqs:", "while state.waiting:"),),
+     FAIL, "but max_num_seqs is 4"),
+    ("lab4.continuous_schedule", "continuous_schedule",
+     (("    if output.preempted:\n", "    if output.preempted or state.running:\n"),), FAIL, "slots were in use while"),
+    ("lab4.ten_replies", "continuous_schedule", (), PASS, "PASS"),
+    ("lab4.ten_replies", "continuous_schedule",
+     (("    if output.preempted:\n", "    if output.preempted or state.running:\n"),), FAIL, "static batching takes 84"),
+    ("lab5.block_allocator", "PagedBlockAllocator", (), PASS, "PASS"),
+    ("lab5.block_allocator", "PagedBlockAllocator",
+     (("self.free_blocks.extend(self.tables.pop(seq_id, []))", "self.tables.pop(seq_id, [])"),), FAIL, "unaccounted"),
+    ("lab5.block_allocator", "PagedBlockAllocator",
+     (("for _ in range(needed):", "for _ in range(math.ceil(num_tokens / self.block_size)):"),), FAIL,
+     "blocks, expected"),
+    ("lab5.block_allocator", "PagedBlockAllocator",
+     (("table.append(self.free_blocks.popleft())", "table.append(self.free_blocks[0])"),), FAIL, "owned by both"),
+    ("lab5.slot_mapping", "slot_mapping", (), PASS, "PASS"),
+    ("lab5.slot_mapping", "slot_mapping", (("+ pos % block_size", "+ pos % block_size + 1"),), FAIL, "off by one"),
+    ("lab5.slot_mapping", "slot_mapping",
+     (("block_table[pos // block_size] * block_size + pos % block_size", "pos"),), FAIL, "positions themselves"),
+    ("lab5.paged_attention", "paged_attention", (), PASS, "PASS"),
+    ("lab5.paged_attention", "paged_attention",
+     (("torch.tensor(block_table,", "torch.tensor(sorted(block_table),"),), FAIL, "sorted order"),
+    ("lab5.paged_attention", "paged_attention",
+     (("[:context_len]", ""), ("causal_mask(q.shape[0], context_len, q.device)", "None")), FAIL, "unused slots"),
+    ("lab5.paged_attention", "paged_attention",
+     (("causal_mask(q.shape[0], context_len, q.device)", "None"),), FAIL, "not masked causally"),
+    ("lab6.chunked_schedule", "chunked_schedule", (), PASS, "PASS"),
+    ("lab6.chunked_schedule", "chunked_schedule",
+     (("num_new = min(request.num_missing_tokens, budget)", "num_new = request.num_missing_tokens"),
+      ("num_new = min(head.num_missing_tokens, budget)", "num_new = head.num_missing_tokens")), FAIL, "over the budget"),
+    ("lab6.chunked_schedule", "chunked_schedule", (("decoding + prompts", "prompts + decoding"),), FAIL,
+     "were decoding but got no token"),
+    ("lab6.chunked_schedule", "chunked_schedule",
+     (("        if not state.blocks.can_allocate(head.request_id, num_new):",
+       "        if num_new < head.num_missing_tokens or not state.blocks.can_allocate(head.request_id, num_new):"),),
+     FAIL, "a chunk of its prompt had blocks and budget"),
+]
+
+
+@pytest.mark.parametrize("exercise_id, name, edits, status, words", CASES,
+                         ids=[f"{c[0]}-{'solved' if not c[2] else c[4][:24]}" for c in CASES])
+def test_check_verdict(exercise_id, name, edits, status, words):
+    result = verdict(exercise_id, name, *edits)
+    assert result.status == status, result.message
+    assert words in result.message
+
+
+def test_unfinished_exercise_says_not_done():
+    def continuous_schedule(state):
+        raise NotImplementedError("Exercise lab4.continuous_schedule: replace this line with your code")
+
+    result = evaluate("lab4.continuous_schedule", continuous_schedule)
+    assert result.status == NOT_DONE and "NOT DONE" in result.message
+
+
+def test_a_policy_that_schedules_nothing_fails_instead_of_hanging():
+    from labkit.engine.scheduler import SchedulerOutput
+
+    result = evaluate("lab6.chunked_schedule", lambda state: SchedulerOutput())
+    assert result.status == FAIL and "slots were in use while" in result.message
