@@ -1,0 +1,225 @@
+"""Lab 1, prefill and decode: the checks for its four exercises.
+
+The learner writes a causal mask, attention with grouped-query heads, a prefill that runs the
+whole prompt through ``model.forward`` in one pass, and a decode loop without a cache that
+reruns the whole sequence for every new token. The oracles are the math (for the mask and
+attention) and Hugging Face transformers' own forward pass (for prefill and decoding).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from labkit.grading.checks import Exercise, register
+from labkit.grading.compare import compare_sequences, compare_tensors, compare_tokens
+from labkit.grading.result import Mismatch
+from labkit.labs.diagnose import ATTENTION_TOLERANCE, check_attention, check_logits, check_positions, known_attention_mistakes
+from labkit.labs.recording import RecordingModel
+from labkit.labs.shared import course_model, pick_prompts, rng, torch_generator, transformers_logits
+from labkit.models.attention import attention, causal_mask
+
+# --- lab1.causal_mask ---------------------------------------------------------------------
+
+
+def _mask_sizes(seed: int) -> tuple[list[int]]:
+    return ([1, 2, 5, rng(seed).randint(6, 12)],)
+
+
+def _mask_oracle(inputs) -> dict[str, list[torch.Tensor]]:
+    sizes = inputs[0]
+    right = [causal_mask(n, n) for n in sizes]
+    return {"masks": right,
+            "future": [m.T.contiguous() for m in right],
+            "no_self": [torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1) for n in sizes]}
+
+
+def _compare_masks(expected, got) -> Mismatch | None:
+    if isinstance(got, list) and len(got) == len(expected["masks"]):
+        for index, (mask, future, no_self) in enumerate(zip(expected["masks"], expected["future"], expected["no_self"])):
+            mine = got[index]
+            if isinstance(mine, torch.Tensor) and mine.shape == mask.shape and mine.dtype == torch.bool:
+                if mask.shape[0] > 1 and torch.equal(mine, future):
+                    return Mismatch(f"case {index} ({mask.shape[0]} tokens): row 0 lets the first token see every later token",
+                                    "You marked the future instead of the past: query i may look at key j when j <= i "
+                                    "(torch.tril), not j >= i.")
+                if torch.equal(mine, no_self):
+                    return Mismatch(f"case {index} ({mask.shape[0]} tokens): the diagonal is False",
+                                    "A token must be able to look at itself: use j <= i, not j < i.")
+    return compare_sequences(expected["masks"], got, lambda e, g: compare_tensors(e, g, dims=("query", "key"), what="mask"),
+                             item="case")
+
+
+register(Exercise(
+    id="lab1.causal_mask",
+    functions=("causal_mask",),
+    make_inputs=_mask_sizes,
+    run=lambda functions, inputs: [functions[0](n) for n in inputs[0]],
+    oracle=_mask_oracle,
+    compare=_compare_masks,
+    tested="causal_mask(n) for n = 1, 2, 5 and one more: a bool [n, n] tensor, True where query i may see key j",
+    hint="Query i may look at keys 0..i and no further: True on and below the diagonal (torch.tril of ones, dtype bool).",
+))
+
+# --- lab1.attention -----------------------------------------------------------------------
+
+
+def _attention_inputs(seed: int) -> tuple[list[tuple[torch.Tensor, ...]]]:
+    generator = torch_generator(seed)
+    cases = []
+    for num_queries, num_keys in ((5, 5), (1, 6), (3, 7)):
+        q = torch.randn(num_queries, 4, 8, generator=generator)
+        k = torch.randn(num_keys, 2, 8, generator=generator)
+        v = torch.randn(num_keys, 2, 8, generator=generator)
+        cases.append((q, k, v, causal_mask(num_queries, num_keys)))
+    return (cases,)
+
+
+def _attention_oracle(inputs) -> dict[str, Any]:
+    cases = inputs[0]
+    return {"outs": [attention(*case) for case in cases],
+            "mistakes": [known_attention_mistakes(q, k, v, k, v) for q, k, v, _ in cases]}
+
+
+def _compare_attention(expected, got) -> Mismatch | None:
+    def one(index: int):
+        def compare(want, have):
+            mismatch = compare_tensors(want, have, dims=("query", "head", "dim"), what="attention output",
+                                       **ATTENTION_TOLERANCE)
+            if mismatch is not None and isinstance(have, torch.Tensor) and have.shape == want.shape:
+                for hint, wrong in expected["mistakes"][index].items():
+                    if torch.allclose(have, wrong, **ATTENTION_TOLERANCE):
+                        return Mismatch(mismatch.difference, hint)
+            return mismatch
+        return compare
+
+    if not isinstance(got, list) or len(got) != len(expected["outs"]):
+        return compare_sequences(expected["outs"], got, lambda e, g: None, item="case")
+    for index, (want, have) in enumerate(zip(expected["outs"], got)):
+        mismatch = one(index)(want, have)
+        if mismatch is not None:
+            q_len = want.shape[0]
+            return mismatch.within(f"case {index} ({q_len} queries, 4 query heads sharing 2 KV heads)")
+    return None
+
+
+register(Exercise(
+    id="lab1.attention",
+    functions=("attention",),
+    make_inputs=_attention_inputs,
+    run=lambda functions, inputs: [functions[0](*case) for case in inputs[0]],
+    oracle=_attention_oracle,
+    compare=_compare_attention,
+    tested="attention(q, k, v, mask) on 3 random cases (4 query heads, 2 KV heads, head_dim 8, "
+           "5x5, 1x6 and 3x7 queries x keys) against softmax(q·kᵀ/√D + mask)·v",
+    hint="Per query head h use KV head h // (Hq // Hkv); scores = q·kᵀ / √D; set masked scores to -inf; "
+         "softmax over the keys; weighted sum of v. Return [Tq, Hq, D].",
+))
+
+# --- lab1.prefill -------------------------------------------------------------------------
+
+
+def _one_prompt(seed: int) -> tuple[Any, list[int]]:
+    return course_model(), pick_prompts(seed, 1)[0]
+
+
+def _run_prefill(functions, inputs) -> dict[str, Any]:
+    model, ids = inputs
+    recording = RecordingModel(model)
+    logits = functions[0](recording, list(ids))
+    return {"logits": logits, "calls": recording.calls}
+
+
+def _compare_prefill(expected, got) -> Mismatch | None:
+    calls = got["calls"]
+    prompt = expected["prompt"]
+    if len(calls) != 1:
+        return Mismatch(f"prefill called model.forward {len(calls)} times",
+                        "Prefill is one pass: call model.forward once with all the prompt's tokens.")
+    sent = calls[0]["input_ids"].tolist()
+    if sent != prompt:
+        return Mismatch(f"model.forward got token ids {sent}, expected the prompt {prompt}",
+                        "Pass the prompt's token ids, in order, as one LongTensor.")
+    mismatch = (check_positions(calls[0]["positions"], list(range(len(prompt))), "the prefill pass")
+                or check_attention(calls, keeps_history=False))
+    return mismatch or check_logits(expected["logits"], got["logits"], "logits")
+
+
+register(Exercise(
+    id="lab1.prefill",
+    functions=("prefill",),
+    make_inputs=_one_prompt,
+    run=_run_prefill,
+    oracle=lambda inputs: {"logits": transformers_logits(*inputs), "prompt": list(inputs[1])},
+    compare=_compare_prefill,
+    tested="prefill(model, prompt) on a short prompt with the default model: one forward pass, positions "
+           "0..T-1, causal attention at every layer, logits [T, vocab] equal to transformers' own forward pass",
+    hint="ids = torch.tensor(prompt); positions = torch.arange(T); attend = your attention with causal_mask(T); "
+         "return model.forward(ids, positions, attend).",
+))
+
+# --- lab1.generate_without_cache ------------------------------------------------------------
+
+
+def _prompt_and_steps(seed: int) -> tuple[Any, list[int], int]:
+    return course_model(), pick_prompts(seed, 1)[0], 3
+
+
+def _run_generate(functions, inputs) -> dict[str, Any]:
+    model, ids, steps = inputs
+    recording = RecordingModel(model, record_layers=1)
+    tokens = functions[0](recording, list(ids), steps)
+    return {"tokens": tokens, "calls": recording.calls}
+
+
+def _no_cache_oracle(inputs) -> dict[str, Any]:
+    model, ids, steps = inputs
+    sequence = list(ids)
+    for _ in range(steps):
+        sequence.append(int(transformers_logits(model, sequence)[-1].argmax()))
+    return {"tokens": sequence[len(ids):], "prompt": list(ids)}
+
+
+def _compare_generate(expected, got) -> Mismatch | None:
+    prompt, calls, tokens = expected["prompt"], got["calls"], got["tokens"]
+    mismatch = compare_tokens(expected["tokens"], tokens)
+    if not calls:
+        return Mismatch("model.forward was never called", "Each new token needs one forward pass.")
+    mine = [int(t) for t in tokens] if isinstance(tokens, list) else []
+    for step, call in enumerate(calls[:len(mine)]):
+        sent = call["input_ids"].tolist()
+        whole = prompt + mine[:step]
+        if sent != whole:
+            hint = ("Without a cache the model remembers nothing between passes: each step must run the whole "
+                    "sequence, prompt plus every token generated so far.")
+            if len(sent) < len(whole):
+                return Mismatch(f"step {step}: model.forward got {len(sent)} tokens, expected all {len(whole)} so far", hint)
+            return Mismatch(f"step {step}: model.forward got {sent}, expected {whole}", hint)
+        position_problem = check_positions(call["positions"], list(range(len(whole))), f"step {step}")
+        if position_problem:
+            return position_problem
+    attention_problem = check_attention(calls, keeps_history=False)
+    if attention_problem or mismatch is None:
+        return attention_problem
+    step = next((i for i, (e, g) in enumerate(zip(expected["tokens"], mine)) if e != g), None)
+    if step is not None and step < len(calls):
+        logits = calls[step]["logits"]
+        if int(logits[0].argmax()) == mine[step] != int(logits[-1].argmax()):
+            return Mismatch(mismatch.difference, "You picked the token from the first row of the logits; the next "
+                                                 "token comes from the last row (logits[-1]).")
+    return mismatch
+
+
+register(Exercise(
+    id="lab1.generate_without_cache",
+    functions=("generate_without_cache",),
+    make_inputs=_prompt_and_steps,
+    run=_run_generate,
+    oracle=_no_cache_oracle,
+    compare=_compare_generate,
+    tested="generate_without_cache(model, prompt, n) with the default model: every step reruns the whole sequence "
+           "(positions from 0) and the n greedy tokens equal transformers' greedy choice",
+    hint="Loop n times: logits = prefill(model, sequence); next = int(logits[-1].argmax()); append it to the "
+         "sequence and to the output.",
+))

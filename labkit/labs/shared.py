@@ -1,0 +1,103 @@
+"""Things every lab check needs: one copy of the course model per process, and seeded prompts.
+
+The checks run the real model as their oracle, so they and the notebook share one loaded
+copy (``course_model()``) instead of paying for a second load. Inputs come from a seed so
+that the notebook's check and the grader (which draws its own seed) build the same ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import random
+
+import torch
+
+from labkit.models import LlamaModel, load_model, tiny_model
+
+# Short prompts the default model continues with confidence (no near-ties in the first tokens).
+PROMPTS = (
+    "The capital of France is",
+    "Once upon a time, there was",
+    "Water boils at a temperature of",
+    "The three primary colours are",
+    "A week has seven days: Monday,",
+    "def add(a, b):\n    return",
+    "The largest planet in our solar system is",
+    "Photosynthesis is the process by which plants",
+    "One, two, three, four,",
+    "The opposite of hot is",
+)
+
+
+@functools.lru_cache(maxsize=1)
+def course_model() -> LlamaModel:
+    """The default model in fp32 on labkit's device, loaded once per process (notebook and checks share it).
+
+    fp32 even on a GPU: the checks compare logits with transformers' to a tolerance that 16-bit
+    arithmetic would not meet, and a 135M-parameter model is small enough either way.
+    """
+    return load_model(dtype="float32", progress=False)
+
+
+@functools.lru_cache(maxsize=4)
+def small_model(seed: int = 0) -> LlamaModel:
+    """A tiny random-weight Llama for checks that need a model's shapes but not its knowledge."""
+    return tiny_model("llama", seed=seed)
+
+
+def rng(seed: int) -> random.Random:
+    """A private random stream for building a check's inputs."""
+    return random.Random(seed)
+
+
+def pick_prompts(seed: int, count: int) -> list[list[int]]:
+    """``count`` different prompts from PROMPTS, as token ids of the course model."""
+    tokenizer = course_model().tokenizer
+    texts = rng(seed).sample(PROMPTS, count)
+    return [list(tokenizer.encode(text)) for text in texts]
+
+
+def torch_generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed % 2**63)
+
+
+def solo_greedy(model: LlamaModel, prompt_ids: list[int], num_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
+    """The reference run for one sequence: labkit's own prefill and cached decode, greedy.
+
+    Returns the tokens and the logits each one was chosen from.
+    """
+    logits, cache = model.prefill(prompt_ids)
+    last = logits[-1]
+    tokens: list[int] = []
+    step_logits: list[torch.Tensor] = []
+    for _ in range(num_tokens):
+        step_logits.append(last)
+        tokens.append(int(last.argmax()))
+        if len(tokens) < num_tokens:
+            last = model.decode(tokens[-1], cache)
+    return tokens, step_logits
+
+
+@torch.inference_mode()
+def transformers_logits(model: LlamaModel, token_ids: list[int]) -> torch.Tensor:
+    """Logits [T, V] from Hugging Face transformers' own forward pass: the oracle for one sequence."""
+    ids = torch.tensor([token_ids], device=model.device)
+    return model.hf(input_ids=ids).logits[0].float()
+
+
+class after_exercise(contextlib.AbstractContextManager):
+    """Run a cell that uses a learner's function, or say plainly that it waits for that exercise.
+
+    ``with after_exercise("lab1.prefill"): ...`` swallows only NotImplementedError (the blank
+    an exercise starts as), so a learner's notebook runs to the end before every exercise is done.
+    """
+
+    def __init__(self, exercise_id: str):
+        self.exercise_id = exercise_id
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if kind is not None and issubclass(kind, NotImplementedError):
+            print(f"(skipped: this cell uses your answer to {self.exercise_id}; finish that exercise, then run it again)")
+            return True
+        return False

@@ -1,0 +1,313 @@
+"""The checks of labs 1-3: a right answer passes, and each typical wrong answer fails saying what is wrong.
+
+The right answers are the solutions in the lab sources (labs/source/*.ipynb), executed here;
+the wrong ones are small edits of them, each a mistake learners really make.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from labkit.grading import evaluate
+from labkit.models.attention import attention as labkit_attention
+from labkit.models.attention import causal_mask as labkit_causal_mask
+
+SOURCES = Path(__file__).resolve().parents[1] / "labs" / "source"
+LAB_FILES = {"lab1": "lab1_prefill_decode.ipynb", "lab2": "lab2_kv_cache.ipynb", "lab3": "lab3_static_batching.ipynb"}
+
+
+def _solutions(lab: str) -> dict:
+    """The namespace a learner who solved every exercise has: the setup cell, then each exercise cell."""
+    notebook = nbformat.read(SOURCES / LAB_FILES[lab], as_version=4)
+    cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    namespace: dict = {}
+    exec(cells[0].source, namespace)
+    for cell in cells:
+        if any(tag.startswith("exercise:") for tag in cell.metadata.get("tags", [])):
+            exec(cell.source, namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def lab1():
+    return _solutions("lab1")
+
+
+@pytest.fixture(scope="module")
+def lab2():
+    return _solutions("lab2")
+
+
+@pytest.fixture(scope="module")
+def lab3():
+    return _solutions("lab3")
+
+
+def assert_fails(result, *phrases: str) -> None:
+    assert not result.passed, result.message
+    assert result.status in ("fail", "error"), result.message
+    for phrase in phrases:
+        assert phrase.lower() in result.message.lower(), f"{phrase!r} not in:\n{result.message}"
+
+
+def assert_passes(result) -> None:
+    assert result.passed, result.message
+    assert result.message.startswith("PASS")
+
+
+# --- every solution passes, and a blank says "not done" ------------------------------------
+
+
+@pytest.mark.parametrize("lab, exercises", [
+    ("lab1", ["causal_mask", "attention", "prefill", "generate_without_cache"]),
+    ("lab2", ["kv_cache", "generate_with_cache", "kv_bytes_per_token", "conversations_that_fit"]),
+    ("lab3", ["left_pad", "padded_causal_mask", "generate_static_batch", "padding_waste"]),
+])
+def test_solutions_pass(lab, exercises, request):
+    namespace = request.getfixturevalue(lab)
+    for name in exercises:
+        assert_passes(evaluate(f"{lab}.{name}", namespace=namespace))
+
+
+def test_a_blank_exercise_reads_not_done(lab1):
+    def causal_mask(num_tokens):
+        raise NotImplementedError("Exercise lab1.causal_mask: replace this line with your code")
+
+    result = evaluate("lab1.causal_mask", causal_mask)
+    assert result.status == "not_done" and "not done" in result.message.lower()
+    assert "Traceback" not in result.message
+
+
+# --- lab 1 ----------------------------------------------------------------------------------
+
+
+def test_mask_of_the_future_and_mask_without_diagonal_are_named():
+    assert_fails(evaluate("lab1.causal_mask", lambda n: torch.triu(torch.ones(n, n, dtype=torch.bool))), "j <= i")
+    assert_fails(evaluate("lab1.causal_mask", lambda n: torch.tril(torch.ones(n, n, dtype=torch.bool), -1)),
+                 "diagonal", "look at itself")
+
+
+def test_attention_without_scaling_wrong_head_pairing_and_transposed_output_fail(lab1):
+    def unscaled(q, k, v, mask):
+        return lab1["attention"](q * math.sqrt(q.shape[-1]), k, v, mask)
+
+    def tiled_heads(q, k, v, mask):
+        group = q.shape[1] // k.shape[1]
+        return labkit_attention(q, k.repeat(1, group, 1), v.repeat(1, group, 1), mask)
+
+    def heads_first(q, k, v, mask):
+        return lab1["attention"](q, k, v, mask).transpose(0, 1)
+
+    assert_fails(evaluate("lab1.attention", unscaled), "sqrt(head_dim)")
+    assert_fails(evaluate("lab1.attention", tiled_heads), "repeat_interleave")
+    assert_fails(evaluate("lab1.attention", heads_first), "shape", "wrong order")
+
+
+def test_prefill_mistakes_are_named(lab1):
+    attention = lab1["attention"]
+
+    def not_causal(model, prompt):
+        n = len(prompt)
+        everything = torch.ones(n, n, dtype=torch.bool)
+        return model.forward(torch.tensor(prompt), torch.arange(n), lambda layer, q, k, v: attention(q, k, v, everything))
+
+    def positions_from_one(model, prompt):
+        n = len(prompt)
+        mask = lab1["causal_mask"](n)
+        return model.forward(torch.tensor(prompt), torch.arange(1, n + 1), lambda layer, q, k, v: attention(q, k, v, mask))
+
+    def heads_first(model, prompt):
+        n = len(prompt)
+        mask = lab1["causal_mask"](n)
+        return model.forward(torch.tensor(prompt), torch.arange(n),
+                             lambda layer, q, k, v: attention(q, k, v, mask).transpose(0, 1))
+
+    assert_fails(evaluate("lab1.prefill", not_causal), "layer 0", "not causal")
+    assert_fails(evaluate("lab1.prefill", positions_from_one), "position expected 0, got 1", "off by +1")
+    assert_fails(evaluate("lab1.prefill", heads_first), "layer 0", "transposed")
+
+
+def test_decoding_without_cache_mistakes_are_named(lab1):
+    prefill = lab1["prefill"]
+
+    def only_new_token(model, prompt, steps):
+        tokens, sequence = [], list(prompt)
+        for _ in range(steps):
+            tokens.append(int(prefill(model, sequence)[-1].argmax()))
+            sequence = tokens[-1:]
+        return tokens
+
+    def first_row(model, prompt, steps):
+        sequence = list(prompt)
+        for _ in range(steps):
+            sequence.append(int(prefill(model, sequence)[0].argmax()))
+        return sequence[len(prompt):]
+
+    assert_fails(evaluate("lab1.generate_without_cache", only_new_token), "step 1", "whole sequence")
+    assert_fails(evaluate("lab1.generate_without_cache", first_row), "last row")
+
+
+# --- lab 2 ----------------------------------------------------------------------------------
+
+
+def _forgetful_cache(lab2):
+    """A KVCache whose append keeps only the newest pass: the cache is never appended to."""
+    class Forgetful(lab2["KVCache"]):
+        def append(self, layer, k, v):
+            self.keys[layer], self.values[layer] = k, v
+            return k, v
+    return Forgetful
+
+
+def test_cache_not_appended_and_not_causal_are_named(lab2):
+    class NotCausal(lab2["KVCache"]):
+        def attend(self, layer, q, k, v):
+            keys, values = self.append(layer, k, v)
+            return labkit_attention(q, keys, values, None)
+
+    assert_fails(evaluate("lab2.kv_cache", _forgetful_cache(lab2)), "pass 1, layer 0", "is the cache appended")
+    assert_fails(evaluate("lab2.kv_cache", NotCausal), "pass 0, layer 0", "not causal")
+
+
+def _cached_generate(cache_class, position_shift: int = 0, feed_everything: bool = False):
+    def generate(model, prompt, steps):
+        cache = cache_class(model.config.num_layers)
+        logits = model.forward(torch.tensor(prompt), torch.arange(len(prompt)), cache.attend)
+        tokens = []
+        while True:
+            tokens.append(int(logits[-1].argmax()))
+            if len(tokens) == steps:
+                return tokens
+            if feed_everything:
+                sequence = prompt + tokens
+                cache = cache_class(model.config.num_layers)
+                logits = model.forward(torch.tensor(sequence), torch.arange(len(sequence)), cache.attend)
+            else:
+                position = torch.tensor([cache.length + position_shift])
+                logits = model.forward(torch.tensor(tokens[-1:]), position, cache.attend)
+    return generate
+
+
+def test_decoding_with_cache_mistakes_are_named(lab2):
+    assert_fails(evaluate("lab2.generate_with_cache", _cached_generate(lab2["KVCache"], position_shift=1)),
+                 "step 1", "off by +1", "number of tokens already cached")
+    assert_fails(evaluate("lab2.generate_with_cache", _cached_generate(_forgetful_cache(lab2))),
+                 "layer 0", "is the cache appended")
+    assert_fails(evaluate("lab2.generate_with_cache", _cached_generate(lab2["KVCache"], feed_everything=True)),
+                 "step 1", "only the newest")
+
+
+def test_kv_bytes_mistakes_are_named():
+    def only_keys(config, dtype):
+        return config.num_layers * config.num_kv_heads * config.head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def query_heads(config, dtype):
+        return 2 * config.num_layers * config.num_heads * config.head_dim * torch.empty((), dtype=dtype).element_size()
+
+    assert_fails(evaluate("lab2.kv_bytes_per_token", only_keys), "SmolLM2", "key and a value")
+    assert_fails(evaluate("lab2.kv_bytes_per_token", query_heads), "num_kv_heads")
+
+
+def test_capacity_mistakes_are_named():
+    def weights_forgotten(memory, weights, per_token, context, fraction=0.9):
+        return int(memory * fraction // (per_token * context))
+
+    def negative(memory, weights, per_token, context, fraction=0.9):
+        return math.floor((memory * fraction - weights) / (per_token * context))
+
+    assert_fails(evaluate("lab2.conversations_that_fit", weights_forgotten), "expected 4", "subtract the weights")
+    assert_fails(evaluate("lab2.conversations_that_fit", negative), "28 GB of weights", "never negative")
+
+
+# --- lab 3 ----------------------------------------------------------------------------------
+
+
+def _right_pad(prompts, pad_id):
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id)
+    is_real = torch.zeros(len(prompts), width, dtype=torch.bool)
+    positions = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, :len(prompt)] = torch.tensor(prompt)
+        is_real[row, :len(prompt)] = True
+        positions[row, :len(prompt)] = torch.arange(len(prompt))
+    return ids, is_real, positions
+
+
+def test_padding_mistakes_are_named(lab3):
+    def from_row_start(prompts, pad_id):
+        ids, is_real, _ = lab3["left_pad"](prompts, pad_id)
+        return ids, is_real, torch.arange(ids.shape[1]).expand_as(ids).clone()
+
+    assert_fails(evaluate("lab3.left_pad", _right_pad), "right padding", "LEFT")
+    assert_fails(evaluate("lab3.left_pad", from_row_start), "start of the row", "first real token is at 0")
+
+
+def test_mask_mistakes_are_named(lab3):
+    right = lab3["padded_causal_mask"]
+
+    def pads_visible(key_is_real, num_queries):
+        return labkit_causal_mask(num_queries, key_is_real.shape[1])[None].expand(key_is_real.shape[0], -1, -1).clone()
+
+    def not_causal(key_is_real, num_queries):
+        return key_is_real[:, None, :].expand(-1, num_queries, -1).clone()
+
+    assert_fails(evaluate("lab3.padded_causal_mask", pads_visible), "pads are visible")
+    assert_fails(evaluate("lab3.padded_causal_mask", not_causal), "not causal")
+    assert_fails(evaluate("lab3.padded_causal_mask", lambda r, n: right(r, n).transpose(1, 2)), "swapped")
+
+
+def test_static_batch_mistakes_are_named(lab3):
+    generate = lab3["generate_static_batch"]
+    original_pad, original_mask = lab3["left_pad"], lab3["padded_causal_mask"]
+    try:
+        lab3["left_pad"] = _right_pad
+        assert_fails(evaluate("lab3.generate_static_batch", generate), "right padding")
+        lab3["left_pad"] = original_pad
+        lab3["padded_causal_mask"] = lambda key_is_real, n: labkit_causal_mask(n, key_is_real.shape[1])[None].expand(
+            key_is_real.shape[0], -1, -1)
+        assert_fails(evaluate("lab3.generate_static_batch", generate), "pads leak")
+    finally:
+        lab3["left_pad"], lab3["padded_causal_mask"] = original_pad, original_mask
+
+    def until_shortest(model, prompts, max_new, pad_id):
+        shortest = min(max_new)
+        return [out[:shortest] for out in generate(model, prompts, [shortest] * len(prompts), pad_id)]
+
+    assert_fails(evaluate("lab3.generate_static_batch", until_shortest), "LONGEST")
+
+
+def test_waste_with_one_global_longest_is_named(lab3):
+    def global_longest(output_lens, batch_size):
+        useful = sum(output_lens)
+        total = max(output_lens) * len(output_lens)
+        return {"useful": useful, "padded": total - useful, "utilisation": useful / total}
+
+    assert_fails(evaluate("lab3.padding_waste", global_longest), "ITS OWN longest")
+
+
+# --- the helpers the labs measure and draw with ---------------------------------------------
+
+
+def test_roofline_bound_rises_with_the_batch_then_meets_the_roof_at_the_knee():
+    from labkit.labs.measure import Roofline
+
+    # The post's 24 GB card: 1 TB/s and 165 TFLOP/s, an 8B model in 16 bits (16 GB, 16 GFLOP per token).
+    roof = Roofline(bandwidth=1e12, flops=165e12, weight_bytes=16e9, flops_per_token=16e9)
+    assert roof.knee == pytest.approx(165)
+    assert roof.bound(1) == pytest.approx(62.5)  # one stream: bandwidth / weight bytes
+    assert roof.bound(100) == pytest.approx(100 * 62.5)
+    assert roof.bound(1000) == pytest.approx(165e12 / 16e9)
+    assert roof.side(1) == "bandwidth-bound" and roof.side(2000) == "arithmetic-bound"
+
+
+def test_batch_spans_follow_each_batch_to_its_own_longest_member():
+    from labkit.labs.timeline import batch_spans
+
+    assert batch_spans([10, 500], 2) == [(0, 10, 490), (0, 500, 0)]
+    assert batch_spans([3, 1, 4], 2) == [(0, 3, 0), (0, 1, 2), (3, 4, 0)]
