@@ -123,7 +123,10 @@ class Request:
 
 @dataclass
 class RequestOutput:
-    """What the engine hands back for a request: its tokens so far, and whether it is done."""
+    """What the engine hands back for a request: its tokens so far, and whether it is done.
+
+    ``text`` is decoded once the request finishes (None before, and for a model without tokenizer).
+    """
 
     request_id: str
     prompt: object

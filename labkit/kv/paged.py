@@ -26,7 +26,7 @@ from labkit.models.attention import attention, causal_mask
 
 # Without a GPU there is no "device memory" to take a fraction of; the pool takes a fraction of
 # the RAM available, but never more than this (vLLM's CPU backend also uses a fixed KV space).
-CPU_KV_CACHE_CAP_BYTES = 2 * 1024**3
+CPU_KV_CACHE_CAP_BYTES = 1024**3
 
 
 @dataclass

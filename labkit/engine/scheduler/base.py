@@ -4,7 +4,7 @@ Each step the engine (or the simulator) calls ``policy.schedule(state)``. The po
 requests between ``state.waiting`` and ``state.running``, takes blocks for them from
 ``state.blocks``, and returns a :class:`SchedulerOutput`: how many new tokens each chosen
 request computes this step, and whom it preempted. Whoever drives the scheduler then runs
-the step (a model or a cost model) and reports back through :meth:`SchedulerState.finish`.
+the step (a model or a cost model) and books it with :meth:`SchedulerState.complete_step`.
 """
 
 from __future__ import annotations
