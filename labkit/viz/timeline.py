@@ -97,7 +97,7 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, x: Axis = "time", max_re
     """A Gantt chart of the run: one row per request (first arrival on top), coloured by state.
 
     ``max_requests`` keeps the first requests only (None: all). Ticks mark output tokens
-    (time axis only); a red cross marks each preemption.
+    (time axis only); a black cross marks each preemption.
     """
     if not trace.steps:
         raise ValueError("the trace has no steps to draw; run the engine (or simulator) first")
@@ -117,7 +117,7 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, x: Axis = "time", max_re
     for index, step in enumerate(trace.steps):
         for rid in step.preempted:
             if rid in rows:
-                ax.plot(step.start if x == "time" else index, rows[rid], "x", color=COLOURS["preempted"])
+                ax.plot(step.start if x == "time" else index, rows[rid], "x", color="black")
     ax.set_ylim(len(ids) - 0.5, -0.5)
     ax.set_yticks(range(len(ids)), ids, fontsize=7 if len(ids) > 20 else 9)
     ax.set_xlabel("time (s)" if x == "time" else "step")
@@ -125,7 +125,7 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, x: Axis = "time", max_re
     shown = {kind for _, kind in spans}
     handles = [Patch(color=COLOURS[k], label=k) for k in KINDS if k in shown]
     if any(s.preempted for s in trace.steps):
-        handles.append(Line2D([], [], marker="x", linestyle="", color=COLOURS["preempted"], label="preemption"))
+        handles.append(Line2D([], [], marker="x", linestyle="", color="black", label="preemption"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(title or _default_title(trace))
     return ax
