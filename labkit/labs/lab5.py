@@ -37,11 +37,16 @@ def allocator_script(seed: int) -> list[tuple[str, str, int]]:
     lengths = {name: 0 for name in ("a", "b", "c", "d")}
     for _ in range(40):
         name = r.choice(sorted(lengths))
-        lengths[name] += r.randint(1, 30)
-        calls.append(("allocate", name, lengths[name]))
-        if r.random() < 0.15:
-            calls.append(("free", name, 0))
+        grown = lengths[name] + r.randint(1, 30)
+        blocks_after = 4 + sum(-(-n // BLOCK_SIZE) for other, n in lengths.items() if other != name) \
+            + -(-grown // BLOCK_SIZE)
+        if blocks_after > POOL_BLOCKS or r.random() < 0.15:  # a full pool (or chance) ends a sequence instead
+            if lengths[name]:
+                calls.append(("free", name, 0))
             lengths[name] = 0
+            continue
+        lengths[name] = grown
+        calls.append(("allocate", name, grown))
     calls += [("free", "s62", 0)] + [("free", name, 0) for name, n in lengths.items() if n]
     return calls
 
