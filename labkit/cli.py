@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "grade": "labkit.grading.grade",
     "make-labs": "labkit.grading.make_labs",
     "plan": "labkit.plan_cli",
+    "calibrate": "labkit.calibrate_cli",
 }
 
 
