@@ -143,8 +143,8 @@ class _Terms:
         return np.maximum(per_byte * self.bytes_read, per_flop * self.flops_done) + overhead
 
 
-def _fit_split(terms: _Terms, seconds: np.ndarray, compute_bound: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Alternate fit and re-split from one starting split; return the coefficients and the final split."""
+def _fit_split(terms: _Terms, seconds: np.ndarray, compute_bound: np.ndarray) -> np.ndarray:
+    """Alternate fit and re-split from one starting split until the split holds; return the coefficients."""
     weights = 1.0 / seconds
     coefficients = np.zeros(3)
     for _ in range(50):
@@ -156,14 +156,14 @@ def _fit_split(terms: _Terms, seconds: np.ndarray, compute_bound: np.ndarray) ->
         if np.array_equal(new_split, compute_bound):
             break
         compute_bound = new_split
-    return coefficients, compute_bound
+    return coefficients
 
 
 def _fit_coefficients(terms: _Terms, seconds: np.ndarray, new_tokens: np.ndarray) -> np.ndarray:
     """The best (seconds per byte, seconds per FLOP, overhead) over every starting split."""
     best, best_loss = np.zeros(3), math.inf
     for threshold in np.unique(new_tokens).tolist() + [math.inf]:
-        coefficients, _ = _fit_split(terms, seconds, new_tokens >= threshold)
+        coefficients = _fit_split(terms, seconds, new_tokens >= threshold)
         relative_error = terms.predict(coefficients) / seconds - 1.0
         loss = float(relative_error @ relative_error)
         if loss < best_loss:
