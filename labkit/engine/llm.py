@@ -32,7 +32,18 @@ __all__ = ["LLM", "CHUNKED_TOKEN_BUDGET", "UNCHUNKED_TOKEN_BUDGET"]
 
 
 class LLM:
-    """A serving engine over one model: continuous batching on a paged KV cache by default."""
+    """A serving engine over one model: chunked-prefill continuous batching on a paged KV cache by default.
+
+    ``model``: a labkit model, a checkpoint name for :func:`labkit.models.load_model`, or None
+    for the default one. ``max_model_len`` (default: the model's context) caps prompt plus
+    output. ``num_blocks`` sizes the KV pool directly; otherwise ``gpu_memory_utilization``
+    does (see :func:`labkit.kv.paged.num_blocks_for_memory`). ``policy`` is "static",
+    "continuous", "chunked" or your own :class:`SchedulerPolicy`; ``enable_chunked_prefill``
+    picks between the last two when no policy is given. ``block_allocator`` is a class built
+    as ``cls(num_blocks, block_size)`` or a ready instance; ``attention`` is called as
+    ``attention(layer, q, k_pool, v_pool, batch)``; ``clock`` returns seconds (swap in a fake
+    one to control arrivals in a test).
+    """
 
     def __init__(self, model=None, *, max_model_len: int | None = None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int | None = None, num_blocks: int | None = None,

@@ -112,7 +112,7 @@ def _decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
                       batch: PagedBatch) -> torch.Tensor:
     """All one-token rows at once: gather padded block tables, mask the padding, one SDPA call."""
     num_seqs, num_heads, head_dim = q.shape
-    num_blocks, block_size, kv_heads, _ = k_pool.shape
+    _, block_size, kv_heads, _ = k_pool.shape
     group = num_heads // kv_heads
     shape = (batch.decode_blocks.numel(), block_size, kv_heads, head_dim)
     if batch.scratch.get("shape") != shape or batch.scratch["k"].dtype != k_pool.dtype:
