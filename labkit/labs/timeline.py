@@ -32,11 +32,11 @@ def plot_static_timeline(output_lens: Sequence[int], batch_size: int, title: str
 
     spans = batch_spans(output_lens, batch_size)
     total_steps = max(start + useful + padded for start, useful, padded in spans)
-    fig, ax = plt.subplots(figsize=(8, 0.28 * len(spans) + 1.6))
+    fig, ax = plt.subplots(figsize=(8, 0.28 * len(spans) + 2.0))
     for row, (start, useful, padded) in enumerate(spans):
-        ax.broken_barh([(0, start)], (row - 0.4, 0.8), color=WAITING)
-        ax.broken_barh([(start, useful)], (row - 0.4, 0.8), color=USEFUL)
-        ax.broken_barh([(start + useful, padded)], (row - 0.4, 0.8), color=PADDED)
+        for left, width, colour in ((0, start, WAITING), (start, useful, USEFUL), (start + useful, padded, PADDED)):
+            if width:
+                ax.broken_barh([(left, width)], (row - 0.4, 0.8), color=colour)
     for first in range(batch_size, len(spans), batch_size):
         ax.axhline(first - 0.5, color="black", lw=0.8)
     ax.set_ylim(len(spans) - 0.5, -0.5)
@@ -51,6 +51,6 @@ def plot_static_timeline(output_lens: Sequence[int], batch_size: int, title: str
                           f"({useful / (useful + padded):.0%} utilisation)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (WAITING, USEFUL, PADDED)]
     ax.legend(handles, ["waiting for its batch", "producing tokens", "holding a slot, padded"],
-              loc="lower right", fontsize=8)
+              loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, fontsize=8)
     fig.tight_layout()
     return fig
