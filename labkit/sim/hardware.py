@@ -15,9 +15,10 @@ import os
 import time
 from dataclasses import dataclass
 
-import torch
+from typing import TYPE_CHECKING
 
-from labkit.device import default_device, default_dtype
+if TYPE_CHECKING:  # torch is imported only by the probe, so presets and plans load fast
+    import torch
 
 GB = 1e9
 TB = 1e12
@@ -42,8 +43,8 @@ class Hardware:
                                  "give the part's published figure or measure it with probe_this_machine()")
 
     def __str__(self) -> str:
-        return (f"{self.name}: {self.memory_bytes / GB:.0f} GB, {self.bandwidth / TB:.2f} TB/s, "
-                f"{self.flops / TFLOPS:.0f} TFLOP/s")
+        return (f"{self.name}: {self.memory_bytes / GB:.0f} GB, {self.bandwidth / GB:,.4g} GB/s, "
+                f"{self.flops / TFLOPS:.3g} TFLOP/s")
 
 
 _PEAK = "published peak, dense BF16 tensor rate without sparsity"
@@ -79,6 +80,8 @@ def get_hardware(name: str | Hardware) -> Hardware:
 
 
 def _synchronize(device: torch.device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":
@@ -100,6 +103,10 @@ def _best_seconds(work, device: torch.device, repeats: int) -> float:
 
 def measure_bandwidth(megabytes: float = 256, device: torch.device | None = None, repeats: int = 3) -> float:
     """Bytes per second a large tensor copy moves (each byte is read once and written once)."""
+    import torch
+
+    from labkit.device import default_device
+
     device = device or default_device()
     count = max(1, int(megabytes * 1e6 / 4))
     source = torch.ones(count, dtype=torch.float32, device=device)
@@ -108,10 +115,15 @@ def measure_bandwidth(megabytes: float = 256, device: torch.device | None = None
     return 2 * source.numel() * source.element_size() / seconds
 
 
-def measure_matmul_rate(size: int = 1024, dtype: torch.dtype = torch.float32,
+def measure_matmul_rate(size: int = 1024, dtype: torch.dtype | None = None,
                         device: torch.device | None = None, repeats: int = 3) -> float:
     """FLOP/s of one ``size`` x ``size`` matrix product (2 size**3 operations) in ``dtype``."""
+    import torch
+
+    from labkit.device import default_device
+
     device = device or default_device()
+    dtype = dtype or torch.float32
     left = torch.randn(size, size, device=device).to(dtype)
     right = torch.randn(size, size, device=device).to(dtype)
     seconds = _best_seconds(lambda: torch.matmul(left, right), device, repeats)
@@ -119,6 +131,8 @@ def measure_matmul_rate(size: int = 1024, dtype: torch.dtype = torch.float32,
 
 
 def _memory_bytes(device: torch.device) -> float:
+    import torch
+
     if device.type == "cuda":
         return float(torch.cuda.get_device_properties(device).total_memory)
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -132,6 +146,10 @@ def probe_this_machine(device: torch.device | None = None, copy_megabytes: float
     a GPU); the source note gives both the fp32 and the bf16 rate. Sizes default to ones that
     take well under a second each; pass smaller ones for a quicker, noisier figure.
     """
+    import torch
+
+    from labkit.device import default_device, default_dtype
+
     device = device or default_device()
     on_cpu = device.type == "cpu"
     copy_megabytes = copy_megabytes or (256 if on_cpu else 2048)
