@@ -20,9 +20,15 @@ CELL_TIMEOUT_S = 600
 
 
 @pytest.fixture(autouse=True)
-def labkit_importable(monkeypatch):
-    """The kernel runs in labs/, so it finds this checkout's labkit whether or not it is pip-installed."""
+def kernel_environment(monkeypatch):
+    """The kernel runs in labs/ and must find this checkout's labkit whether or not it is pip-installed.
+
+    It also runs torch on one thread: on a busy machine (tests in parallel, other jobs) two
+    OpenMP threads fighting for two cores made a step over ten times slower, and a timeout is
+    not what this test is about. Learners keep torch's default.
+    """
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
 def execute(path: Path) -> nbformat.NotebookNode:
