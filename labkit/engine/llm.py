@@ -20,16 +20,12 @@ from tqdm.auto import tqdm
 
 from labkit.engine.request import Request, RequestOutput
 from labkit.engine.runner import ModelRunner
-from labkit.engine.scheduler import (CHUNKED_TOKEN_BUDGET, UNCHUNKED_TOKEN_BUDGET, ChunkedPrefill,
-                                     SchedulerPolicy, SchedulerState, make_policy, token_budget)
+from labkit.engine.scheduler import ChunkedPrefill, SchedulerPolicy, SchedulerState, make_policy, token_budget
 from labkit.kv.block_allocator import BlockAllocator
 from labkit.kv.paged import AttentionFn, PagedKVCache, num_blocks_for_memory, paged_attention
 from labkit.models.tokens import Prompt, encode_prompt
 from labkit.sampling import SamplingParams
 from labkit.trace import Trace
-
-__all__ = ["LLM", "CHUNKED_TOKEN_BUDGET", "UNCHUNKED_TOKEN_BUDGET"]
-
 
 class LLM:
     """A serving engine over one model: chunked-prefill continuous batching on a paged KV cache by default.

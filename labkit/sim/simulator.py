@@ -13,14 +13,14 @@ from __future__ import annotations
 from tqdm.auto import tqdm
 
 from labkit.capacity import conversations_that_fit
-from labkit.engine.llm import CHUNKED_TOKEN_BUDGET, UNCHUNKED_TOKEN_BUDGET
 from labkit.engine.request import Request
 from labkit.engine.scheduler import ChunkedPrefill, SchedulerPolicy, SchedulerState, make_policy
+from labkit.engine.scheduler.base import token_budget
 from labkit.kv.block_allocator import BlockAllocator
 from labkit.sampling import SamplingParams
 from labkit.sim.cost_model import CostModel, ModelSpec
 from labkit.sim.hardware import Hardware
-from labkit.trace import StepRecord, Trace
+from labkit.trace import Trace
 from labkit.workloads import RequestSpec, Workload
 
 PLACEHOLDER_TOKEN = 0  # the simulator never looks at token values, only at how many there are
@@ -50,13 +50,8 @@ def simulate(workload: Workload, cost: CostModel, policy: str | SchedulerPolicy 
     ``num_blocks`` for a real card from :func:`blocks_that_fit`.
     """
     policy = make_policy(policy)
-    chunked = isinstance(policy, ChunkedPrefill)
     max_model_len = max_model_len or int(max(workload.prompt_lens + workload.output_lens))
-    budget = max_num_batched_tokens or (
-        CHUNKED_TOKEN_BUDGET if chunked else max(max_model_len, UNCHUNKED_TOKEN_BUDGET))
-    if not chunked and budget < max_model_len:
-        raise ValueError(f"max_num_batched_tokens={budget} is below max_model_len={max_model_len}, so a long "
-                         "prompt could never run whole; raise it, lower max_model_len, or use chunked prefill")
+    budget = token_budget(max_num_batched_tokens, max_model_len, isinstance(policy, ChunkedPrefill))
     state = SchedulerState(BlockAllocator(num_blocks, block_size), max_num_seqs, budget, max_model_len)
     trace = Trace(meta=dict(simulated=True, workload=workload.name, policy=policy.name, cost_model=vars(cost),
                             max_model_len=max_model_len, max_num_seqs=max_num_seqs,
@@ -80,28 +75,13 @@ def simulate(workload: Workload, cost: CostModel, policy: str | SchedulerPolicy 
                                        "unfinished; it must admit the head of the queue when blocks allow")
                 now = upcoming.arrival_time  # idle until the next arrival
                 continue
-            work = [(state.requests[request_id], num_new) for request_id, num_new in plan.scheduled.items()]
-            num_prefill = context = 0
-            for request, num_new in work:
-                num_prefill += request.split_new_tokens(num_new)[0]
-                context += request.num_computed_tokens
-            blocks_used, num_waiting = state.blocks.num_used_blocks, len(state.waiting)
+            context = sum(state.requests[request_id].num_computed_tokens for request_id in plan.scheduled)
             end = now + cost.pass_time(plan.num_tokens, context)
-            state.now = end
-            for request, num_new in work:
-                request.num_computed_tokens += num_new
-                if request.num_missing_tokens:
-                    continue  # a prompt chunk: its first token comes with the last chunk
-                request.append_token(PLACEHOLDER_TOKEN, end)
-                reason = request.stop_reason(NO_END_TOKENS, max_model_len)
-                if reason:
-                    state.finish(request, reason)
-                    bar.update(1)
-            trace.steps.append(StepRecord(
-                index=len(trace.steps), start=now, end=end, scheduled=dict(plan.scheduled),
-                num_prefill_tokens=num_prefill, num_decode_tokens=plan.num_tokens - num_prefill,
-                slots_held=plan.slots_held if plan.slots_held is not None else len(plan.scheduled),
-                num_waiting=num_waiting, blocks_used=blocks_used, blocks_total=num_blocks,
-                preempted=list(plan.preempted)))
+            # every scheduled request whose prompt is complete after this step gets a token
+            new_tokens = {request_id: PLACEHOLDER_TOKEN for request_id, num_new in plan.scheduled.items()
+                          if state.requests[request_id].num_missing_tokens == num_new}
+            record, progressed = state.complete_step(plan, new_tokens, NO_END_TOKENS, len(trace.steps), now, end)
+            trace.steps.append(record)
+            bar.update(sum(request.is_finished for request in progressed))
             now = end
     return trace
