@@ -84,7 +84,15 @@ def runs(tokens: list[str], length: int = RUN_LENGTH) -> set[tuple[str, ...]]:
     return {tuple(tokens[i : i + length]) for i in range(len(tokens) - length + 1)}
 
 
+def page_text(path: Path) -> str:
+    """A chapter's Markdown, or the text of every cell of a lab notebook."""
+    if path.suffix == ".ipynb":
+        return "\n".join("".join(cell["source"]) for cell in json.loads(path.read_text(encoding="utf-8"))["cells"])
+    return path.read_text(encoding="utf-8")
+
+
 def test_no_eight_word_run_from_the_sources() -> None:
+    """Neither the book nor the labs copy a run of eight words from the source lessons."""
     if not SOURCES.is_dir():
         pytest.skip(f"source lessons not found at {SOURCES} (they live beside the repository, in ../shared/sources)")
     borrowed = set()
@@ -92,8 +100,10 @@ def test_no_eight_word_run_from_the_sources() -> None:
         borrowed |= runs(words(source_text(source)))
     assert borrowed, f"no text found in {SOURCES}/*.txt"
     copied = []
-    for page in sorted((REPO / "book").glob("*.md")):
-        tokens = words(page.read_text(encoding="utf-8"))
+    pages = sorted((REPO / "book").glob("*.md")) + sorted((REPO / "labs" / "source").glob("*.ipynb"))
+    assert len(pages) > 10, "expected the book's chapters and the labs' sources"
+    for page in pages:
+        tokens = words(page_text(page))
         for i in range(len(tokens) - RUN_LENGTH + 1):
             if tuple(tokens[i : i + RUN_LENGTH]) in borrowed:
                 copied.append(f"{page.name}: '{' '.join(tokens[i : i + RUN_LENGTH])}'")
