@@ -28,7 +28,11 @@ def main(argv: list[str] | None = None) -> int:
         help_line = (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else None
         module.add_arguments(sub.add_parser(name, help=help_line, description=module.__doc__))
     args = parser.parse_args(argv)
-    return int(modules[args.command].run(args) or 0)
+    try:
+        return int(modules[args.command].run(args) or 0)
+    except (ValueError, FileNotFoundError, OSError) as err:  # bad input or setup: the message names the fix
+        print(f"labkit {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -89,3 +89,9 @@ def test_labkit_info_prints_the_formula_numbers(default_model, capsys):
     bound = 100e9 / default_model.weight_bytes()
     assert f"single-stream decode bound (tokens/s): {bound:,.1f}" in out
     assert "SmolLM2-135M-Instruct" in out and "134,515,008" in out
+
+
+def test_cli_reports_a_bad_model_without_a_traceback(capsys):
+    assert labkit_main(["info", "--model", "no-such-org/no-such-model-xyz", "--bandwidth", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("labkit info: error:") and "never downloads" in err and "Traceback" not in err
