@@ -84,9 +84,10 @@ def test_every_policy_matches_solo_decoding(model, workload, policy, dials):
 
 @pytest.mark.parametrize("policy", ["continuous", "chunked"])
 def test_a_pool_too_small_preempts_and_still_matches(model, workload, policy):
-    prompts, params, arrivals, solos = workload
+    prompts, params, _, solos = workload
     llm = LLM(model, policy=policy, num_blocks=12, max_num_seqs=16, max_num_batched_tokens=512)
-    outputs = llm.generate(prompts, params, arrival_times=arrivals, use_tqdm=False)
+    # All arrive at once, so the pressure on the pool does not depend on how fast this machine runs.
+    outputs = llm.generate(prompts, params, use_tqdm=False)
     check_against_solo(outputs, solos)
     assert all(o.finish_reason in ("stop", "length") for o in outputs)
     assert llm.num_preemptions > 0
