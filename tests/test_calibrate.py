@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from labkit.metrics import summarize
-from labkit.sim.calibrate import (Calibration, Comparison, StepWork, check_prediction, compare, fit_cost_model,
-                                  format_report, load_calibration, model_sizes, step_work, time_engine_steps)
+from labkit.sim import calibrate
+from labkit.sim.calibrate import (Calibration, Comparison, NoBoundStepsError, StepWork, check_prediction, compare,
+                                  fit_cost_model, format_report, load_calibration, model_sizes, step_work,
+                                  time_engine_steps)
 from labkit.sim.cost_model import CostModel
 from labkit.sim.simulator import simulate
 from labkit.workloads import replay_workload
@@ -143,3 +145,46 @@ def test_step_work_starts_a_preempted_request_from_zero_again():
     work = step_work(trace)  # the simulator timed each step from the context it really read
     expected = [TRUE.pass_time(int(n), int(c)) for n, c in zip(work.new_tokens, work.context_tokens)]
     assert work.seconds == pytest.approx(expected)
+
+
+def test_a_machine_with_no_memory_bound_step_is_fitted_with_a_probed_bandwidth():
+    slow_arithmetic = CostModel(bandwidth=40e9, flops=5e9, overhead_s=0.02, **SIZES)  # a CPU: compute everywhere
+    steps = synthetic_steps(slow_arithmetic)
+    assert all(slow_arithmetic.pass_breakdown(int(n), int(c)).bound == "compute"
+               for n, c in zip(steps.new_tokens, steps.context_tokens))
+    with pytest.raises(NoBoundStepsError, match="memory-bound") as caught:
+        fit_cost_model(steps, **SIZES)
+    assert caught.value.limit == "memory"
+    fitted = fit_cost_model(steps, **SIZES, bandwidth=40e9)
+    assert fitted.bandwidth == 40e9
+    assert fitted.flops == pytest.approx(slow_arithmetic.flops, rel=1e-6)
+    assert fitted.overhead_s == pytest.approx(slow_arithmetic.overhead_s, rel=1e-6)
+
+
+def test_a_probed_bandwidth_still_lets_the_memory_bound_steps_count():
+    fitted = fit_cost_model(synthetic_steps(TRUE), **SIZES, bandwidth=TRUE.bandwidth)
+    assert fitted.flops == pytest.approx(TRUE.flops, rel=1e-6)
+    assert fitted.overhead_s == pytest.approx(TRUE.overhead_s, rel=1e-6)
+    with pytest.raises(ValueError, match="bandwidth must be positive"):
+        fit_cost_model(synthetic_steps(TRUE), **SIZES, bandwidth=0.0)
+
+
+def test_calibrating_a_machine_with_no_memory_bound_step_probes_the_bandwidth(monkeypatch):
+    from labkit.engine import LLM
+    from labkit.models import tiny_model
+
+    llm = LLM(tiny_model(), max_num_seqs=8, max_model_len=256, num_blocks=128)
+    monkeypatch.setattr(calibrate, "time_engine_steps", lambda llm, seed: synthetic_steps(TRUE))
+    calls = []
+
+    def fit_without_memory_bound_steps(work, bandwidth=None, **sizes):
+        calls.append(bandwidth)
+        if bandwidth is None:
+            raise NoBoundStepsError("no memory-bound steps", limit="memory")
+        return CostModel(bandwidth=bandwidth, flops=1e9, overhead_s=0.01, **sizes)
+
+    monkeypatch.setattr(calibrate, "fit_cost_model", fit_without_memory_bound_steps)
+    monkeypatch.setattr("labkit.sim.hardware.measure_bandwidth", lambda device=None: 7e9)
+    result = calibrate.calibrate_engine(llm)
+    assert calls == [None, 7e9]
+    assert result.bandwidth_source == "probed" and result.cost_model.bandwidth == 7e9

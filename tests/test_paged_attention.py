@@ -1,10 +1,13 @@
 """Paged attention, reading through block tables, equals dense attention over each sequence."""
 
+import random
+
 import pytest
 import torch
 
 from labkit.kv.block_allocator import BlockAllocator
-from labkit.kv.paged import PagedBatch, PagedKVCache, SequenceSlice, num_blocks_for_memory, paged_attention
+from labkit.kv.paged import (PagedBatch, PagedKVCache, SequenceSlice, group_rows, num_blocks_for_memory,
+                             paged_attention)
 from labkit.models.attention import attention, causal_mask
 
 HEADS, KV_HEADS, DIM, BLOCK = 6, 2, 8, 4
@@ -95,3 +98,33 @@ def test_sizing_from_memory_is_capped_by_what_can_be_used():
 def test_paged_equals_dense_on_cuda():
     out, expected = run_step([("p", 0, 13), ("d1", 9, 1), ("c", 8, 5)], device="cuda")
     torch.testing.assert_close(out.cpu(), expected.cpu(), rtol=1e-4, atol=1e-4)
+
+
+def _padded_cost(widths, runs, group_cost=32):
+    return sum((stop - start) * max(widths[start:stop]) + group_cost for start, stop in runs)
+
+
+def test_decode_rows_are_grouped_by_length_at_the_least_padded_cost():
+    assert group_rows([]) == []
+    assert group_rows([40] * 8) == [(0, 8)]  # equal lengths: no padding to save
+    assert group_rows([40] * 16 + [2] * 48) == [(0, 16), (16, 64)]  # a few long chats, many short ones
+    assert group_rows([5, 4, 5, 3]) == [(0, 4)]  # small differences: padding is cheaper than one more call
+    generator = random.Random(0)
+    for _ in range(30):  # against every way to cut a short list
+        widths = [generator.randint(1, 60) for _ in range(generator.randint(1, 7))]
+        runs = group_rows(widths)
+        assert runs[0][0] == 0 and runs[-1][1] == len(widths) and all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
+        every_cut = [[(0, len(widths))]]
+        for mask in range(1, 2 ** (len(widths) - 1)):
+            cuts = [i + 1 for i in range(len(widths) - 1) if mask >> i & 1]
+            every_cut.append(list(zip([0] + cuts, cuts + [len(widths)])))
+        assert _padded_cost(widths, runs) == min(_padded_cost(widths, cut) for cut in every_cut)
+
+
+def test_paged_equals_dense_when_the_decodes_fall_into_several_groups():
+    seqs = [(f"long{i}", 70 + i, 1) for i in range(4)] + [(f"short{i}", i, 1) for i in range(40)]
+    seqs.append(("prompt", 5, 7))
+    decode_widths = [-(-(cached + 1) // BLOCK) for _, cached, new in seqs if new == 1]
+    assert len(group_rows(decode_widths)) > 1
+    out, expected = run_step(seqs, num_blocks=400)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

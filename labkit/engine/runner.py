@@ -30,7 +30,7 @@ class ModelRunner:
 
         Only requests that have no missing tokens after this step get a token.
         """
-        work = sorted(work, key=lambda item: item[1] != 1)  # one-token rows first (stable)
+        work = sorted(work, key=_row_order)
         ids, positions, sequences, last_rows, samplers = [], [], [], [], []
         for request, num_new in work:
             start = request.num_computed_tokens
@@ -60,3 +60,9 @@ class ModelRunner:
     def release(self, request_id: str) -> None:
         """Forget a finished request's random stream."""
         self.generators.pop(request_id, None)
+
+
+def _row_order(item: tuple[Request, int]) -> tuple[bool, int]:
+    """One-token rows (decodes) first, longest context first, so paged attention can group them."""
+    request, num_new = item
+    return num_new != 1, -request.num_computed_tokens if num_new == 1 else 0

@@ -8,13 +8,17 @@ which blocks are its own, in order. The engine describes each step once in a
 attention function such as :func:`paged_attention` that gathers each sequence's blocks.
 
 Plain PyTorch, so it runs on CPU and CUDA alike. Speed comes from doing the bookkeeping
-once per step (not per layer), from one ``index_copy_`` write and one ``index_select``
-gather per layer into reused buffers, and from one ``scaled_dot_product_attention`` call
-for all single-token (decode) rows with the query heads grouped under their KV head.
+once per step (not per layer), from one ``index_copy_`` write per layer, and from reading
+the single-token (decode) rows in a few groups of similar length: each group is one
+``index_select`` gather into a reused buffer, padded to its longest member, and one
+``scaled_dot_product_attention`` call with the query heads grouped under their KV head.
+Grouping matters once contexts differ: one group padded to the longest of 64 chat
+contexts would gather and attend over about twice the tokens that are really there.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Callable
@@ -28,6 +32,10 @@ from labkit.models.attention import attention, causal_mask
 # the RAM available, but never more than this (vLLM's CPU backend also uses a fixed KV space).
 CPU_KV_CACHE_CAP_BYTES = 1024**3
 
+# One more decode group costs a gather and an attention call per layer: about as long, on the
+# CPU this was tuned on, as reading this many padded blocks.
+GROUP_COST_BLOCKS = 32
+
 
 @dataclass
 class SequenceSlice:
@@ -40,6 +48,39 @@ class SequenceSlice:
 
 
 @dataclass
+class DecodeGroup:
+    """Decode rows [start, stop), read with one gather: block tables padded to one width, and a mask."""
+
+    start: int
+    stop: int
+    blocks: torch.Tensor  # [(stop - start) * width] the rows' block tables, padded with block 0, flat
+    mask: torch.Tensor    # [stop - start, 1, 1, width * block_size] additive: 0 visible, -inf padding
+
+
+def group_rows(widths: list[int], group_cost: int = GROUP_COST_BLOCKS) -> list[tuple[int, int]]:
+    """Cut rows into runs [start, stop), each padded to its widest row, at the least total cost.
+
+    A run of r rows whose widest is w blocks gathers r x w blocks, and every run costs
+    ``group_cost`` blocks more; dynamic programming finds the cheapest cuts. Any order is
+    correct; rows sorted longest first (as the runner sends them) pad least.
+    """
+    best = [0.0] + [math.inf] * len(widths)  # best[stop]: the cheapest way to read rows [0, stop)
+    first_of_last_run = [0] * (len(widths) + 1)
+    for stop in range(1, len(widths) + 1):
+        width = 0
+        for start in range(stop - 1, -1, -1):
+            width = max(width, widths[start])
+            cost = best[start] + (stop - start) * width + group_cost
+            if cost < best[stop]:
+                best[stop], first_of_last_run[stop] = cost, start
+    runs, stop = [], len(widths)
+    while stop > 0:
+        runs.append((first_of_last_run[stop], stop))
+        stop = first_of_last_run[stop]
+    return runs[::-1]
+
+
+@dataclass
 class PagedBatch:
     """Everything attention needs about one step, built once and shared by all layers.
 
@@ -49,8 +90,7 @@ class PagedBatch:
     slot_mapping: torch.Tensor              # [T] slot of each new token
     sequences: list[SequenceSlice]
     num_decodes: int                        # the first num_decodes sequences have one query row
-    decode_blocks: torch.Tensor | None      # [num_decodes * max_blocks] padded block tables, flat
-    decode_mask: torch.Tensor | None        # [num_decodes, 1, 1, max_blocks * block_size] additive
+    decode_groups: list[DecodeGroup]        # those rows, in runs of similar length
     prefill_blocks: list[torch.Tensor]      # per longer sequence: the blocks it reads
     prefill_masks: list[torch.Tensor]       # per longer sequence: causal mask [num_query, context_len]
     scratch: dict = field(default_factory=dict)  # gather buffers reused across layers
@@ -69,22 +109,28 @@ class PagedBatch:
             num_decodes += 1
         if any(seq.num_query == 1 for seq in sequences[num_decodes:]):
             raise ValueError("list single-token sequences before the others in a PagedBatch")
-        decode_blocks = decode_mask = None
-        if num_decodes:
-            decodes = sequences[:num_decodes]
-            width = max(len(seq.block_table) for seq in decodes)
-            padded = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in decodes]
-            decode_blocks = torch.tensor(padded, dtype=torch.long).flatten().to(device)
-            lengths = torch.tensor([seq.context_len for seq in decodes])
-            visible = torch.arange(width * block_size)[None, :] < lengths[:, None]
-            decode_mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
-            decode_mask = decode_mask[:, None, None, :].to(device)
+        decodes = sequences[:num_decodes]
+        widths = [-(-seq.context_len // block_size) for seq in decodes]
+        groups = [_decode_group(decodes[start:stop], start, block_size, device, dtype)
+                  for start, stop in group_rows(widths)]
         prefills = sequences[num_decodes:]
         prefill_blocks = [torch.tensor(seq.block_table[:-(-seq.context_len // block_size)], device=device)
                           for seq in prefills]
         prefill_masks = [causal_mask(seq.num_query, seq.context_len, device) for seq in prefills]
         return cls(torch.tensor(slots, dtype=torch.long).to(device), sequences, num_decodes,
-                   decode_blocks, decode_mask, prefill_blocks, prefill_masks)
+                   groups, prefill_blocks, prefill_masks)
+
+
+def _decode_group(decodes: list[SequenceSlice], start: int, block_size: int, device: torch.device,
+                  dtype: torch.dtype) -> DecodeGroup:
+    """Pad these rows' block tables to the widest and mask the padding (built on the CPU, then moved)."""
+    width = max(-(-seq.context_len // block_size) for seq in decodes)
+    padded = [seq.block_table[:width] + [0] * (width - len(seq.block_table[:width])) for seq in decodes]
+    lengths = torch.tensor([seq.context_len for seq in decodes])
+    visible = torch.arange(width * block_size)[None, :] < lengths[:, None]
+    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+    return DecodeGroup(start, start + len(decodes), torch.tensor(padded, dtype=torch.long).flatten().to(device),
+                       mask[:, None, None, :].to(device))
 
 
 # attention_fn(layer, q [T,Hq,D], k_pool, v_pool, batch) -> [T,Hq,D]
@@ -110,21 +156,38 @@ def paged_attention(layer: int, q: torch.Tensor, k_pool: torch.Tensor, v_pool: t
 
 def _decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                       batch: PagedBatch) -> torch.Tensor:
-    """All one-token rows at once: gather padded block tables, mask the padding, one SDPA call."""
+    """All one-token rows: per group, gather the padded block tables, mask the padding, one SDPA call."""
+    if len(batch.decode_groups) == 1:
+        return _group_attention(q, k_pool, v_pool, batch.decode_groups[0], batch.scratch)
+    out = torch.empty_like(q)
+    for group in batch.decode_groups:
+        out[group.start:group.stop] = _group_attention(q[group.start:group.stop], k_pool, v_pool, group,
+                                                       batch.scratch)
+    return out
+
+
+def _group_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, group: DecodeGroup,
+                     scratch: dict) -> torch.Tensor:
+    """One group of decode rows: gather their blocks into reused buffers, then one SDPA call."""
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_pool.shape
-    group = num_heads // kv_heads
-    shape = (batch.decode_blocks.numel(), block_size, kv_heads, head_dim)
-    if batch.scratch.get("shape") != shape or batch.scratch["k"].dtype != k_pool.dtype:
-        batch.scratch.update(shape=shape, k=k_pool.new_empty(shape), v=v_pool.new_empty(shape))
-    keys = torch.index_select(k_pool, 0, batch.decode_blocks, out=batch.scratch["k"])
-    values = torch.index_select(v_pool, 0, batch.decode_blocks, out=batch.scratch["v"])
+    group_size = num_heads // kv_heads
+    keys = torch.index_select(k_pool, 0, group.blocks, out=_buffer(scratch, "k", k_pool, group.blocks.numel()))
+    values = torch.index_select(v_pool, 0, group.blocks, out=_buffer(scratch, "v", v_pool, group.blocks.numel()))
     # [seqs, tokens, kv_heads, D] -> [seqs, kv_heads, tokens, D]; queries [seqs, kv_heads, group, D]
     keys = keys.view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
     values = values.view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
-    grouped = q.reshape(num_seqs, kv_heads, group, head_dim)
-    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=batch.decode_mask)
+    grouped = q.reshape(num_seqs, kv_heads, group_size, head_dim)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=group.mask)
     return out.reshape(num_seqs, num_heads, head_dim)
+
+
+def _buffer(scratch: dict, name: str, pool: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """The first ``num_blocks`` blocks of a gather buffer kept across layers (grown when too small)."""
+    buffer = scratch.get(name)
+    if buffer is None or buffer.shape[0] < num_blocks or buffer.dtype != pool.dtype:
+        buffer = scratch[name] = pool.new_empty((num_blocks, *pool.shape[1:]))
+    return buffer[:num_blocks]
 
 
 class PagedKVCache:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -62,7 +63,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def swiglu_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """The feed-forward block: silu(gate) * up, then project down. gate and up are fused."""
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, down)
+def swiglu_mlp(x: torch.Tensor, gate_up: Callable, down: Callable) -> torch.Tensor:
+    """The feed-forward block: silu(gate) * up, then project down. gate and up are one fused projection."""
+    gate, up = gate_up(x).chunk(2, dim=-1)
+    return down(F.silu(gate) * up)

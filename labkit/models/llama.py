@@ -2,6 +2,8 @@
 
 The weights are the Hugging Face model's own tensors; q/k/v and gate/up are fused into one
 matrix each (and the HF modules are pointed at views of them, so nothing is stored twice).
+Each matrix multiply goes through ``prepacked_linear``: plain ``F.linear`` in meaning, with
+the weight laid out once for the CPU's kernels where that is faster (see fast_linear.py).
 The pass takes any number of sequences at once, flattened into T tokens: the ``attend``
 callback owns the KV cache, which is exactly the part the labs and the engine swap out.
 """
@@ -16,6 +18,7 @@ import torch.nn.functional as F
 
 from labkit.kv.contiguous import ContiguousKVCache
 from labkit.models.config import ModelConfig
+from labkit.models.fast_linear import LinearFn, prepacked_linear
 from labkit.models.layers import apply_rope, rms_norm, rope_cos_sin, rope_inverse_frequencies, swiglu_mlp
 
 # attend(layer, q [T,Hq,D], k [T,Hkv,D], v [T,Hkv,D]) -> [T,Hq,D]
@@ -23,18 +26,17 @@ AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tenso
 
 
 @dataclass
-class LayerWeights:
-    """One decoder layer's tensors."""
+class DecoderLayer:
+    """One decoder layer: its norm gains, and its four projections as functions of the input."""
 
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # [(Hq + 2·Hkv)·D, hidden]
-    qkv_bias: torch.Tensor | None
+    qkv: LinearFn  # hidden -> (Hq + 2·Hkv)·D, bias included (Qwen2)
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o_proj: torch.Tensor
+    o_proj: LinearFn  # Hq·D -> hidden
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2·intermediate, hidden]
-    down: torch.Tensor
+    gate_up: LinearFn  # hidden -> 2·intermediate
+    down: LinearFn  # intermediate -> hidden
 
 
 class LlamaModel:
@@ -47,7 +49,7 @@ class LlamaModel:
         inner = hf_model.model
         self.embed = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
-        self.lm_head = hf_model.lm_head.weight
+        self.lm_head = prepacked_linear(hf_model.lm_head.weight)
         self.layers = [_fuse_layer(layer) for layer in inner.layers]
         inv_freq, self.rope_scaling = rope_inverse_frequencies(config.rope, config.head_dim)
         self.inv_freq = inv_freq.to(self.device)
@@ -76,16 +78,16 @@ class LlamaModel:
         for index, layer in enumerate(self.layers):
             q, k, v = self._project_qkv(layer, rms_norm(x, layer.input_norm, cfg.rms_norm_eps))
             out = attend(index, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
-            x = x + F.linear(out.reshape(x.shape[0], -1), layer.o_proj)
+            x = x + layer.o_proj(out.reshape(x.shape[0], -1))
             x = x + swiglu_mlp(rms_norm(x, layer.post_norm, cfg.rms_norm_eps), layer.gate_up, layer.down)
         if logits_indices is not None:
             x = x[logits_indices]
-        return F.linear(rms_norm(x, self.final_norm, cfg.rms_norm_eps), self.lm_head).float()
+        return self.lm_head(rms_norm(x, self.final_norm, cfg.rms_norm_eps)).float()
 
-    def _project_qkv(self, layer: LayerWeights, h: torch.Tensor):
+    def _project_qkv(self, layer: DecoderLayer, h: torch.Tensor):
         """One matmul for q, k and v, split into heads; Qwen3 normalises q and k per head."""
         cfg = self.config
-        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+        qkv = layer.qkv(h)
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q = q.reshape(-1, cfg.num_heads, cfg.head_dim)
@@ -112,7 +114,7 @@ class LlamaModel:
         return self.forward(ids, positions, cache.attend)[0]
 
 
-def _fuse_layer(hf_layer) -> LayerWeights:
+def _fuse_layer(hf_layer) -> DecoderLayer:
     """Concatenate q/k/v and gate/up weights, and point the HF modules at views of the result."""
     attn, mlp = hf_layer.self_attn, hf_layer.mlp
     qkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
@@ -120,16 +122,15 @@ def _fuse_layer(hf_layer) -> LayerWeights:
     bias = None
     if attn.q_proj.bias is not None:
         bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], attribute="bias")
-    return LayerWeights(
+    return DecoderLayer(
         input_norm=hf_layer.input_layernorm.weight,
-        qkv=qkv,
-        qkv_bias=bias,
+        qkv=prepacked_linear(qkv, bias),
         q_norm=getattr(getattr(attn, "q_norm", None), "weight", None),
         k_norm=getattr(getattr(attn, "k_norm", None), "weight", None),
-        o_proj=attn.o_proj.weight,
+        o_proj=prepacked_linear(attn.o_proj.weight),
         post_norm=hf_layer.post_attention_layernorm.weight,
-        gate_up=gate_up,
-        down=mlp.down_proj.weight,
+        gate_up=prepacked_linear(gate_up),
+        down=prepacked_linear(mlp.down_proj.weight),
     )
 
 

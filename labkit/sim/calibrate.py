@@ -34,6 +34,12 @@ the simulator understates every step near the crossover. And ``W`` is counted (p
 times bytes per parameter), not fitted: as a free constant it trades off against the
 overhead, since both only shift the memory-bound steps, and the fit could not tell them apart.
 
+When no step is memory-bound. On a CPU the arithmetic is slow next to the memory: even a
+batch-1 decode takes several times longer than reading the weights, so no timed step
+says anything about the bandwidth and the fit puts its coefficient at zero. Then
+:func:`calibrate_engine` measures the bandwidth with a copy probe, holds it fixed, and
+fits the arithmetic rate and the overhead; the saved calibration says which it did.
+
 The fit is saved as JSON under the labkit cache (``$LABKIT_CACHE`` or ``~/.cache/labkit``),
 in ``calibration/<machine>-<model>-<dtype>.json``, and :func:`load_calibration` reads it back.
 """
@@ -63,6 +69,14 @@ OUTLIER_DEVIATIONS = 4.0  # steps this many median absolute deviations off are d
 # long prompts and large batches with short ones cover decode at many contexts and batch sizes.
 SWEEP_WAVES = ((1, 24), (1, 400), (2, 160), (4, 64), (4, 320), (8, 32), (8, 160), (16, 24), (16, 96))
 SWEEP_ANSWER_TOKENS = 12  # median answer length in a wave; lengths vary so batches shrink as they finish
+
+
+class NoBoundStepsError(ValueError):
+    """The timed steps never hit one of the two limits, so that limit's rate cannot be fitted."""
+
+    def __init__(self, message: str, limit: str):
+        super().__init__(message)
+        self.limit = limit  # "memory" or "compute"
 
 
 @dataclass(frozen=True)
@@ -143,27 +157,37 @@ class _Terms:
         return np.maximum(per_byte * self.bytes_read, per_flop * self.flops_done) + overhead
 
 
-def _fit_split(terms: _Terms, seconds: np.ndarray, compute_bound: np.ndarray) -> np.ndarray:
-    """Alternate fit and re-split from one starting split until the split holds; return the coefficients."""
+def _fit_split(terms: _Terms, seconds: np.ndarray, compute_bound: np.ndarray,
+               per_byte: float | None) -> np.ndarray:
+    """Alternate fit and re-split from one starting split until the split holds; return the coefficients.
+
+    With ``per_byte`` given (a probed bandwidth), only seconds per FLOP and the overhead are fitted.
+    """
     weights = 1.0 / seconds
     coefficients = np.zeros(3)
     for _ in range(50):
-        matrix = np.column_stack([np.where(compute_bound, 0.0, terms.bytes_read),
-                                  np.where(compute_bound, terms.flops_done, 0.0), np.ones_like(seconds)])
-        coefficients = _nonnegative_least_squares(matrix * weights[:, None], np.ones_like(seconds))
-        per_byte, per_flop, _ = coefficients
-        new_split = per_flop * terms.flops_done > per_byte * terms.bytes_read
+        memory = np.where(compute_bound, 0.0, terms.bytes_read)
+        compute = np.where(compute_bound, terms.flops_done, 0.0)
+        if per_byte is None:
+            matrix, target = np.column_stack([memory, compute, np.ones_like(seconds)]), seconds
+            coefficients = _nonnegative_least_squares(matrix * weights[:, None], target * weights)
+        else:
+            matrix, target = np.column_stack([compute, np.ones_like(seconds)]), seconds - per_byte * memory
+            coefficients = np.concatenate([[per_byte], _nonnegative_least_squares(matrix * weights[:, None],
+                                                                                  target * weights)])
+        new_split = coefficients[1] * terms.flops_done > coefficients[0] * terms.bytes_read
         if np.array_equal(new_split, compute_bound):
             break
         compute_bound = new_split
     return coefficients
 
 
-def _fit_coefficients(terms: _Terms, seconds: np.ndarray, new_tokens: np.ndarray) -> np.ndarray:
+def _fit_coefficients(terms: _Terms, seconds: np.ndarray, new_tokens: np.ndarray,
+                      per_byte: float | None) -> np.ndarray:
     """The best (seconds per byte, seconds per FLOP, overhead) over every starting split."""
     best, best_loss = np.zeros(3), math.inf
     for threshold in np.unique(new_tokens).tolist() + [math.inf]:
-        coefficients = _fit_split(terms, seconds, new_tokens >= threshold)
+        coefficients = _fit_split(terms, seconds, new_tokens >= threshold, per_byte)
         relative_error = terms.predict(coefficients) / seconds - 1.0
         loss = float(relative_error @ relative_error)
         if loss < best_loss:
@@ -172,32 +196,43 @@ def _fit_coefficients(terms: _Terms, seconds: np.ndarray, new_tokens: np.ndarray
 
 
 def fit_cost_model(work: StepWork, *, weight_bytes: float, kv_bytes_per_token: float,
-                   flops_per_token: float) -> CostModel:
+                   flops_per_token: float, bandwidth: float | None = None) -> CostModel:
     """The cost model whose bandwidth, arithmetic rate and overhead best explain ``work``'s step times.
 
     ``weight_bytes``, ``kv_bytes_per_token`` and ``flops_per_token`` are counted from the
-    model (see :func:`model_sizes`); the method is in this module's docstring.
+    model (see :func:`model_sizes`); the method is in this module's docstring. Pass
+    ``bandwidth`` (bytes/s, say from :func:`~labkit.sim.hardware.measure_bandwidth`) to hold
+    it fixed and fit only the arithmetic rate and the overhead: on a machine where no step
+    is memory-bound the step times cannot tell the bandwidth.
     """
     if len(work) < MIN_STEPS:
         raise ValueError(f"only {len(work)} timed steps; the fit needs at least {MIN_STEPS} across several "
                          "batch sizes and context lengths; run a longer sweep")
     terms = _Terms(weight_bytes + kv_bytes_per_token * work.context_tokens.astype(float),
                    flops_per_token * work.new_tokens.astype(float))
-    coefficients = _fit_coefficients(terms, work.seconds, work.new_tokens)
+    per_byte = None if bandwidth is None else 1.0 / _positive(bandwidth, "bandwidth")
+    coefficients = _fit_coefficients(terms, work.seconds, work.new_tokens, per_byte)
     relative_error = terms.predict(coefficients) / work.seconds - 1.0
     deviation = np.median(np.abs(relative_error - np.median(relative_error)))
     kept = np.abs(relative_error - np.median(relative_error)) <= OUTLIER_DEVIATIONS * max(deviation, 1e-3)
     if not kept.all() and kept.sum() >= MIN_STEPS:
         terms = _Terms(terms.bytes_read[kept], terms.flops_done[kept])
-        coefficients = _fit_coefficients(terms, work.seconds[kept], work.new_tokens[kept])
+        coefficients = _fit_coefficients(terms, work.seconds[kept], work.new_tokens[kept], per_byte)
     per_byte, per_flop, overhead = coefficients
     if per_byte <= 0 or per_flop <= 0:
         missing = "memory-bound (small batches)" if per_byte <= 0 else "compute-bound (long prompt chunks)"
-        raise ValueError(f"the step times show no {missing} steps, so that rate cannot be fitted; sweep more "
-                         "batch sizes and prompt lengths, or, if other programs were busy, rerun on an idle machine")
+        raise NoBoundStepsError(f"the step times show no {missing} steps, so that rate cannot be fitted; "
+                                "sweep more batch sizes and prompt lengths, or, if other programs were busy, "
+                                "rerun on an idle machine", limit="memory" if per_byte <= 0 else "compute")
     return CostModel(bandwidth=float(1.0 / per_byte), flops=float(1.0 / per_flop), weight_bytes=weight_bytes,
                      overhead_s=float(overhead), kv_bytes_per_token=kv_bytes_per_token,
                      flops_per_token=flops_per_token)
+
+
+def _positive(value: float, name: str) -> float:
+    if not value > 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return value
 
 
 def model_sizes(model) -> dict[str, float]:
@@ -221,6 +256,7 @@ class Calibration:
     cost: dict[str, float]  # CostModel's fields
     num_steps: int
     median_step_error_pct: float  # median |predicted - measured| / measured over the timed steps
+    bandwidth_source: str = "fitted"  # or "probed": no step was memory-bound, a copy probe measured it
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S"))
 
     @property
@@ -297,14 +333,28 @@ def time_engine_steps(llm, seed: int = 0,
 
 
 def calibrate_engine(llm, seed: int = 0) -> Calibration:
-    """Time ``llm``'s steps on this machine and fit its cost model; the result is not yet saved."""
+    """Time ``llm``'s steps on this machine and fit its cost model; the result is not yet saved.
+
+    Where no step was memory-bound (a CPU, whose matrix arithmetic is slow next to its
+    memory), the bandwidth is measured by a copy probe instead, and the rest is fitted.
+    """
     work = time_engine_steps(llm, seed)
-    cost = fit_cost_model(work, **model_sizes(llm.model))
+    sizes = model_sizes(llm.model)
+    bandwidth_source = "fitted"
+    try:
+        cost = fit_cost_model(work, **sizes)
+    except NoBoundStepsError as err:
+        if err.limit != "memory":
+            raise
+        from labkit.sim.hardware import measure_bandwidth
+
+        cost = fit_cost_model(work, **sizes, bandwidth=measure_bandwidth(device=llm.model.device))
+        bandwidth_source = "probed"
     predicted = np.array([cost.pass_time(int(n), int(c)) for n, c in zip(work.new_tokens, work.context_tokens)])
     error = float(np.median(np.abs(predicted / work.seconds - 1.0)) * 100)
     return Calibration(machine=machine_name(), device=str(llm.model.device), model=llm.model.config.name,
                        dtype=str(llm.model.dtype).removeprefix("torch."), cost=asdict(cost),
-                       num_steps=len(work), median_step_error_pct=error)
+                       num_steps=len(work), median_step_error_pct=error, bandwidth_source=bandwidth_source)
 
 
 # --- checking the prediction on a new workload ---------------------------------------------
