@@ -39,7 +39,8 @@ def _describe(calibration: Calibration) -> str:
     cost = calibration.cost_model
     return (f"{calibration.model} ({calibration.dtype}) on {calibration.machine}, {calibration.device}: "
             f"bandwidth {cost.bandwidth / 1e9:.1f} GB/s ({calibration.bandwidth_source}), arithmetic {cost.flops / 1e9:.1f} GFLOP/s, "
-            f"overhead {cost.overhead_s * 1e3:.1f} ms per pass, weights {cost.weight_bytes / 1e6:.0f} MB; "
+            f"overhead {cost.overhead_s * 1e3:.1f} ms per pass, attention {cost.attention_s_per_token * 1e6:.1f} µs "
+            f"per context token beyond its bytes, weights {cost.weight_bytes / 1e6:.0f} MB; "
             f"fitted on {calibration.num_steps} steps, median step error {calibration.median_step_error_pct:.1f}%")
 
 

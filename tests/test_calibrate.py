@@ -188,3 +188,13 @@ def test_calibrating_a_machine_with_no_memory_bound_step_probes_the_bandwidth(mo
     result = calibrate.calibrate_engine(llm)
     assert calls == [None, 7e9]
     assert result.bandwidth_source == "probed" and result.cost_model.bandwidth == 7e9
+
+
+def test_fit_recovers_a_context_cost_beyond_the_bytes():
+    # A CPU's paged attention: every context token costs 10 µs on top of its bytes.
+    slow_attention = CostModel(bandwidth=40e9, flops=150e9, overhead_s=0.04, attention_s_per_token=1e-5, **SIZES)
+    steps = synthetic_steps(slow_attention)
+    fitted = fit_cost_model(steps, **SIZES, bandwidth=40e9)
+    assert fitted.attention_s_per_token == pytest.approx(1e-5, rel=1e-6)
+    assert fitted.flops == pytest.approx(150e9, rel=1e-6) and fitted.overhead_s == pytest.approx(0.04, rel=1e-6)
+    assert fit_cost_model(synthetic_steps(TRUE), **SIZES).attention_s_per_token == pytest.approx(0.0, abs=1e-12)

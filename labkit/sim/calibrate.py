@@ -69,6 +69,7 @@ OUTLIER_DEVIATIONS = 4.0  # steps this many median absolute deviations off are d
 # long prompts and large batches with short ones cover decode at many contexts and batch sizes.
 SWEEP_WAVES = ((1, 24), (1, 400), (2, 160), (4, 64), (4, 320), (8, 32), (8, 160), (16, 24), (16, 96))
 SWEEP_ANSWER_TOKENS = 12  # median answer length in a wave; lengths vary so batches shrink as they finish
+SWEEP_MAX_PROMPT = 640  # with the longest answer (4 x 12), inside the calibration engine's 768-token context
 
 
 class NoBoundStepsError(ValueError):
@@ -147,34 +148,39 @@ def _nonnegative_least_squares(matrix: np.ndarray, target: np.ndarray) -> np.nda
 
 @dataclass(frozen=True)
 class _Terms:
-    """Per-step inputs of the formula: bytes read and FLOPs done."""
+    """Per-step inputs of the formula: bytes read, FLOPs done, and KV context tokens read."""
 
     bytes_read: np.ndarray
     flops_done: np.ndarray
+    context: np.ndarray
 
     def predict(self, coefficients: np.ndarray) -> np.ndarray:
-        per_byte, per_flop, overhead = coefficients
-        return np.maximum(per_byte * self.bytes_read, per_flop * self.flops_done) + overhead
+        per_byte, per_flop, overhead, per_context_token = coefficients
+        return (np.maximum(per_byte * self.bytes_read, per_flop * self.flops_done) + overhead
+                + per_context_token * self.context)
+
+    def subset(self, kept: np.ndarray) -> "_Terms":
+        return _Terms(self.bytes_read[kept], self.flops_done[kept], self.context[kept])
 
 
 def _fit_split(terms: _Terms, seconds: np.ndarray, compute_bound: np.ndarray,
                per_byte: float | None) -> np.ndarray:
     """Alternate fit and re-split from one starting split until the split holds; return the coefficients.
 
-    With ``per_byte`` given (a probed bandwidth), only seconds per FLOP and the overhead are fitted.
+    With ``per_byte`` given (a probed bandwidth), it is held fixed and the rest is fitted.
     """
     weights = 1.0 / seconds
-    coefficients = np.zeros(3)
+    coefficients = np.zeros(4)
     for _ in range(50):
         memory = np.where(compute_bound, 0.0, terms.bytes_read)
         compute = np.where(compute_bound, terms.flops_done, 0.0)
         if per_byte is None:
-            matrix, target = np.column_stack([memory, compute, np.ones_like(seconds)]), seconds
+            matrix, target = np.column_stack([memory, compute, np.ones_like(seconds), terms.context]), seconds
             coefficients = _nonnegative_least_squares(matrix * weights[:, None], target * weights)
         else:
-            matrix, target = np.column_stack([compute, np.ones_like(seconds)]), seconds - per_byte * memory
-            coefficients = np.concatenate([[per_byte], _nonnegative_least_squares(matrix * weights[:, None],
-                                                                                  target * weights)])
+            matrix = np.column_stack([compute, np.ones_like(seconds), terms.context])
+            rest = _nonnegative_least_squares(matrix * weights[:, None], (seconds - per_byte * memory) * weights)
+            coefficients = np.concatenate([[per_byte], rest])
         new_split = coefficients[1] * terms.flops_done > coefficients[0] * terms.bytes_read
         if np.array_equal(new_split, compute_bound):
             break
@@ -184,8 +190,8 @@ def _fit_split(terms: _Terms, seconds: np.ndarray, compute_bound: np.ndarray,
 
 def _fit_coefficients(terms: _Terms, seconds: np.ndarray, new_tokens: np.ndarray,
                       per_byte: float | None) -> np.ndarray:
-    """The best (seconds per byte, seconds per FLOP, overhead) over every starting split."""
-    best, best_loss = np.zeros(3), math.inf
+    """The best (s per byte, s per FLOP, overhead, s per context token) over every starting split."""
+    best, best_loss = np.zeros(4), math.inf
     for threshold in np.unique(new_tokens).tolist() + [math.inf]:
         coefficients = _fit_split(terms, seconds, new_tokens >= threshold, per_byte)
         relative_error = terms.predict(coefficients) / seconds - 1.0
@@ -197,36 +203,37 @@ def _fit_coefficients(terms: _Terms, seconds: np.ndarray, new_tokens: np.ndarray
 
 def fit_cost_model(work: StepWork, *, weight_bytes: float, kv_bytes_per_token: float,
                    flops_per_token: float, bandwidth: float | None = None) -> CostModel:
-    """The cost model whose bandwidth, arithmetic rate and overhead best explain ``work``'s step times.
+    """The cost model whose bandwidth, arithmetic rate, overhead and attention cost best explain ``work``.
 
     ``weight_bytes``, ``kv_bytes_per_token`` and ``flops_per_token`` are counted from the
     model (see :func:`model_sizes`); the method is in this module's docstring. Pass
     ``bandwidth`` (bytes/s, say from :func:`~labkit.sim.hardware.measure_bandwidth`) to hold
-    it fixed and fit only the arithmetic rate and the overhead: on a machine where no step
-    is memory-bound the step times cannot tell the bandwidth.
+    it fixed and fit the rest: on a machine where no step is memory-bound the step times
+    cannot tell the bandwidth.
     """
     if len(work) < MIN_STEPS:
         raise ValueError(f"only {len(work)} timed steps; the fit needs at least {MIN_STEPS} across several "
                          "batch sizes and context lengths; run a longer sweep")
-    terms = _Terms(weight_bytes + kv_bytes_per_token * work.context_tokens.astype(float),
-                   flops_per_token * work.new_tokens.astype(float))
+    context = work.context_tokens.astype(float)
+    terms = _Terms(weight_bytes + kv_bytes_per_token * context, flops_per_token * work.new_tokens.astype(float),
+                   context)
     per_byte = None if bandwidth is None else 1.0 / _positive(bandwidth, "bandwidth")
     coefficients = _fit_coefficients(terms, work.seconds, work.new_tokens, per_byte)
     relative_error = terms.predict(coefficients) / work.seconds - 1.0
     deviation = np.median(np.abs(relative_error - np.median(relative_error)))
     kept = np.abs(relative_error - np.median(relative_error)) <= OUTLIER_DEVIATIONS * max(deviation, 1e-3)
     if not kept.all() and kept.sum() >= MIN_STEPS:
-        terms = _Terms(terms.bytes_read[kept], terms.flops_done[kept])
-        coefficients = _fit_coefficients(terms, work.seconds[kept], work.new_tokens[kept], per_byte)
-    per_byte, per_flop, overhead = coefficients
-    if per_byte <= 0 or per_flop <= 0:
-        missing = "memory-bound (small batches)" if per_byte <= 0 else "compute-bound (long prompt chunks)"
-        raise NoBoundStepsError(f"the step times show no {missing} steps, so that rate cannot be fitted; "
-                                "sweep more batch sizes and prompt lengths, or, if other programs were busy, "
-                                "rerun on an idle machine", limit="memory" if per_byte <= 0 else "compute")
+        coefficients = _fit_coefficients(terms.subset(kept), work.seconds[kept], work.new_tokens[kept], per_byte)
+    per_byte, per_flop, overhead, per_context_token = coefficients
+    for rate, limit, steps in ((per_flop, "compute", "compute-bound (long prompt chunks)"),
+                               (per_byte, "memory", "memory-bound (small batches)")):
+        if rate <= 0:
+            raise NoBoundStepsError(f"the step times show no {steps} steps, so that rate cannot be fitted; "
+                                    "sweep more batch sizes and prompt lengths, or, if other programs were busy, "
+                                    "rerun on an idle machine", limit=limit)
     return CostModel(bandwidth=float(1.0 / per_byte), flops=float(1.0 / per_flop), weight_bytes=weight_bytes,
                      overhead_s=float(overhead), kv_bytes_per_token=kv_bytes_per_token,
-                     flops_per_token=flops_per_token)
+                     flops_per_token=flops_per_token, attention_s_per_token=float(per_context_token))
 
 
 def _positive(value: float, name: str) -> float:
@@ -302,12 +309,17 @@ def machine_name() -> str:
 
 def sweep_workloads(vocab_size: int, seed: int = 0,
                     waves: Sequence[tuple[int, int]] = SWEEP_WAVES) -> list:
-    """The calibration sweep as seeded waves of (requests, prompt tokens); each wave arrives at once."""
+    """The calibration sweep as seeded waves of (requests, median prompt tokens); each wave arrives at once.
+
+    Prompt and answer lengths vary inside a wave (lognormal), as in real traffic, so the
+    timed steps include batches whose sequences hold very different contexts.
+    """
     from labkit.workloads import LogNormal, synthetic_workload
 
     answers = LogNormal(SWEEP_ANSWER_TOKENS, 0.5, low=2, high=4 * SWEEP_ANSWER_TOKENS)
-    return [synthetic_workload(batch, float("inf"), prompt_len, answers, vocab_size=vocab_size,
-                               seed=seed * 1000 + index, name=f"sweep {batch}x{prompt_len}")
+    return [synthetic_workload(batch, float("inf"), LogNormal(prompt_len, 0.6, low=4, high=SWEEP_MAX_PROMPT),
+                               answers, vocab_size=vocab_size, seed=seed * 1000 + index,
+                               name=f"sweep {batch}x{prompt_len}")
             for index, (batch, prompt_len) in enumerate(waves)]
 
 

@@ -18,6 +18,13 @@ Left out, as the lesson leaves them out:
   about 0.6 GFLOP against the 16 GFLOP of the weights (4%), more for long prompts.
 * writing the new tokens' KV entries (one token's worth per sequence in a decode step),
   activations, and any kernel that runs below its peak rate.
+
+One optional term is not in the lesson: ``attention_s_per_token``, seconds per token of KV
+context read on top of its bytes. It is 0 unless a calibration measures it (``labkit
+calibrate``): on a GPU, attention streams the cache at nearly full bandwidth and the bytes
+term covers it, but a plain-PyTorch paged attention on a CPU copies the blocks it gathers
+and runs an attention kernel made for long queries, so each context token costs several
+times the time its bytes take to read, after the weights' arithmetic, not overlapped with it.
 """
 
 from __future__ import annotations
@@ -85,15 +92,16 @@ class SequenceWork(NamedTuple):
 
 
 class PassTime(NamedTuple):
-    """The terms of one pass, in seconds: the larger of the first two, plus the overhead."""
+    """The terms of one pass, in seconds: the larger of the first two, plus the overhead (and attention)."""
 
     memory_s: float
     compute_s: float
     overhead_s: float
+    attention_s: float = 0.0  # the calibrated extra cost of reading the context; 0 in the lesson's model
 
     @property
     def total_s(self) -> float:
-        return max(self.memory_s, self.compute_s) + self.overhead_s
+        return max(self.memory_s, self.compute_s) + self.overhead_s + self.attention_s
 
     @property
     def bound(self) -> str:
@@ -111,6 +119,7 @@ class CostModel:
     overhead_s: float
     kv_bytes_per_token: float
     flops_per_token: float
+    attention_s_per_token: float = 0.0  # see the module docstring; fitted by a calibration
 
     def __post_init__(self) -> None:
         for field_name in ("bandwidth", "flops", "weight_bytes", "kv_bytes_per_token", "flops_per_token"):
@@ -118,8 +127,9 @@ class CostModel:
             if not value > 0:
                 raise ValueError(f"CostModel: {field_name} must be positive, got {value!r}; "
                                  "a zero rate would make every pass take forever")
-        if self.overhead_s < 0:
-            raise ValueError(f"CostModel: overhead_s must be zero or more, got {self.overhead_s!r}")
+        for field_name in ("overhead_s", "attention_s_per_token"):
+            if getattr(self, field_name) < 0:
+                raise ValueError(f"CostModel: {field_name} must be zero or more, got {getattr(self, field_name)!r}")
 
     @classmethod
     def from_parts(cls, hardware: Hardware, model: ModelSpec, overhead_s: float = 0.0) -> "CostModel":
@@ -138,7 +148,7 @@ class CostModel:
                              f"new_tokens={new_tokens}, context_tokens={context_tokens}")
         bytes_moved = self.weight_bytes + self.kv_bytes_per_token * context_tokens
         return PassTime(bytes_moved / self.bandwidth, self.flops_per_token * new_tokens / self.flops,
-                        self.overhead_s)
+                        self.overhead_s, self.attention_s_per_token * context_tokens)
 
     def pass_time(self, new_tokens: int, context_tokens: int) -> float:
         """Seconds of a pass over batch totals; see :meth:`pass_breakdown`."""
