@@ -4,7 +4,8 @@ Presets and probes give a cost model from datasheets or micro-benchmarks; a cali
 gives it from the engine itself. Three stages, each a function:
 
 1. **Time** (:func:`time_engine_steps`): a short seeded sweep runs the real engine on waves
-   of requests of several batch sizes and prompt lengths. Prompts are chunked, so the
+   of requests of several batch sizes, prompt lengths varying inside each wave as chat
+   prompts do. Prompts are chunked, so the
    trace holds pure prefill steps, pure decode steps and steps that mix both, at many
    batch sizes and context lengths. :func:`step_work` reads, for every step, the tokens it
    computed and the KV context it read.
@@ -13,13 +14,17 @@ gives it from the engine itself. Three stages, each a function:
    served by the real engine and by the simulator with the calibrated model; the report
    puts output throughput and median TTFT/TPOT side by side with the error in percent.
 
-How the fit works. A step takes ``max(memory, compute) + overhead`` with
+How the fit works. A step takes ``max(memory, compute) + overhead + a x context`` with
 ``memory = (W + k x context) / bandwidth`` and ``compute = f x new tokens / rate``, where
 ``k`` (KV bytes per token) and ``f`` (2 x parameters) are the model's and ``W`` is the
-weight bytes the engine really holds. The unknowns are ``1 / bandwidth``, ``1 / rate``
-and the overhead. The max makes the formula non-linear, but it is linear once we know
-which steps are memory-bound: on those the step is ``(W + k x context) / bandwidth +
-overhead``, on the others ``f x tokens / rate + overhead``. So the fit alternates: guess
+weight bytes the engine really holds. The unknowns are ``1 / bandwidth``, ``1 / rate``,
+the overhead and ``a``, the attention time per context token beyond its bytes (see
+:mod:`labkit.sim.cost_model`: zero in the lesson's model, about 10 µs on a 2-core CPU,
+where the engine's paged attention runs far below the memory bandwidth; without it the
+simulator put decode steps of 16 long chats at half their measured time). The max makes
+the formula non-linear, but it is linear once we know which steps are memory-bound: on
+those the step is ``(W + k x context) / bandwidth + overhead + a x context``, on the
+others ``f x tokens / rate + overhead + a x context``. So the fit alternates: guess
 the split, solve a linear least-squares problem with non-negative coefficients, re-split
 every step by which term the new constants make larger, and repeat until the split stops
 changing. It starts from every split "compute-bound from n tokens on" and keeps the
@@ -36,9 +41,11 @@ overhead, since both only shift the memory-bound steps, and the fit could not te
 
 When no step is memory-bound. On a CPU the arithmetic is slow next to the memory: even a
 batch-1 decode takes several times longer than reading the weights, so no timed step
-says anything about the bandwidth and the fit puts its coefficient at zero. Then
+may say anything about the bandwidth and the fit can put its coefficient at zero. Then
 :func:`calibrate_engine` measures the bandwidth with a copy probe, holds it fixed, and
-fits the arithmetic rate and the overhead; the saved calibration says which it did.
+fits the rest; the saved calibration says which it did. (Where a few batch-1 steps do
+come out "memory-bound", the fitted bandwidth is an effective floor on the step time,
+not the memory's speed; compare it with ``labkit info``'s probe.)
 
 The fit is saved as JSON under the labkit cache (``$LABKIT_CACHE`` or ``~/.cache/labkit``),
 in ``calibration/<machine>-<model>-<dtype>.json``, and :func:`load_calibration` reads it back.
