@@ -48,3 +48,11 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         return _DTYPES[name.lower()]
     except KeyError:
         raise ValueError(f"unknown dtype {name!r}; use one of {sorted(_DTYPES)}") from None
+
+
+def available_ram_bytes() -> int:
+    """Memory the OS could give this process now (Linux); elsewhere the physical total."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

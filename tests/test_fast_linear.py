@@ -45,3 +45,17 @@ def test_the_cpu_build_in_use_has_the_packed_kernels():
     assert prepack_enabled(torch.device("cpu"), torch.float32), (
         "torch.ops.mkldnn._reorder_linear_weight/_linear_pointwise are missing from this torch build; "
         "labkit falls back to F.linear (correct, slower)")
+
+
+def test_a_model_too_big_for_a_second_copy_is_not_packed(monkeypatch):
+    from labkit.models import fast_linear, tiny_model
+
+    assert tiny_model().prepacked
+    monkeypatch.setattr(fast_linear, "available_ram_bytes", lambda: 1000)
+    assert not prepack_enabled(torch.device("cpu"), torch.float32, weight_bytes=600)
+    assert prepack_enabled(torch.device("cpu"), torch.float32, weight_bytes=400)
+    model = tiny_model()
+    assert not model.prepacked  # the tiny model's weights are far above 500 bytes
+    ids = torch.tensor([1, 2, 3])
+    logits = model.forward(ids, torch.arange(3), lambda layer, q, k, v: q)  # any attend: runs on F.linear
+    assert logits.shape == (3, model.config.vocab_size)

@@ -19,13 +19,13 @@ contexts would gather and attend over about twice the tokens that are really the
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from labkit.device import available_ram_bytes
 from labkit.models.attention import attention, causal_mask
 
 # Without a GPU there is no "device memory" to take a fraction of; the pool takes a fraction of
@@ -233,17 +233,10 @@ def num_blocks_for_memory(bytes_per_token: int, block_size: int, device: torch.d
         total = torch.cuda.mem_get_info(device)[1]
         budget = gpu_memory_utilization * total - torch.cuda.memory_allocated(device)
     else:
-        budget = min(gpu_memory_utilization * _available_ram(), CPU_KV_CACHE_CAP_BYTES)
+        budget = min(gpu_memory_utilization * available_ram_bytes(), CPU_KV_CACHE_CAP_BYTES)
     bytes_per_block = bytes_per_token * block_size
     num_blocks = min(int(budget // bytes_per_block), -(-max_useful_tokens // block_size))
     if num_blocks < 1:
         raise ValueError(f"no room for a single KV block ({bytes_per_block} bytes) with "
                          f"gpu_memory_utilization={gpu_memory_utilization}; raise it or pass num_blocks")
     return num_blocks
-
-
-def _available_ram() -> int:
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not Linux: fall back to the physical total
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from labkit.kv.contiguous import ContiguousKVCache
 from labkit.models.config import ModelConfig
-from labkit.models.fast_linear import LinearFn, prepacked_linear
+from labkit.models.fast_linear import LinearFn, prepack_enabled, prepacked_linear
 from labkit.models.layers import apply_rope, rms_norm, rope_cos_sin, rope_inverse_frequencies, swiglu_mlp
 
 # attend(layer, q [T,Hq,D], k [T,Hkv,D], v [T,Hkv,D]) -> [T,Hq,D]
@@ -49,8 +49,9 @@ class LlamaModel:
         inner = hf_model.model
         self.embed = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
-        self.lm_head = prepacked_linear(hf_model.lm_head.weight)
-        self.layers = [_fuse_layer(layer) for layer in inner.layers]
+        self.prepacked = prepack_enabled(self.device, self.dtype, self.weight_bytes())
+        self.lm_head = prepacked_linear(hf_model.lm_head.weight, enabled=self.prepacked)
+        self.layers = [_fuse_layer(layer, self.prepacked) for layer in inner.layers]
         inv_freq, self.rope_scaling = rope_inverse_frequencies(config.rope, config.head_dim)
         self.inv_freq = inv_freq.to(self.device)
 
@@ -114,7 +115,7 @@ class LlamaModel:
         return self.forward(ids, positions, cache.attend)[0]
 
 
-def _fuse_layer(hf_layer) -> DecoderLayer:
+def _fuse_layer(hf_layer, prepack: bool) -> DecoderLayer:
     """Concatenate q/k/v and gate/up weights, and point the HF modules at views of the result."""
     attn, mlp = hf_layer.self_attn, hf_layer.mlp
     qkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
@@ -124,13 +125,13 @@ def _fuse_layer(hf_layer) -> DecoderLayer:
         bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], attribute="bias")
     return DecoderLayer(
         input_norm=hf_layer.input_layernorm.weight,
-        qkv=prepacked_linear(qkv, bias),
+        qkv=prepacked_linear(qkv, bias, enabled=prepack),
         q_norm=getattr(getattr(attn, "q_norm", None), "weight", None),
         k_norm=getattr(getattr(attn, "k_norm", None), "weight", None),
-        o_proj=prepacked_linear(attn.o_proj.weight),
+        o_proj=prepacked_linear(attn.o_proj.weight, enabled=prepack),
         post_norm=hf_layer.post_attention_layernorm.weight,
-        gate_up=prepacked_linear(gate_up),
-        down=prepacked_linear(mlp.down_proj.weight),
+        gate_up=prepacked_linear(gate_up, enabled=prepack),
+        down=prepacked_linear(mlp.down_proj.weight, enabled=prepack),
     )
 
 
