@@ -4,6 +4,7 @@ The weights are the Hugging Face model's own tensors; q/k/v and gate/up are fuse
 matrix each (and the HF modules are pointed at views of them, so nothing is stored twice).
 Each matrix multiply goes through ``prepacked_linear``: plain ``F.linear`` in meaning, with
 the weight laid out once for the CPU's kernels where that is faster (see fast_linear.py).
+That copy is taken when the model is built: to change weights afterwards, build it again.
 The pass takes any number of sequences at once, flattened into T tokens: the ``attend``
 callback owns the KV cache, which is exactly the part the labs and the engine swap out.
 """

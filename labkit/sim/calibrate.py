@@ -40,8 +40,8 @@ times bytes per parameter), not fitted: as a free constant it trades off against
 overhead, since both only shift the memory-bound steps, and the fit could not tell them apart.
 
 When no step is memory-bound. On a CPU the arithmetic is slow next to the memory: even a
-batch-1 decode takes several times longer than reading the weights, so no timed step
-may say anything about the bandwidth and the fit can put its coefficient at zero. Then
+batch-1 decode takes several times longer than reading the weights, so the timed steps
+may say nothing about the bandwidth, and the fit can put its coefficient at zero. Then
 :func:`calibrate_engine` measures the bandwidth with a copy probe, holds it fixed, and
 fits the rest; the saved calibration says which it did. (Where a few batch-1 steps do
 come out "memory-bound", the fitted bandwidth is an effective floor on the step time,
@@ -135,7 +135,7 @@ def _nonnegative_least_squares(matrix: np.ndarray, target: np.ndarray) -> np.nda
 
     The answer is the plain least-squares solution on some subset of the columns (the
     others at zero), so try every subset and keep the best one whose coefficients are all
-    non-negative. With three columns that is seven small solves.
+    non-negative. With four columns that is fifteen small solves.
     """
     columns = matrix.shape[1]
     best, best_loss = np.zeros(columns), float(target @ target)
