@@ -110,15 +110,16 @@ def test_decode_rows_are_grouped_by_length_at_the_least_padded_cost():
     assert group_rows([40] * 16 + [2] * 48) == [(0, 16), (16, 64)]  # a few long chats, many short ones
     assert group_rows([5, 4, 5, 3]) == [(0, 4)]  # small differences: padding is cheaper than one more call
     generator = random.Random(0)
-    for _ in range(30):  # against every way to cut a short list
-        widths = [generator.randint(1, 60) for _ in range(generator.randint(1, 7))]
+    for trial in range(60):  # against every way to cut a short list, half of them with repeated widths
+        widest = 60 if trial % 2 else 3
+        widths = [generator.randint(1, widest) for _ in range(generator.randint(1, 8))]
         runs = group_rows(widths)
         assert runs[0][0] == 0 and runs[-1][1] == len(widths) and all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
         every_cut = [[(0, len(widths))]]
         for mask in range(1, 2 ** (len(widths) - 1)):
             cuts = [i + 1 for i in range(len(widths) - 1) if mask >> i & 1]
             every_cut.append(list(zip([0] + cuts, cuts + [len(widths)])))
-        assert _padded_cost(widths, runs) == min(_padded_cost(widths, cut) for cut in every_cut)
+        assert _padded_cost(widths, runs) == min(_padded_cost(widths, cut) for cut in every_cut), widths
 
 
 def test_paged_equals_dense_when_the_decodes_fall_into_several_groups():

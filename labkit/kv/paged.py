@@ -18,10 +18,10 @@ contexts would gather and attend over about twice the tokens that are really the
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -61,22 +61,25 @@ def group_rows(widths: list[int], group_cost: int = GROUP_COST_BLOCKS) -> list[t
     """Cut rows into runs [start, stop), each padded to its widest row, at the least total cost.
 
     A run of r rows whose widest is w blocks gathers r x w blocks, and every run costs
-    ``group_cost`` blocks more; dynamic programming finds the cheapest cuts. Any order is
-    correct; rows sorted longest first (as the runner sends them) pad least.
+    ``group_cost`` blocks more; dynamic programming finds the cheapest cuts. Cutting between
+    two rows of equal width never pays, so only the places where the width changes are
+    tried (a handful when rows come sorted, as the runner sends them, longest first).
+    Any order is correct; sorted rows pad least.
     """
-    best = [0.0] + [math.inf] * len(widths)  # best[stop]: the cheapest way to read rows [0, stop)
-    first_of_last_run = [0] * (len(widths) + 1)
-    for stop in range(1, len(widths) + 1):
-        width = 0
-        for start in range(stop - 1, -1, -1):
-            width = max(width, widths[start])
-            cost = best[start] + (stop - start) * width + group_cost
-            if cost < best[stop]:
-                best[stop], first_of_last_run[stop] = cost, start
-    runs, stop = [], len(widths)
-    while stop > 0:
-        runs.append((first_of_last_run[stop], stop))
-        stop = first_of_last_run[stop]
+    widths = np.asarray(widths, dtype=np.int64)
+    cuts = np.concatenate([[0], np.flatnonzero(np.diff(widths)) + 1, [len(widths)]]) if len(widths) else [0]
+    best = np.zeros(len(cuts))  # best[j]: the cheapest way to read rows [0, cuts[j])
+    last_run_from = np.zeros(len(cuts), dtype=np.int64)  # ... whose last run starts at cuts[last_run_from[j]]
+    for j in range(1, len(cuts)):
+        starts = np.asarray(cuts[:j])
+        widest = np.maximum.accumulate(widths[cuts[j] - 1::-1])[::-1][starts]  # max(widths[start:cuts[j]])
+        costs = best[:j] + (cuts[j] - starts) * widest + group_cost
+        last_run_from[j] = np.argmin(costs)
+        best[j] = costs[last_run_from[j]]
+    runs, j = [], len(cuts) - 1
+    while j > 0:
+        runs.append((int(cuts[last_run_from[j]]), int(cuts[j])))
+        j = int(last_run_from[j])
     return runs[::-1]
 
 
