@@ -17,7 +17,8 @@ from labkit.grading.compare import compare_sequences, compare_tensors, compare_t
 from labkit.grading.result import Mismatch
 from labkit.labs.diagnose import ATTENTION_TOLERANCE, check_attention, check_logits, check_positions, known_attention_mistakes
 from labkit.labs.recording import RecordingModel
-from labkit.labs.shared import course_model, pick_prompts, rng, torch_generator, transformers_logits
+from labkit.labs.shared import (course_model, greedy_without_cache, pick_prompts, prompt_and_steps, rng, torch_generator,
+                                 transformers_logits)
 from labkit.models.attention import attention, causal_mask
 
 # --- lab1.causal_mask ---------------------------------------------------------------------
@@ -162,23 +163,11 @@ register(Exercise(
 # --- lab1.generate_without_cache ------------------------------------------------------------
 
 
-def _prompt_and_steps(seed: int) -> tuple[Any, list[int], int]:
-    return course_model(), pick_prompts(seed, 1)[0], 3
-
-
 def _run_generate(functions, inputs) -> dict[str, Any]:
     model, ids, steps = inputs
     recording = RecordingModel(model, record_layers=1)
     tokens = functions[0](recording, list(ids), steps)
     return {"tokens": tokens, "calls": recording.calls}
-
-
-def _no_cache_oracle(inputs) -> dict[str, Any]:
-    model, ids, steps = inputs
-    sequence = list(ids)
-    for _ in range(steps):
-        sequence.append(int(transformers_logits(model, sequence)[-1].argmax()))
-    return {"tokens": sequence[len(ids):], "prompt": list(ids)}
 
 
 def _compare_generate(expected, got) -> Mismatch | None:
@@ -214,9 +203,9 @@ def _compare_generate(expected, got) -> Mismatch | None:
 register(Exercise(
     id="lab1.generate_without_cache",
     functions=("generate_without_cache",),
-    make_inputs=_prompt_and_steps,
+    make_inputs=prompt_and_steps,
     run=_run_generate,
-    oracle=_no_cache_oracle,
+    oracle=greedy_without_cache,
     compare=_compare_generate,
     tested="generate_without_cache(model, prompt, n) with the default model: every step reruns the whole sequence "
            "(positions from 0) and the n greedy tokens equal transformers' greedy choice",

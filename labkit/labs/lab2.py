@@ -19,7 +19,7 @@ from labkit.grading.compare import compare_sequences, compare_tensors, compare_t
 from labkit.grading.result import Mismatch
 from labkit.labs.diagnose import check_attention, check_logits, check_positions
 from labkit.labs.recording import RecordingModel
-from labkit.labs.shared import course_model, pick_prompts, rng, torch_generator, transformers_logits
+from labkit.labs.shared import greedy_without_cache, prompt_and_steps, rng, torch_generator
 from labkit.models.attention import attention, causal_mask
 from labkit.models.config import ModelConfig
 
@@ -97,25 +97,11 @@ register(Exercise(
 # --- lab2.generate_with_cache -------------------------------------------------------------
 
 
-def _prompt_and_steps(seed: int) -> tuple[Any, list[int], int]:
-    return course_model(), pick_prompts(seed, 1)[0], 3
-
-
 def _run_generate(functions, inputs) -> dict[str, Any]:
     model, ids, steps = inputs
     recording = RecordingModel(model)
     tokens = functions[0](recording, list(ids), steps)
     return {"tokens": tokens, "calls": recording.calls}
-
-
-def _no_cache_oracle(inputs) -> dict[str, Any]:
-    model, ids, steps = inputs
-    sequence, step_logits = list(ids), []
-    for _ in range(steps):
-        logits = transformers_logits(model, sequence)[-1]
-        step_logits.append(logits)
-        sequence.append(int(logits.argmax()))
-    return {"tokens": sequence[len(ids):], "logits": step_logits, "prompt": list(ids)}
 
 
 def _compare_generate(expected, got) -> Mismatch | None:
@@ -156,9 +142,9 @@ def _compare_generate(expected, got) -> Mismatch | None:
 register(Exercise(
     id="lab2.generate_with_cache",
     functions=("generate_with_cache",),
-    make_inputs=_prompt_and_steps,
+    make_inputs=prompt_and_steps,
     run=_run_generate,
-    oracle=_no_cache_oracle,
+    oracle=greedy_without_cache,
     compare=_compare_generate,
     tested="generate_with_cache(model, prompt, n) with the default model: one prefill pass, then one token per pass at "
            "the right position, attention over the whole cache, and the logits at every step equal to the run "

@@ -79,6 +79,25 @@ def solo_greedy(model: LlamaModel, prompt_ids: list[int], num_tokens: int) -> tu
     return tokens, step_logits
 
 
+def prompt_and_steps(seed: int) -> tuple[LlamaModel, list[int], int]:
+    """Inputs of the generation checks: the course model, one seeded prompt, three new tokens."""
+    return course_model(), pick_prompts(seed, 1)[0], 3
+
+
+def greedy_without_cache(inputs: tuple[LlamaModel, list[int], int]) -> dict:
+    """The oracle of the generation checks: rerun transformers over the whole sequence per token.
+
+    Returns the greedy tokens, the logits each was chosen from, and the prompt.
+    """
+    model, ids, steps = inputs
+    sequence, step_logits = list(ids), []
+    for _ in range(steps):
+        logits = transformers_logits(model, sequence)[-1]
+        step_logits.append(logits)
+        sequence.append(int(logits.argmax()))
+    return {"tokens": sequence[len(ids):], "logits": step_logits, "prompt": list(ids)}
+
+
 @torch.inference_mode()
 def transformers_logits(model: LlamaModel, token_ids: list[int]) -> torch.Tensor:
     """Logits [T, V] from Hugging Face transformers' own forward pass: the oracle for one sequence."""
