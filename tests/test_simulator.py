@@ -133,9 +133,9 @@ def test_engine_and_simulator_decide_alike_given_the_same_step_times(policy):
     engine = LLM(tiny_model(), policy=policy, clock=lambda: now[0], **dials)
     run_pass = engine.runner.execute
 
-    def execute_on_cost_clock(work, blocks):
-        now[0] += COST.pass_time(sum(n for _, n in work), sum(r.num_computed_tokens for r, _ in work))
-        return run_pass(work, blocks)
+    def execute_on_cost_clock(batch, blocks):
+        now[0] += COST.pass_time(batch.num_tokens, batch.context_tokens)
+        return run_pass(batch, blocks)
 
     engine.runner.execute = execute_on_cost_clock
     prompts = [rng.integers(2, 256, size=n).tolist() for n in prompt_lens]

@@ -11,16 +11,16 @@ Dials carry vLLM's names: ``max_model_len``, ``max_num_seqs``, ``max_num_batched
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import time
 from typing import Callable, Sequence
 
 from tqdm.auto import tqdm
 
+from labkit.engine.core import Batch, EngineCore
 from labkit.engine.request import Request, RequestOutput
 from labkit.engine.runner import ModelRunner
-from labkit.engine.scheduler import ChunkedPrefill, SchedulerPolicy, SchedulerState, make_policy, token_budget
+from labkit.engine.scheduler import SchedulerPolicy, SchedulerState, make_policy, token_budget
 from labkit.kv.block_allocator import BlockAllocator
 from labkit.kv.paged import AttentionFn, PagedKVCache, num_blocks_for_memory, paged_attention
 from labkit.models.tokens import Prompt, encode_prompt
@@ -54,16 +54,15 @@ class LLM:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's context of "
                              f"{cfg.max_position_embeddings}; lower it")
         self.policy = _resolve_policy(policy, enable_chunked_prefill)
-        budget = token_budget(max_num_batched_tokens, self.max_model_len, isinstance(self.policy, ChunkedPrefill))
+        budget = token_budget(max_num_batched_tokens, self.max_model_len, self.policy.chunked)
         blocks = self._make_allocator(block_allocator, num_blocks, block_size, gpu_memory_utilization,
                                       max_num_seqs)
         self.state = SchedulerState(blocks, max_num_seqs, budget, self.max_model_len)
+        self.core = EngineCore(self.policy, self.state, cfg.eos_token_ids)
         cache = PagedKVCache(cfg.num_layers, blocks.num_blocks, blocks.block_size, cfg.num_kv_heads,
                              cfg.head_dim, self.model.device, self.model.dtype, attention)
         self.runner = ModelRunner(self.model, cache)
         self._clock = clock
-        self._pending: list[tuple[float, int, Request]] = []  # not yet arrived: (arrival, order, request)
-        self._order = itertools.count()
         self._ids = itertools.count()
         self.start_run()
 
@@ -83,10 +82,15 @@ class LLM:
 
     def start_run(self) -> None:
         """Restart the clock at 0 and begin a fresh trace; only between runs."""
-        if self._pending or self.state.has_unfinished:
+        if self.core.has_unfinished():
             raise RuntimeError("cannot start a new run while requests are unfinished; finish them first")
         self._start = self._clock()
-        self.trace = Trace(meta=self.describe())
+        self.core.trace = Trace(meta=self.describe())
+
+    @property
+    def trace(self) -> Trace:
+        """The record of the current (or last) run."""
+        return self.core.trace
 
     def describe(self) -> dict:
         """The setup, as written into each trace's meta."""
@@ -106,50 +110,29 @@ class LLM:
                     arrival_time: float | None = None) -> str:
         """Queue a prompt (text, chat messages or token ids); it joins once the clock passes ``arrival_time``."""
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
-        if request_id in self.state.requests or any(r.request_id == request_id for *_, r in self._pending):
-            raise ValueError(f"request id {request_id!r} is already in use; pick another or pass None")
         token_ids = encode_prompt(self.model.tokenizer, prompt)
         arrival = self.now() if arrival_time is None else float(arrival_time)
-        request = Request(request_id, token_ids, params or SamplingParams(), arrival, prompt=prompt)
-        heapq.heappush(self._pending, (arrival, next(self._order), request))
-        self.trace.requests.append(request.record)
+        self.core.add(Request(request_id, token_ids, params or SamplingParams(), arrival, prompt=prompt))
         return request_id
 
     def has_unfinished(self) -> bool:
-        return bool(self._pending) or self.state.has_unfinished
+        return self.core.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
         """Run one step; return an output for every request that got a token or finished."""
-        state = self.state
-        state.now = start = self.now()
-        outputs = [self._output(r) for r in self._admit_arrivals(start)]
-        plan = self.policy.schedule(state)
-        if plan.is_empty:
-            if state.has_unfinished and not state.running:
-                raise RuntimeError(f"policy {self.policy.name!r} scheduled nothing although requests wait "
-                                   "and none runs; it must admit the head of the queue when blocks allow")
-            if self._pending and not state.has_unfinished:  # idle: wait for the next arrival
-                time.sleep(min(max(self._pending[0][0] - start, 0.0), 0.05))
-            return outputs
-        work = [(state.requests[rid], n) for rid, n in plan.scheduled.items()]
-        tokens = self.runner.execute(work, state.blocks)
-        record, progressed = state.complete_step(plan, tokens, list(self.model.config.eos_token_ids),
-                                                 len(self.trace.steps), start, self.now())
-        self.trace.steps.append(record)
-        for request in progressed:
+        start = self.now()
+        outcome = self.core.step(start, self._execute)
+        if outcome.record is None and self.core.next_arrival is not None:  # idle: wait for the next arrival
+            time.sleep(min(max(self.core.next_arrival - start, 0.0), 0.05))
+        for request in outcome.progressed:
             if request.is_finished:
                 self.runner.release(request.request_id)
-            outputs.append(self._output(request))
-        return outputs
+        return [self._output(request) for request in outcome.rejected + outcome.progressed]
 
-    def _admit_arrivals(self, now: float) -> list[Request]:
-        """Move arrived requests into the queue; return those rejected as never fitting."""
-        rejected = []
-        while self._pending and self._pending[0][0] <= now:
-            request = heapq.heappop(self._pending)[2]
-            if not self.state.add(request):
-                rejected.append(request)
-        return rejected
+    def _execute(self, batch: Batch, start: float) -> tuple[dict[str, int], float]:
+        """The real executor: one forward pass over the batch, timed on the engine's clock."""
+        tokens = self.runner.execute(batch, self.state.blocks)
+        return tokens, self.now()
 
     def _output(self, request: Request) -> RequestOutput:
         tokenizer = self.model.tokenizer
@@ -210,7 +193,7 @@ def _resolve_policy(policy, enable_chunked_prefill: bool | None) -> SchedulerPol
     if policy is None:
         return make_policy("continuous" if enable_chunked_prefill is False else "chunked")
     resolved = make_policy(policy)
-    if enable_chunked_prefill is not None and isinstance(resolved, ChunkedPrefill) != enable_chunked_prefill:
+    if enable_chunked_prefill is not None and resolved.chunked != enable_chunked_prefill:
         raise ValueError(f"policy {resolved.name!r} contradicts enable_chunked_prefill={enable_chunked_prefill}; "
                          "pass only one of them")
     return resolved

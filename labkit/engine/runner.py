@@ -3,14 +3,15 @@
 The scheduler said "request r computes n new tokens". The runner flattens all of them into
 one batch of T tokens (prefill chunks and decodes of different lengths side by side), tells
 the paged cache where each new token's K/V goes and which blocks each sequence reads, runs
-``model.forward`` once, and samples a token for every request whose missing tokens are now
-all computed (the end of a prompt, or a decode).
+``model.forward`` once, and samples a token for each request the engine core named as a
+sampler (its missing tokens are now all computed: the end of a prompt, or a decode).
 """
 
 from __future__ import annotations
 
 import torch
 
+from labkit.engine.core import Batch
 from labkit.engine.request import Request
 from labkit.kv.block_allocator import BlockAllocator
 from labkit.kv.paged import PagedBatch, PagedKVCache, SequenceSlice
@@ -25,12 +26,9 @@ class ModelRunner:
         self.cache = cache
         self.generators: dict[str, torch.Generator | None] = {}
 
-    def execute(self, work: list[tuple[Request, int]], blocks: BlockAllocator) -> dict[str, int]:
-        """Compute ``n`` new tokens for each (request, n); return request id -> sampled token.
-
-        Only requests that have no missing tokens after this step get a token.
-        """
-        work = sorted(work, key=_row_order)
+    def execute(self, batch: Batch, blocks: BlockAllocator) -> dict[str, int]:
+        """Compute ``n`` new tokens for each (request, n) of the batch; return sampler id -> sampled token."""
+        work = sorted(batch.work, key=_row_order)
         ids, positions, sequences, last_rows, samplers = [], [], [], [], []
         for request, num_new in work:
             start = request.num_computed_tokens
@@ -38,7 +36,7 @@ class ModelRunner:
             positions.extend(range(start, start + num_new))
             sequences.append(SequenceSlice(len(ids) - num_new, num_new, start + num_new,
                                            blocks.block_table(request.request_id)))
-            if start + num_new == request.num_tokens:
+            if request.request_id in batch.samplers:
                 last_rows.append(len(ids) - 1)
                 samplers.append(request)
         device = self.model.device

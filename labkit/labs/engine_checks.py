@@ -16,7 +16,7 @@ from typing import Any
 from labkit.engine import LLM
 from labkit.engine.reference import SoloRun, compare_to_solo, solo_greedy
 from labkit.engine.request import RequestStatus
-from labkit.engine.scheduler import ChunkedPrefill, SchedulerOutput, SchedulerPolicy, SchedulerState
+from labkit.engine.scheduler import SchedulerOutput, SchedulerPolicy, SchedulerState
 from labkit.grading.attempt import describe_exception
 from labkit.grading.result import Mismatch
 from labkit.labs.shared import rng, small_model
@@ -73,12 +73,15 @@ def observe(state: SchedulerState, plan: SchedulerOutput) -> dict[str, Any]:
 class FunctionPolicy(SchedulerPolicy):
     """A scheduling function ``fn(state) -> SchedulerOutput`` as a policy, noting each decision.
 
-    Use :func:`policy_from_function` to build one; it tells the engine whether prompts are chunked.
+    ``chunked`` tells the engine whether the function cuts prompts into chunks (then the token
+    budget may be below max_model_len).
     """
 
-    def __init__(self, schedule_fn: Callable[[SchedulerState], SchedulerOutput], name: str = "yours"):
+    def __init__(self, schedule_fn: Callable[[SchedulerState], SchedulerOutput], name: str = "yours",
+                 chunked: bool = False):
         self.schedule_fn = schedule_fn
         self.name = name
+        self.chunked = chunked
         self.decisions: list[dict[str, Any]] = []
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
@@ -89,16 +92,12 @@ class FunctionPolicy(SchedulerPolicy):
         return plan
 
 
-class ChunkingFunctionPolicy(FunctionPolicy, ChunkedPrefill):
-    """A scheduling function that cuts prompts into chunks, so the engine allows a budget below max_model_len."""
-
-
 def policy_from_function(schedule_fn: Callable[[SchedulerState], SchedulerOutput], chunked: bool = False,
                          name: str = "yours") -> FunctionPolicy:
     """Wrap a learner's ``schedule(state) -> SchedulerOutput`` so the engine can use it as its policy."""
     if not callable(schedule_fn):
         raise TypeError(f"expected your scheduling function, got {type(schedule_fn).__name__}")
-    return (ChunkingFunctionPolicy if chunked else FunctionPolicy)(schedule_fn, name)
+    return FunctionPolicy(schedule_fn, name, chunked)
 
 
 def random_requests(seed: int, count: int, prompt_range=(3, 20), output_range=(2, 24),

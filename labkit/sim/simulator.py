@@ -1,7 +1,8 @@
 """Serve a workload with the engine's own scheduler, on a clock that the cost model moves.
 
-One scheduler, two clocks: the policies, the queues and the block allocator are the
-engine's, unchanged; only the forward pass is replaced. Each step lasts what
+One scheduler, two clocks: the step loop (:class:`~labkit.engine.core.EngineCore`), the
+policies, the queues and the block allocator are the engine's, unchanged; only the
+executor differs. Each step lasts what
 :class:`~labkit.sim.cost_model.CostModel` says a pass over its tokens and KV reads takes,
 and every request ends exactly at its workload's answer length. The result is the same
 :class:`~labkit.trace.Trace` the engine writes, so metrics and plots work on either, and a
@@ -13,9 +14,9 @@ from __future__ import annotations
 from tqdm.auto import tqdm
 
 from labkit.capacity import conversations_that_fit
+from labkit.engine.core import Batch, EngineCore
 from labkit.engine.request import Request
-from labkit.engine.scheduler import ChunkedPrefill, SchedulerPolicy, SchedulerState, make_policy
-from labkit.engine.scheduler.base import token_budget
+from labkit.engine.scheduler import SchedulerPolicy, SchedulerState, make_policy, token_budget
 from labkit.kv.block_allocator import BlockAllocator
 from labkit.sampling import SamplingParams
 from labkit.sim.cost_model import CostModel, ModelSpec
@@ -51,37 +52,31 @@ def simulate(workload: Workload, cost: CostModel, policy: str | SchedulerPolicy 
     """
     policy = make_policy(policy)
     max_model_len = max_model_len or int(max(workload.prompt_lens + workload.output_lens))
-    budget = token_budget(max_num_batched_tokens, max_model_len, isinstance(policy, ChunkedPrefill))
+    budget = token_budget(max_num_batched_tokens, max_model_len, policy.chunked)
     state = SchedulerState(BlockAllocator(num_blocks, block_size), max_num_seqs, budget, max_model_len)
-    trace = Trace(meta=dict(simulated=True, workload=workload.name, policy=policy.name, cost_model=vars(cost),
-                            max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                            max_num_batched_tokens=budget, num_blocks=num_blocks, block_size=block_size))
+    core = EngineCore(policy, state, NO_END_TOKENS)
+    core.trace.meta = dict(simulated=True, workload=workload.name, policy=policy.name, cost_model=vars(cost),
+                           max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                           max_num_batched_tokens=budget, num_blocks=num_blocks, block_size=block_size)
+
+    def execute(batch: Batch, start: float) -> tuple[dict[str, int], float]:
+        """The cost-model executor: no tokens computed, only the pass's duration."""
+        end = start + cost.pass_time(batch.num_tokens, batch.context_tokens)
+        return dict.fromkeys(batch.samplers, PLACEHOLDER_TOKEN), end
+
     arrivals = iter(workload)
     upcoming = next(arrivals, None)
     now = 0.0
     with tqdm(total=len(workload), desc=f"simulate ({policy.name})", disable=not use_tqdm) as bar:
-        while upcoming is not None or state.has_unfinished:
-            state.now = now
+        while upcoming is not None or core.has_unfinished():
+            # Requests are made as they arrive, so a 100,000-request run holds only the live ones.
             while upcoming is not None and upcoming.arrival_time <= now:
-                request = _request(upcoming)
-                trace.requests.append(request.record)
-                if not state.add(request):
-                    bar.update(1)
+                core.add(_request(upcoming))
                 upcoming = next(arrivals, None)
-            plan = policy.schedule(state)
-            if plan.is_empty:
-                if state.has_unfinished:
-                    raise RuntimeError(f"policy {policy.name!r} scheduled nothing although requests are "
-                                       "unfinished; it must admit the head of the queue when blocks allow")
+            outcome = core.step(now, execute)
+            bar.update(len(outcome.rejected) + sum(request.is_finished for request in outcome.progressed))
+            if outcome.record is None:
                 now = upcoming.arrival_time  # idle until the next arrival
-                continue
-            context = sum(state.requests[request_id].num_computed_tokens for request_id in plan.scheduled)
-            end = now + cost.pass_time(plan.num_tokens, context)
-            # every scheduled request whose prompt is complete after this step gets a token
-            new_tokens = {request_id: PLACEHOLDER_TOKEN for request_id, num_new in plan.scheduled.items()
-                          if state.requests[request_id].num_missing_tokens == num_new}
-            record, progressed = state.complete_step(plan, new_tokens, NO_END_TOKENS, len(trace.steps), now, end)
-            trace.steps.append(record)
-            bar.update(sum(request.is_finished for request in progressed))
-            now = end
-    return trace
+            else:
+                now = outcome.record.end
+    return core.trace

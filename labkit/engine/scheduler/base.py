@@ -170,6 +170,9 @@ class SchedulerPolicy:
     """Decides, each step, who runs and how many tokens each computes. Subclass and plug in."""
 
     name = "policy"
+    # True if the policy may split a prompt over several steps; then the engine allows a token
+    # budget below max_model_len (a prompt no longer has to fit one step whole).
+    chunked = False
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
         raise NotImplementedError

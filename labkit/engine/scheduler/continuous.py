@@ -13,7 +13,6 @@ from labkit.engine.scheduler.base import SchedulerOutput, SchedulerPolicy, Sched
 
 class ContinuousBatching(SchedulerPolicy):
     name = "continuous"
-    chunked = False  # the chunked-prefill policy flips this
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
         output = SchedulerOutput()

@@ -1,0 +1,115 @@
+"""The step loop both clocks share: one engine core, two executors.
+
+One step: requests whose arrival time has passed join the queue, the policy plans the
+step, an *executor* runs the plan, every request whose missing tokens are now all
+computed gets a token, finished requests leave, and the step goes into the trace.
+Everything here is plain Python with no tensors and no clock of its own. The real engine
+(:class:`labkit.engine.LLM`) passes an executor that runs the model and reads the wall
+clock; the simulator (:func:`labkit.sim.simulator.simulate`) passes one that asks the cost
+model how long the pass takes. So a policy makes the same plans, and the same mistakes
+raise the same errors, on both clocks.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+from labkit.engine.request import Request
+from labkit.engine.scheduler.base import SchedulerPolicy, SchedulerState
+from labkit.trace import StepRecord, Trace
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One planned step as an executor sees it: who computes how many new tokens, and who samples."""
+
+    work: list[tuple[Request, int]]  # (request, new tokens), in the plan's order
+    samplers: frozenset[str]  # ids of the requests that get a token: none of their tokens is missing afterwards
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(num_new for _, num_new in self.work)
+
+    @property
+    def context_tokens(self) -> int:
+        """KV cache entries the step reads: the tokens each request had computed before it."""
+        return sum(request.num_computed_tokens for request, _ in self.work)
+
+
+# executor(batch, start) -> (request id -> sampled token for every sampler, the time the step ended)
+Executor = Callable[[Batch, float], tuple[dict[str, int], float]]
+
+
+@dataclass
+class StepOutcome:
+    """What one call of :meth:`EngineCore.step` changed."""
+
+    rejected: list[Request] = field(default_factory=list)  # arrived, but can never fit: finished with a message
+    progressed: list[Request] = field(default_factory=list)  # got a token (and maybe finished)
+    record: StepRecord | None = None  # None: nothing ran, the engine is idle until the next arrival
+
+
+class EngineCore:
+    """Arrivals, the policy, and the bookkeeping of each step, for any executor."""
+
+    def __init__(self, policy: SchedulerPolicy, state: SchedulerState, eos_token_ids: list[int]):
+        self.policy = policy
+        self.state = state
+        self.eos_token_ids = list(eos_token_ids)
+        self.trace = Trace()
+        self._pending: list[tuple[float, int, Request]] = []  # not yet arrived: (arrival, order, request)
+        self._pending_ids: set[str] = set()
+        self._order = itertools.count()
+
+    def add(self, request: Request) -> None:
+        """Queue a request; it joins the scheduler once the clock passes its arrival time."""
+        request_id = request.request_id
+        if request_id in self.state.requests or request_id in self._pending_ids:
+            raise ValueError(f"request id {request_id!r} is already in use; pick another or pass None")
+        heapq.heappush(self._pending, (request.arrival_time, next(self._order), request))
+        self._pending_ids.add(request_id)
+        self.trace.requests.append(request.record)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._pending) or self.state.has_unfinished
+
+    @property
+    def next_arrival(self) -> float | None:
+        """When the next request not yet arrived arrives, or None."""
+        return self._pending[0][0] if self._pending else None
+
+    def step(self, now: float, execute: Executor) -> StepOutcome:
+        """Admit arrivals up to ``now``, plan one step, run it with ``execute`` and book it."""
+        state = self.state
+        state.now = now
+        outcome = StepOutcome(rejected=self._admit_arrivals(now))
+        plan = self.policy.schedule(state)
+        if plan.is_empty:
+            # Nothing ran, so nothing would change before the next arrival: a policy that plans
+            # nothing while arrived requests wait or run would stall for ever.
+            if state.has_unfinished:
+                raise RuntimeError(f"policy {self.policy.name!r} scheduled nothing although requests are "
+                                   "unfinished; it must give running requests their tokens and admit the "
+                                   "head of the queue when blocks allow")
+            return outcome
+        work = [(state.requests[request_id], num_new) for request_id, num_new in plan.scheduled.items()]
+        samplers = frozenset(request.request_id for request, num_new in work if request.num_missing_tokens == num_new)
+        tokens, end = execute(Batch(work, samplers), now)
+        record, outcome.progressed = state.complete_step(plan, tokens, self.eos_token_ids, len(self.trace.steps),
+                                                         now, end)
+        self.trace.steps.append(record)
+        outcome.record = record
+        return outcome
+
+    def _admit_arrivals(self, now: float) -> list[Request]:
+        """Move arrived requests into the queue; return those rejected as never fitting."""
+        rejected = []
+        while self._pending and self._pending[0][0] <= now:
+            request = heapq.heappop(self._pending)[2]
+            self._pending_ids.discard(request.request_id)
+            if not self.state.add(request):
+                rejected.append(request)
+        return rejected
