@@ -38,8 +38,8 @@ def run_step(seqs, num_blocks=32, device="cpu"):
         queries.append(torch.randn(new, HEADS, DIM, device=device))
         ks.append(k[cached:])
         vs.append(v[cached:])
-    cache.batch = PagedBatch.build(slices, BLOCK, torch.device(device), torch.float32)
-    out = cache.attend(0, torch.cat(queries), torch.cat(ks), torch.cat(vs))
+    batch = PagedBatch.build(slices, BLOCK, torch.device(device), torch.float32)
+    out = cache.attend(0, torch.cat(queries), torch.cat(ks), torch.cat(vs), batch)
     expected = []
     for (name, cached, new), q in zip(ordered, queries):
         k, v = history[name]
@@ -75,9 +75,32 @@ def test_the_attention_function_can_be_swapped():
         return paged_attention(layer, q, k_pool, v_pool, batch)
 
     cache = PagedKVCache(1, 4, BLOCK, KV_HEADS, DIM, attention_fn=spy)
-    cache.batch = PagedBatch.build([SequenceSlice(0, 2, 2, [3])], BLOCK, torch.device("cpu"), torch.float32)
-    cache.attend(0, torch.randn(2, HEADS, DIM), torch.randn(2, KV_HEADS, DIM), torch.randn(2, KV_HEADS, DIM))
+    batch = PagedBatch.build([SequenceSlice(0, 2, 2, [3])], BLOCK, torch.device("cpu"), torch.float32)
+    cache.attend(0, torch.randn(2, HEADS, DIM), torch.randn(2, KV_HEADS, DIM), torch.randn(2, KV_HEADS, DIM), batch)
     assert calls == [0]
+
+
+def test_a_failed_pass_leaves_no_batch_behind():
+    """The step's batch is an argument of every call, never state on the cache (no stale batch after an error)."""
+    from labkit.engine import LLM
+    from labkit.models import tiny_model
+    from labkit.sampling import SamplingParams
+
+    failing = [True]
+
+    def flaky(layer, q, k_pool, v_pool, batch):
+        if failing[0]:
+            raise RuntimeError("attention broke")
+        return paged_attention(layer, q, k_pool, v_pool, batch)
+
+    llm = LLM(tiny_model(), policy="continuous", num_blocks=8, block_size=BLOCK, attention=flaky)
+    llm.add_request([5, 6, 7], SamplingParams(max_tokens=2, ignore_eos=True), request_id="a")
+    with pytest.raises(RuntimeError, match="attention broke"):
+        llm.step()
+    assert not hasattr(llm.runner.cache, "batch")
+    with pytest.raises(TypeError):  # no step in flight: attend cannot run without its batch
+        llm.runner.cache.attend(0, torch.randn(1, HEADS, DIM), torch.randn(1, KV_HEADS, DIM),
+                                torch.randn(1, KV_HEADS, DIM))
 
 
 def test_decodes_must_come_first():

@@ -2,12 +2,15 @@
 
 The scheduler said "request r computes n new tokens". The runner flattens all of them into
 one batch of T tokens (prefill chunks and decodes of different lengths side by side), tells
-the paged cache where each new token's K/V goes and which blocks each sequence reads, runs
+the paged cache where each new token's K/V goes and which blocks each sequence reads (a
+:class:`~labkit.kv.paged.PagedBatch` handed to attention as an argument), runs
 ``model.forward`` once, and samples a token for each request the engine core named as a
 sampler (its missing tokens are now all computed: the end of a prompt, or a decode).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 
@@ -40,10 +43,10 @@ class ModelRunner:
                 last_rows.append(len(ids) - 1)
                 samplers.append(request)
         device = self.model.device
-        self.cache.batch = PagedBatch.build(sequences, self.cache.block_size, device, self.model.dtype)
+        paged = PagedBatch.build(sequences, self.cache.block_size, device, self.model.dtype)
         logits = self.model.forward(torch.tensor(ids, device=device), torch.tensor(positions, device=device),
-                                    self.cache.attend, torch.tensor(last_rows, dtype=torch.long, device=device))
-        self.cache.batch = None
+                                    partial(self.cache.attend, batch=paged),
+                                    torch.tensor(last_rows, dtype=torch.long, device=device))
         if not samplers:
             return {}
         generators = [self._generator(request) for request in samplers]

@@ -4,8 +4,10 @@ Every layer has one K pool and one V pool shaped [num_blocks, block_size, kv_hea
 A token's K/V live in *slot* ``block * block_size + offset``; a sequence's block table says
 which blocks are its own, in order. The engine describes each step once in a
 :class:`PagedBatch` (slots to write, tables to read, masks), and every layer reuses it:
-:meth:`PagedKVCache.attend` writes the step's new K/V into their slots, then calls an
-attention function such as :func:`paged_attention` that gathers each sequence's blocks.
+:meth:`PagedKVCache.attend` takes it as an argument, writes the step's new K/V into their
+slots, then calls an attention function such as :func:`paged_attention` that gathers each
+sequence's blocks. The batch is never stored on the cache, so a pass that fails leaves
+nothing stale behind for the next one.
 
 Plain PyTorch, so it runs on CPU and CUDA alike. Speed comes from doing the bookkeeping
 once per step (not per layer), from one ``index_copy_`` write per layer, and from reading
@@ -205,17 +207,18 @@ class PagedKVCache:
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.num_blocks, self.block_size = num_blocks, block_size
         self.attention_fn = attention_fn
-        self.batch: PagedBatch | None = None  # the step being run; set by the model runner
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Store this step's new K/V [T, kv_heads, D] into their slots."""
         self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)
         self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The ``attend`` callback for ``model.forward``: write the new K/V, then attend through the pool."""
-        self.write(layer, k, v, self.batch.slot_mapping)
-        return self.attention_fn(layer, q, self.k[layer], self.v[layer], self.batch)
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               batch: PagedBatch) -> torch.Tensor:
+        """Write one step's new K/V, then attend through the pool; bind ``batch`` to get ``model.forward``'s
+        ``attend`` callback (``functools.partial(cache.attend, batch=batch)``)."""
+        self.write(layer, k, v, batch.slot_mapping)
+        return self.attention_fn(layer, q, self.k[layer], self.v[layer], batch)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
