@@ -6,11 +6,16 @@ os._exit, a kill), a fresh one is started and the cells that had completed are r
 again, skipping the one that killed it, so the rest of the notebook and the
 grading still happen. The number of restarts is capped so a notebook that crashes
 every kernel cannot keep the grader busy for ever.
+
+Given a `launch_prefix` (the sandbox's command), the kernel is started through it and
+talks to the grader over Unix sockets in its own folder rather than TCP, so it can
+live in a network namespace of its own.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import time
 from contextlib import ExitStack
@@ -19,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
@@ -41,6 +47,30 @@ class Outcome:
     detail: str = ""
 
 
+class SandboxedKernelManager(AsyncKernelManager):
+    """A kernel started through a sandbox's command, reached through Unix sockets in its folder.
+
+    Its connection file is handed to the sandbox's user; interrupts are sent as messages,
+    since a signal to the sandbox's outermost process would not reach the kernel.
+    """
+
+    def __init__(self, folder: Path, launch_prefix: list[str], owner_uid: int | None, **kwargs: Any) -> None:
+        super().__init__(
+            transport="ipc", ip=str(folder / "ipc"), connection_file=str(folder / "kernel.json"), **kwargs
+        )
+        self._launch_prefix = launch_prefix
+        self._owner_uid = owner_uid
+        self.kernel_spec.interrupt_mode = "message"
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        return [*self._launch_prefix, *super().format_kernel_cmd(extra_arguments)]
+
+    def write_connection_file(self, **kwargs: Any) -> None:
+        super().write_connection_file(**kwargs)
+        if self._owner_uid is not None:
+            os.chown(self.connection_file, self._owner_uid, self._owner_uid)
+
+
 class KernelSession:
     """Runs a notebook's cells, then the grader's code, in one (restartable) kernel.
 
@@ -60,6 +90,8 @@ class KernelSession:
         setup_code: str = "",
         setup_timeout: float = 300.0,
         max_restarts: int = 3,
+        launch_prefix: list[str] | None = None,
+        owner_uid: int | None = None,
     ) -> None:
         self.workdir = workdir
         self.cell_timeout = cell_timeout
@@ -67,6 +99,8 @@ class KernelSession:
         self.env = env
         self.setup_code = setup_code
         self.setup_timeout = setup_timeout
+        self.launch_prefix = launch_prefix  # the sandbox's command, or None to start kernels directly
+        self.owner_uid = owner_uid  # the sandbox's user, who must be able to read the connection file
         self.setup_problem: Outcome | None = None  # set if the setup code failed in the last kernel
         self.restarts = 0
         self._max_restarts = max_restarts
@@ -130,8 +164,12 @@ class KernelSession:
 
     def _start(self) -> None:
         self._started = True
+        km = None
+        if self.launch_prefix is not None:
+            km = SandboxedKernelManager(self.workdir, self.launch_prefix, self.owner_uid, kernel_name=self.kernel_name)
         client = NotebookClient(
             nbformat.v4.new_notebook(),
+            km=km,
             kernel_name=self.kernel_name,
             allow_errors=True,
             interrupt_on_timeout=True,
@@ -141,7 +179,12 @@ class KernelSession:
             record_timing=False,
         )
         client.on_cell_executed = self._remember_reply
-        options: dict[str, Any] = {"cwd": str(self.workdir), "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        options: dict[str, Any] = {
+            "cwd": str(self.workdir),
+            "stdout": subprocess.DEVNULL,
+            "stderr": subprocess.DEVNULL,
+            "cleanup_kc": True,  # shut the kernel down on exit, also one that a SandboxedKernelManager started
+        }
         if self.env is not None:
             options["env"] = self.env
         self._stack.enter_context(client.setup_kernel(**options))

@@ -1,0 +1,199 @@
+"""A bubblewrap sandbox per submission: its own user, processes, network and scratch folder.
+
+Every submission's kernel is started through `sandbox_command`: bubblewrap (`bwrap`,
+a well-kept Debian package) gives it new PID, network, IPC and UTS namespaces, a
+filesystem in which only the Python installation, the virtual environment, labkit
+and the model cache are visible (read-only), a private /tmp, and one writable
+folder of its own. When the grader runs as root the kernel also drops to a user id
+of its own (`setpriv`), so it owns nothing outside that folder and no two
+submissions share a user; otherwise bubblewrap's user namespace plays that part.
+`prlimit` caps its address space and CPU time. Nothing of another submission, of
+the grader's command line or of its output folder is in view.
+
+Kill the sandbox's outermost process and bubblewrap's `--die-with-parent` takes
+down its init, whose exit kills everything left in the PID namespace: a process
+that daemonised still dies with its kernel. `kill_processes_of` then checks, by
+user id, that nothing of the submission is left.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import labkit
+from labkit.models.default_model import cache_root
+
+UID_BASE = 61000  # submission i runs as uid UID_BASE + i (when the grader is root): ids no one else uses
+_SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_PROBE_TIMEOUT_S = 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-kernel resource limits, applied with prlimit to everything in the sandbox."""
+
+    memory_bytes: int | None  # address space (RLIMIT_AS); None: unlimited
+    cpu_seconds: int  # CPU time of each process (RLIMIT_CPU): a backstop behind the wall-clock timeouts
+
+
+def _as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def read_only_paths() -> list[Path]:
+    """What a kernel needs to see: the Python installation, the environment, labkit, the model cache."""
+    candidates = [Path(sys.base_prefix), Path(sys.prefix), Path(labkit.__file__).parent, cache_root()]
+    paths: list[Path] = []
+    for path in sorted({candidate.resolve() for candidate in candidates if candidate.exists()}):
+        if not any(path.is_relative_to(kept) for kept in paths):  # already visible through a folder above it
+            paths.append(path)
+    return paths
+
+
+def _system_arguments() -> list[str]:
+    arguments = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for folder in _SYSTEM_DIRS:
+        if os.path.islink(folder):
+            arguments += ["--symlink", os.readlink(folder), folder]
+        elif os.path.isdir(folder):
+            arguments += ["--ro-bind", folder, folder]
+    return arguments + ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+
+
+def _bind_arguments(binds: list[tuple[str, Path]]) -> list[str]:
+    """bwrap arguments that bind each path at the same place, creating its parents world-readable.
+
+    (bwrap would create missing parents as 0700 root folders, which an unprivileged kernel cannot enter.)
+    """
+    arguments: list[str] = []
+    made = {Path("/"), Path("/tmp"), Path("/usr"), Path("/etc")}
+    for kind, path in binds:
+        for parent in reversed(path.parents):
+            if parent not in made:
+                arguments += ["--perms", "0755", "--dir", str(parent)]
+                made.add(parent)
+        arguments += [kind, str(path), str(path)]
+        made.add(path)
+    return arguments
+
+
+def sandbox_command(folder: Path, uid: int, limits: Limits) -> list[str]:
+    """The command prefix that runs a program in a fresh sandbox whose only writable place is `folder`."""
+    limit_arguments = [f"--cpu={limits.cpu_seconds}"]
+    if limits.memory_bytes:
+        limit_arguments.append(f"--as={limits.memory_bytes}")
+    if _as_root():  # namespaces without a user namespace, then a user of its own inside
+        namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+        drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        drop += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+    else:  # an unprivileged grader: bubblewrap's user namespace is the kernel's own user
+        namespaces, drop = ["--unshare-all"], []
+    binds = [("--ro-bind", path) for path in read_only_paths()] + [("--bind", folder.resolve())]
+    return [
+        "prlimit",
+        *limit_arguments,
+        "--",
+        "bwrap",
+        *namespaces,
+        "--die-with-parent",
+        "--new-session",
+        *_system_arguments(),
+        *_bind_arguments(binds),
+        "--chdir",
+        str(folder.resolve()),
+        "--setenv",
+        "HOME",
+        str(folder.resolve()),
+        "--unsetenv",  # the kernel would watch this (grader's) pid as its parent, which it cannot see
+        "JPY_PARENT_PID",
+        *drop,
+    ]
+
+
+@functools.cache
+def sandbox_problem() -> str | None:
+    """None when a sandbox can be made on this machine, else why not (tried once, by making one)."""
+    missing = [tool for tool in ("bwrap", "prlimit", "setpriv" if _as_root() else "") if tool and not shutil.which(tool)]
+    if missing:
+        return f"{', '.join(missing)} not found (install them: apt-get install bubblewrap util-linux)"
+    with sandbox_folder(UID_BASE) as folder:
+        command = sandbox_command(folder, UID_BASE, Limits(memory_bytes=None, cpu_seconds=60))
+        try:
+            probe = subprocess.run(
+                [*command, sys.executable, "-c", "import labkit"],
+                capture_output=True,
+                text=True,
+                timeout=_PROBE_TIMEOUT_S,
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"bubblewrap could not start a sandbox ({error})"
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
+        return (
+            f"bubblewrap could not start a sandbox here ({last}); it needs user namespaces, or root "
+            "(in a container: run it privileged, or with seccomp and AppArmor allowing unshare)"
+        )
+    return None
+
+
+@functools.cache
+def _sandboxes_root() -> Path:
+    """One folder per run for the submissions' folders: others may pass through it but not list it."""
+    root = Path(tempfile.mkdtemp(prefix="labkit-grade-"))
+    root.chmod(0o711)
+    return root
+
+
+@contextmanager
+def sandbox_folder(uid: int) -> Iterator[Path]:
+    """A fresh private folder owned by `uid`; on exit every process of that user is killed and it is deleted."""
+    folder = Path(tempfile.mkdtemp(prefix="s-", dir=_sandboxes_root()))
+    try:
+        if _as_root():
+            os.chown(folder, uid, uid)
+        yield folder
+    finally:
+        if _as_root():
+            kill_processes_of(uid)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def processes_of(uid: int) -> list[int]:
+    """Host process ids of every process running as `uid`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:  # the Uid line (real, effective, saved, filesystem), which a process cannot hide
+            status = (entry / "status").read_text()
+        except OSError:  # it ended while we looked
+            continue
+        uids = next((line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")), [])
+        if str(uid) in uids:
+            pids.append(int(entry.name))
+    return pids
+
+
+def kill_processes_of(uid: int, timeout: float = 10.0) -> None:
+    """SIGKILL every process of `uid` until none is left (they normally are gone with the sandbox already)."""
+    deadline = time.monotonic() + timeout
+    while pids := processes_of(uid):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes {pids} of sandbox user {uid} survived SIGKILL for {timeout:g} s")
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
