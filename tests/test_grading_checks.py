@@ -11,7 +11,8 @@ from labkit.grading import CheckResult, check, compare_sequences, compare_tensor
 from labkit.grading.attempt import to_plain_data
 from labkit.grading.checks import get_exercise
 from labkit.grading.feedback import to_html
-from labkit.grading.grader import load_attempt
+from labkit.grading.judge import expected_outputs
+from labkit.grading.judge_process import judge_result
 
 
 def correct_add(a, b):
@@ -170,12 +171,13 @@ class _RunsACommand:
 
 
 def test_grader_never_unpickles_code_from_the_kernel(tmp_path):
+    exercise = get_exercise("demo.add")
+    expected = expected_outputs(exercise, 1)
     marker = tmp_path / "pwned"
-    path = tmp_path / "result.pt"
-    torch.save({"status": "ok", "outputs": _RunsACommand(marker)}, path)
-    attempt = load_attempt(path)
-    assert attempt.status == "error" and "loaded safely" in attempt.message
+    torch.save({"status": "ok", "outputs": _RunsACommand(marker)}, tmp_path / "result.pt")
+    result = judge_result(exercise, tmp_path, "result.pt", expected, 30)
+    assert result.status == "error" and "loaded safely" in result.message
     assert not marker.exists()
-    torch.save({"status": "pass", "points": 100}, path)
-    assert "not in the grader's format" in load_attempt(path).message
-    assert "no result back" in load_attempt(tmp_path / "absent.pt").message
+    torch.save({"status": "pass", "points": 100}, tmp_path / "result.pt")
+    assert "not in the grader's format" in judge_result(exercise, tmp_path, "result.pt", expected, 30).message
+    assert "no result back" in judge_result(exercise, tmp_path, "absent.pt", expected, 30).message

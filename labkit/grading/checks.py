@@ -81,12 +81,13 @@ def register(exercise: Exercise) -> Exercise:
 LAB_PACKAGES = ("labkit.labs", "labkit.grading.exercises")
 
 
-def _load_lab(lab: str) -> None:
+def lab_module(lab: str) -> str:
+    """The name of the module that registers the lab's exercises, imported."""
     for package in LAB_PACKAGES:
         module_name = f"{package}.{lab}"
         try:
             importlib.import_module(module_name)
-            return
+            return module_name
         except ModuleNotFoundError as error:
             if not module_name.startswith(error.name or "-"):  # a missing dependency inside the module
                 raise
@@ -97,7 +98,7 @@ def _load_lab(lab: str) -> None:
 def get_exercise(exercise_id: str) -> Exercise:
     """The exercise with this id, loading its lab's module if needed."""
     if exercise_id not in _REGISTRY:
-        _load_lab(lab_of(exercise_id))
+        lab_module(lab_of(exercise_id))
     if exercise_id not in _REGISTRY:
         known = ", ".join(exercise.id for exercise in exercises_for_lab(lab_of(exercise_id))) or "none"
         raise ValueError(f"unknown exercise {exercise_id!r}; exercises of this lab: {known}")
@@ -107,5 +108,5 @@ def get_exercise(exercise_id: str) -> Exercise:
 def exercises_for_lab(lab: str) -> list[Exercise]:
     """All exercises of a lab, in the order they were registered."""
     if not any(exercise.lab == lab for exercise in _REGISTRY.values()):
-        _load_lab(lab)
+        lab_module(lab)
     return [exercise for exercise in _REGISTRY.values() if exercise.lab == lab]

@@ -1,15 +1,17 @@
-"""Grade submitted lab notebooks: run each in a fresh kernel, judge it outside, write reports.
+"""Grade submitted lab notebooks: run each in a sandboxed kernel, judge it outside, write reports.
 
     labkit grade SUBMISSION.ipynb [...] --out DIR [--lab LAB] [--cell-timeout S] [--total-timeout S] [--jobs N]
 
-Writes DIR/NAME.json, DIR/NAME.xml (JUnit) and DIR/NAME.md for each submission and
-DIR/grades.csv for all of them. Exits 0 once everything is graded, whatever the
-scores; 2 when the command itself is misused (an unknown lab, a bad timeout).
+Writes DIR/NAME.json, DIR/NAME.xml (JUnit) and DIR/NAME.md for each submission,
+DIR/grades.csv for all of them and DIR/checksums.json last. Exits 0 once everything is
+graded, whatever the scores; 2 when the command itself is misused (an unknown lab, a
+bad timeout) or when it would grade several submissions with no sandbox to keep them apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from labkit.grading.checks import exercises_for_lab
@@ -33,13 +35,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--jobs", type=int, default=1, help="submissions graded at the same time, one kernel each (default 1)"
     )
     parser.add_argument("--kernel", default="python3", help="Jupyter kernel to run submissions in (default python3)")
+    parser.add_argument(
+        "--memory-gb",
+        type=float,
+        default=8.0,
+        help="address space each sandboxed kernel may use, in GiB; 0: no limit (default 8)",
+    )
+    parser.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="run kernels without bubblewrap: each submission can then read and change the others' work",
+    )
+
+
+def _refuse_without_sandbox(count: int, problem: str) -> str:
+    return (
+        f"error: cannot grade {count} submissions together: no sandbox can be made here ({problem}).\n"
+        "Without one, each notebook's code runs with the grader's rights and can read, copy or rewrite the\n"
+        "other submissions, their results and the reports.\n"
+        "Fix: install bubblewrap (apt-get install bubblewrap) on a machine that allows user namespaces or\n"
+        "runs the grader as root; or grade one submission per command; or pass --no-sandbox to accept the risk."
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Grade, write the reports, print one line per submission."""
     try:  # here rather than at the top, so `labkit --help` works without the [labs] extra
         from labkit.grading.grader import GradeSettings, grade_submissions
-        from labkit.grading.reports import write_grades_csv, write_submission_reports
+        from labkit.grading.reports import write_reports
+        from labkit.grading.sandbox import sandbox_problem
+        from labkit.models.default_model import ModelCacheError
     except ImportError as error:
         print(f"error: labkit grade needs {error.name}; install it with: pip install 'labkit[labs]'")
         return 2
@@ -55,13 +80,35 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as error:
             print(f"error: --lab {args.lab}: {error}")
             return 2
+    if args.memory_gb < 0:
+        print("error: --memory-gb must be 0 (no limit) or a positive number of GiB")
+        return 2
+    use_sandbox = not args.no_sandbox
+    if use_sandbox and (problem := sandbox_problem()):
+        if len(args.submissions) > 1:
+            print(_refuse_without_sandbox(len(args.submissions), problem))
+            return 2
+        print(f"note: grading the one submission without a sandbox: {problem}")
+        use_sandbox = False
+    # The folder of the `labkit` script comes first on sys.path; nothing should be imported from there.
+    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != Path(sys.argv[0]).resolve().parent]
     settings = GradeSettings(
-        cell_timeout=args.cell_timeout, total_timeout=args.total_timeout, lab=args.lab, kernel_name=args.kernel
+        cell_timeout=args.cell_timeout,
+        total_timeout=args.total_timeout,
+        lab=args.lab,
+        kernel_name=args.kernel,
+        sandbox=use_sandbox,
+        memory_bytes=int(args.memory_gb * 2**30) or None,
     )
-    grades = grade_submissions(args.submissions, settings, seed=args.seed, jobs=args.jobs)
+    try:
+        grades = grade_submissions(args.submissions, settings, seed=args.seed, jobs=args.jobs)
+    except ModelCacheError as error:
+        print(f"error: {error}")
+        return 2
+    # Only now, with every kernel and every process they started gone, are the reports written.
     for grade in grades:
-        write_submission_reports(grade, args.out)
         outcome = grade.error or ", ".join(f"{result.exercise} {result.label}" for result in grade.results)
         print(f"{grade.name}: {grade.score:g} / {grade.max_score:g}  ({outcome})")
-    print(f"reports in {args.out}/; class table: {write_grades_csv(grades, args.out / 'grades.csv')}")
+    manifest, digest = write_reports(grades, args.out)
+    print(f"reports in {args.out}/ (class table: grades.csv); sha256 of {manifest.name}: {digest}")
     return 0

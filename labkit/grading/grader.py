@@ -1,16 +1,21 @@
-"""The autograder: run each submission in a fresh kernel, then judge it in this process.
+"""The autograder: run each submission in its own sandboxed kernel, then judge it outside.
 
-For one submission: read the notebook (a broken file becomes an error entry), run
-its code cells in a `KernelSession` (timeouts, crash recovery), then for each
-exercise of the lab ask the kernel to run the learner's functions on inputs from a
-seed drawn here after the notebook finished, saved to a fresh file path chosen
-here. The outputs are loaded back with torch.load(weights_only=True) and compared
-with the oracle computed here. Nothing the notebook printed or wrote is read, so
-faking a PASS, a results file or labkit's checks earns nothing.
+Before any learner code runs, the grader imports each lab's checks, computes an
+expected answer once (so the model and every module the oracles need are loaded)
+and starts the judging processes. Then, per submission: read the notebook (a broken
+file becomes an error entry), draw its own secret seed, compute its expected answers,
+and run its code cells in a `KernelSession` inside a private folder (timeouts, crash
+recovery), in a bubblewrap sandbox of its own unless told otherwise. For each exercise
+the kernel is asked, only now, to run the learner's functions on inputs from that seed
+and save the outputs to a fresh file name in its folder. Once the kernel and every
+process it started are gone, each result is judged in a limited child process against
+the expected answer. Nothing the notebook printed or wrote elsewhere is read.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
 import re
 import secrets
@@ -26,19 +31,19 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
-import torch
 from tqdm.auto import tqdm
 
 import labkit
 from labkit.grading import kernel_session as ks
-from labkit.grading.attempt import OK, Attempt
-from labkit.grading.checks import Exercise, exercises_for_lab
-from labkit.grading.judge import expected_outputs, judge, verdict
+from labkit.grading import sandbox
+from labkit.grading.checks import Exercise, exercises_for_lab, lab_module
+from labkit.grading.judge import expected_outputs, verdict
+from labkit.grading.judge_process import judge_result, start_judges
 from labkit.grading.kernel_side import attempt_code
-from labkit.grading.result import CRASHED, ERROR, MISSING, NOT_DONE, NOT_RUN, TIMEOUT, CheckResult
+from labkit.grading.result import CRASHED, ERROR, NOT_RUN, TIMEOUT, CheckResult
 from labkit.grading.submissions import SubmissionError, code_cells, infer_lab, read_notebook, submission_names
+from labkit.models.default_model import CACHE_ENV, cache_root
 
-_RECORD_STATUSES = {OK, NOT_DONE, ERROR, MISSING}
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE_?KEY", re.IGNORECASE)
 # What went wrong in the kernel while the grader ran an exercise -> the verdict's status.
 _GRADER_CODE_PROBLEMS = {ks.TIMED_OUT: TIMEOUT, ks.DIED: CRASHED, ks.SKIPPED: NOT_RUN, ks.RAISED: ERROR}
@@ -52,6 +57,9 @@ class GradeSettings:
     total_timeout: float = 600.0  # seconds for all of the notebook's own cells together
     lab: str | None = None  # None: read it from the notebook (metadata, or its exercise tags)
     kernel_name: str = "python3"
+    sandbox: bool = True  # each kernel in a bubblewrap sandbox of its own (see sandbox.py)
+    memory_bytes: int | None = 8 << 30  # address space a sandboxed kernel may use; None: no limit
+    setup_timeout: float = 300.0  # seconds for the grader's own imports in a fresh kernel
 
 
 @dataclass
@@ -61,7 +69,7 @@ class SubmissionGrade:
     name: str
     path: str
     lab: str | None = None
-    seed: int | None = None
+    seed: int | None = None  # this submission's own secret seed
     results: list[CheckResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what went wrong while running the notebook
     error: str | None = None  # set when the submission could not be graded at all
@@ -91,38 +99,23 @@ class SubmissionGrade:
         }
 
 
-def kernel_env() -> dict[str, str]:
+def kernel_env(sandboxed: bool = False) -> dict[str, str]:
     """The environment for a submission's kernel: the grader's own, less any variable whose name
     suggests a secret (the learner's code runs there), with the folder holding this labkit first
-    on PYTHONPATH so the kernel imports the same labkit, and exercise specs, as the grader."""
+    on PYTHONPATH so the kernel imports the same labkit, and exercise specs, as the grader, and the
+    model cache named explicitly (a sandboxed kernel has its own HOME and its own /tmp)."""
     env = {name: value for name, value in os.environ.items() if not _SECRET_NAME.search(name)}
     labkit_parent = str(Path(labkit.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(part for part in (labkit_parent, env.get("PYTHONPATH")) if part)
+    env[CACHE_ENV] = str(cache_root())
+    if sandboxed:
+        env.pop("TMPDIR", None)
     return env
 
 
 def setup_code(lab: str) -> str:
     """Code for a fresh kernel: import the grader's agent and the lab's exercise specs (leaves no names behind)."""
     return f"__import__('labkit.grading.kernel_side').grading.checks.exercises_for_lab({lab!r});\n"
-
-
-def load_attempt(path: Path) -> Attempt:
-    """What the kernel saved for one exercise, loaded without running any code from it."""
-    if not path.is_file():
-        return Attempt(ERROR, "the grader got no result back from the kernel for this exercise")
-    try:
-        record = torch.load(path, weights_only=True)
-    except Exception:
-        return Attempt(
-            ERROR,
-            "the result from the kernel could not be loaded safely "
-            "(only tensors, numbers, strings and lists are accepted)",
-        )
-    if not isinstance(record, dict) or record.get("status") not in _RECORD_STATUSES:
-        return Attempt(
-            ERROR, "the result from the kernel is not in the grader's format (was labkit changed by the notebook?)"
-        )
-    return Attempt(record["status"], str(record.get("message", "")), record.get("outputs"))
 
 
 def _cell_note(position: int, source: str, outcome: ks.Outcome) -> str:
@@ -149,30 +142,61 @@ def _exercises(lab: str, *, missing_ok: bool = False) -> list[Exercise]:
         raise SubmissionError(str(error)) from None
 
 
+def labs_of(paths: Sequence[Path], lab: str | None) -> set[str]:
+    """The labs a run will grade: `lab` if given, else each readable notebook's own."""
+    if lab:
+        return {lab}
+    labs = set()
+    for path in paths:
+        try:
+            labs.add(infer_lab(read_notebook(path)))
+        except SubmissionError:  # reported when that submission is graded
+            continue
+    return labs
+
+
 class Grader:
-    """Grades submissions with one seed per run; the oracle's outputs are computed once per exercise."""
+    """Grades submissions, each with its own secret seed, private folder and (by default) sandbox."""
 
     def __init__(self, settings: GradeSettings, seed: int | None = None) -> None:
         self.settings = settings
-        self.seed = secrets.randbits(63) if seed is None else seed
-        self._expected: dict[str, Any] = {}
-        self._expected_lock = threading.Lock()
+        self.run_seed = seed  # given: every submission's seed follows from it and its name, to repeat a run
+        self._oracle_lock = threading.Lock()  # one oracle at a time: they share the model and the cores
 
-    def expected(self, exercise: Exercise) -> Any:
-        """The oracle's outputs for this run's seed, computed once per exercise."""
-        with self._expected_lock:
-            if exercise.id not in self._expected:
-                self._expected[exercise.id] = expected_outputs(exercise, self.seed)
-            return self._expected[exercise.id]
+    def prepare(self, labs: set[str]) -> None:
+        """Everything judging needs, made before any learner code runs: each lab's checks imported, an
+        expected answer computed once (the model and the modules the oracles use are loaded) and the
+        judging processes started with those checks imported."""
+        if self.settings.sandbox and (problem := sandbox.sandbox_problem()):
+            raise RuntimeError(f"no sandbox can be made here: {problem}")
+        modules = []
+        for lab in sorted(labs):
+            try:
+                modules.append(lab_module(lab))
+            except ValueError:  # an unknown lab: reported per submission
+                continue
+            for exercise in exercises_for_lab(lab):
+                expected_outputs(exercise, 0)
+        start_judges(modules)
 
-    def grade(self, path: Path, name: str) -> SubmissionGrade:
-        """Grade one submission; a file that cannot be graded gives an entry with `error` set."""
-        grade = SubmissionGrade(name=name, path=str(path), lab=self.settings.lab, seed=self.seed)
+    def seed_for(self, name: str) -> int:
+        """A submission's own seed: secret and fresh, or derived from the run's seed and its name."""
+        if self.run_seed is None:
+            return secrets.randbits(63)
+        return int.from_bytes(hashlib.sha256(f"{self.run_seed}:{name}".encode()).digest()[:8], "big") >> 1
+
+    def grade(self, path: Path, name: str, slot: int = 0) -> SubmissionGrade:
+        """Grade one submission (`slot` numbers its sandbox user); a file that cannot be graded gives
+        an entry with `error` set."""
+        grade = SubmissionGrade(name=name, path=str(path), lab=self.settings.lab, seed=self.seed_for(name))
         started = time.monotonic()
         try:
             notebook = read_notebook(path)
             grade.lab = grade.lab or infer_lab(notebook)
-            self._run_and_judge(notebook, _exercises(grade.lab), grade)
+            exercises = _exercises(grade.lab)
+            with self._oracle_lock:  # before this submission's code runs
+                expected = {exercise.id: expected_outputs(exercise, grade.seed) for exercise in exercises}
+            self._run_and_judge(path, notebook, exercises, expected, grade, sandbox.UID_BASE + 1 + slot)
         except SubmissionError as error:
             grade.error = str(error)
         except Exception as error:  # keep grading the others; the report says what broke
@@ -187,55 +211,94 @@ class Grader:
         grade.elapsed_s = time.monotonic() - started
         return grade
 
+    @contextmanager
+    def _private_folder(self, uid: int) -> Iterator[Path]:
+        if self.settings.sandbox:
+            with sandbox.sandbox_folder(uid) as folder:
+                yield folder
+        else:
+            with _scratch_dir("labkit-run-") as folder:
+                yield folder
+
+    def _session(self, folder: Path, lab: str, uid: int, exercises: int) -> ks.KernelSession:
+        settings = self.settings
+        prefix = owner = None
+        if settings.sandbox:
+            wall = settings.setup_timeout + settings.total_timeout + settings.cell_timeout * (exercises + 1)
+            limits = sandbox.Limits(settings.memory_bytes, math.ceil(wall) * (os.cpu_count() or 1))
+            prefix = sandbox.sandbox_command(folder, uid, limits)
+            owner = uid if os.geteuid() == 0 else None
+        return ks.KernelSession(
+            folder,
+            cell_timeout=settings.cell_timeout,
+            notebook_budget=settings.total_timeout,
+            kernel_name=settings.kernel_name,
+            env=kernel_env(settings.sandbox),
+            setup_code=setup_code(lab),
+            setup_timeout=settings.setup_timeout,
+            launch_prefix=prefix,
+            owner_uid=owner,
+        )
+
     def _run_and_judge(
-        self, notebook: nbformat.NotebookNode, exercises: list[Exercise], grade: SubmissionGrade
+        self,
+        path: Path,
+        notebook: nbformat.NotebookNode,
+        exercises: list[Exercise],
+        expected: dict[str, Any],
+        grade: SubmissionGrade,
+        uid: int,
     ) -> None:
         settings = self.settings
-        with (
-            _scratch_dir("labkit-run-") as workdir,
-            ks.KernelSession(
-                workdir,
-                cell_timeout=settings.cell_timeout,
-                notebook_budget=settings.total_timeout,
-                kernel_name=settings.kernel_name,
-                env=kernel_env(),
-                setup_code=setup_code(grade.lab),
-            ) as session,
-        ):
-            for position, source in code_cells(notebook):
-                outcome = session.run_notebook_cell(source)
-                if outcome.status != ks.RAN:
-                    grade.notes.append(_cell_note(position, source, outcome))
-            # Made only now, after the notebook ran, so its code cannot know the path.
-            with _scratch_dir("labkit-results-") as results_dir:
+        handed_in: dict[str, str] = {}  # exercise id -> the result file the kernel was told to write
+        with self._private_folder(uid) as folder:
+            shutil.copyfile(path, folder / "submission.ipynb")  # its own notebook, for code that reads it
+            with self._session(folder, grade.lab, uid, len(exercises)) as session:
+                for position, source in code_cells(notebook):
+                    outcome = session.run_notebook_cell(source)
+                    if outcome.status != ks.RAN:
+                        grade.notes.append(_cell_note(position, source, outcome))
                 for exercise in exercises:
-                    result_path = results_dir / f"{secrets.token_hex(16)}.pt"
-                    outcome = session.run_grader_code(attempt_code(exercise.id, self.seed, str(result_path)))
+                    # Named only now, after the notebook ran, so its code cannot know it in advance.
+                    name = f"result-{secrets.token_hex(16)}.pt"
+                    outcome = session.run_grader_code(attempt_code(exercise.id, grade.seed, str(folder / name)))
                     if outcome.status == ks.RAN:
-                        grade.results.append(judge(exercise, load_attempt(result_path), self.expected(exercise)))
+                        handed_in[exercise.id] = name
                     else:
-                        detail = (
-                            outcome.detail
-                            if outcome.status != ks.RAISED
-                            else f"running your functions failed: {outcome.detail}"
-                        )
-                        grade.results.append(verdict(exercise, _GRADER_CODE_PROBLEMS[outcome.status], detail))
-            if session.setup_problem:
-                grade.notes.append(f"the grader's setup code failed in the kernel: {session.setup_problem.detail}")
-            if session.restarts:
-                grade.notes.append(f"the kernel was restarted {session.restarts} time(s)")
+                        grade.results.append(_kernel_problem(exercise, outcome))
+                if session.setup_problem:
+                    grade.notes.append(f"the grader's setup code failed in the kernel: {session.setup_problem.detail}")
+                if session.restarts:
+                    grade.notes.append(f"the kernel was restarted {session.restarts} time(s)")
+            if settings.sandbox and os.geteuid() == 0:
+                sandbox.kill_processes_of(uid)  # nothing it started may still touch its results
+            for exercise in exercises:
+                if exercise.id in handed_in:
+                    result = judge_result(
+                        exercise, folder, handed_in[exercise.id], expected[exercise.id], settings.cell_timeout
+                    )
+                    grade.results.append(result)
+        order = [exercise.id for exercise in exercises]
+        grade.results.sort(key=lambda result: order.index(result.exercise))
+
+
+def _kernel_problem(exercise: Exercise, outcome: ks.Outcome) -> CheckResult:
+    """The verdict when running an exercise in the kernel went wrong (timeout, crash, an error)."""
+    detail = outcome.detail if outcome.status != ks.RAISED else f"running your functions failed: {outcome.detail}"
+    return verdict(exercise, _GRADER_CODE_PROBLEMS[outcome.status], detail)
 
 
 def grade_submissions(
     paths: Sequence[Path], settings: GradeSettings, seed: int | None = None, jobs: int = 1
 ) -> list[SubmissionGrade]:
-    """Grade every submission with one secret seed for the whole run, `jobs` kernels at a time.
+    """Grade every submission, `jobs` kernels at a time; when it returns, no process of the run is left.
 
-    Threads are enough: the learner's code runs in the kernels, and the grader
-    itself mostly waits for them.
+    Threads are enough: the learner's code runs in the kernels and the judging in child
+    processes, and the grader itself mostly waits for them.
     """
     grader = Grader(settings, seed)
-    pairs = list(zip(paths, submission_names(paths)))
+    grader.prepare(labs_of(paths, settings.lab))
+    jobs_list = list(zip(paths, submission_names(paths), range(len(paths))))
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        running = pool.map(lambda pair: grader.grade(*pair), pairs)
-        return list(tqdm(running, total=len(pairs), desc="grading", unit="notebook", disable=None))
+        running = pool.map(lambda job: grader.grade(*job), jobs_list)
+        return list(tqdm(running, total=len(jobs_list), desc="grading", unit="notebook", disable=None))

@@ -1,13 +1,16 @@
 """The grader's reports: JSON for machines, JUnit XML for CI, Markdown for people, CSV for the class.
 
 Per submission NAME: NAME.json, NAME.xml and NAME.md; for the whole run: grades.csv
-with one row per submission and one column per exercise. Files are always written
-fresh, so anything a notebook left in the output folder is overwritten.
+with one row per submission and one column per exercise, and last checksums.json with
+the SHA-256 of every other report, whose own digest the grader prints: a report changed
+after the run no longer matches, and a changed checksums.json no longer matches the
+printed digest. Files are always written fresh, over anything else in the folder.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
@@ -103,3 +106,17 @@ def write_grades_csv(grades: Sequence[SubmissionGrade], path: Path) -> Path:
                 ]
             )
     return path
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_reports(grades: Sequence[SubmissionGrade], out_dir: Path) -> tuple[Path, str]:
+    """Write every report, then checksums.json with their SHA-256; return it and its own digest."""
+    written = [path for grade in grades for path in write_submission_reports(grade, out_dir)]
+    written.append(write_grades_csv(grades, out_dir / "grades.csv"))
+    manifest = out_dir / "checksums.json"
+    checksums = {path.name: sha256_of(path) for path in written}
+    manifest.write_text(json.dumps({"algorithm": "sha256", "files": checksums}, indent=2) + "\n")
+    return manifest, sha256_of(manifest)
