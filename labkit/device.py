@@ -56,3 +56,67 @@ def available_ram_bytes() -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+# --- the CPU: what it offers, and how many threads torch uses on it -------------------------
+
+# /proc/cpuinfo flags (x86 "flags", ARM "Features") behind the fast paths that matter here.
+_ISA_FLAGS = {"AVX2": ("avx2",), "AVX-512": ("avx512f",), "AMX": ("amx_tile",),
+              "native bf16": ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16")}
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's entries of /proc/cpuinfo (Linux); empty elsewhere."""
+    entries: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as file:
+            for line in file:
+                key, _, value = line.partition(":")
+                entries.setdefault(key.strip().lower(), value.strip())
+    except OSError:
+        pass
+    return entries
+
+
+def cpu_features() -> dict:
+    """The CPU's name and the instruction-set features that decide which matmul kernels are fast.
+
+    For telling the learner what runs and why; labkit never chooses a path from these (it tries).
+    """
+    import platform
+
+    info = _cpuinfo()
+    flags = set((info.get("flags") or info.get("features") or "").split())
+    name = info.get("model name") or info.get("hardware") or platform.processor() or platform.machine()
+    features = {feature: (any(flag in flags for flag in names) if flags else None)
+                for feature, names in _ISA_FLAGS.items()}
+    return {"cpu": name, "kernels torch dispatches to": torch.backends.cpu.get_cpu_capability(), **features}
+
+
+_TORCH_DEFAULT_THREADS = torch.get_num_threads()  # one per physical core, as torch counts them
+
+
+def cpu_threads() -> tuple[int, str]:
+    """How many threads torch should use on the CPU, and why.
+
+    One core is left to the rest of the machine: a learner's laptop is rarely idle, and when
+    another program takes a core that torch's threads also want, every parallel matmul waits
+    for the thread that lost its core (several times slower). ``LABKIT_THREADS`` overrides.
+    """
+    wanted = os.environ.get("LABKIT_THREADS")
+    if wanted:
+        if not wanted.isdigit() or int(wanted) < 1:
+            raise ValueError(f"LABKIT_THREADS={wanted!r} is not a positive whole number; "
+                             "set it to the number of threads torch should use, e.g. LABKIT_THREADS=2")
+        return int(wanted), "set by LABKIT_THREADS"
+    cores = _TORCH_DEFAULT_THREADS
+    if cores <= 1:
+        return 1, "one core"
+    return cores - 1, f"one of {cores} cores left free for other programs"
+
+
+def use_cpu_threads() -> int:
+    """Set torch's thread count to :func:`cpu_threads`' choice; returns it."""
+    threads, _ = cpu_threads()
+    torch.set_num_threads(threads)
+    return threads

@@ -1,4 +1,4 @@
-"""Show the device, the model, its size, KV bytes per token and the single-stream decode bound."""
+"""Show the device, the CPU's kernel paths, the model, its size, KV bytes per token and the decode bound."""
 
 from __future__ import annotations
 
@@ -25,6 +25,27 @@ def model_facts(model, bandwidth: float) -> dict:
     }
 
 
+def machine_facts(model) -> dict:
+    """Which kernels this machine runs the model's matmuls on, and why (CPU name, ISA, threads)."""
+    import torch
+
+    from labkit.device import cpu_features, cpu_threads
+
+    facts: dict = {}
+    if model.device.type == "cpu":
+        facts.update({key: _yes_no(value) for key, value in cpu_features().items()})
+        threads, why = cpu_threads()
+        if threads != torch.get_num_threads():
+            why = "set by the caller"
+        facts["torch threads"] = f"{torch.get_num_threads()} ({why}; LABKIT_THREADS=N overrides)"
+    facts["matmuls"] = model.matmul.describe()
+    return facts
+
+
+def _yes_no(value):
+    return {True: "yes", False: "no", None: "unknown"}.get(value, value) if not isinstance(value, str) else value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="'default', a checkpoint folder or a cached hub id")
     parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: labkit's choice)")
@@ -34,12 +55,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from labkit.models import load_model
 
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     bandwidth = args.bandwidth * 1e9 if args.bandwidth else measure_bandwidth(device=model.device)
-    for key, value in model_facts(model, bandwidth).items():
+    facts = {**machine_facts(model), **model_facts(model, bandwidth)}
+    for key, value in facts.items():
         shown = f"{value:,.1f}" if isinstance(value, float) else (f"{value:,}" if isinstance(value, int) else value)
         print(f"{key:>40}: {shown}")
     print("  (decode bound = weight bytes ÷ bandwidth: each new token reads every weight once)")
+    if model.dtype == torch.bfloat16 and model.device.type == "cpu" and not model.prepacked:
+        print("  (bf16 halves the weight memory, but this CPU has no packed bf16 kernels: expect no speed-up "
+              "over fp32, often a slow-down)")
     return 0

@@ -1,11 +1,60 @@
-"""Shared fixtures: the default model is loaded once per test session."""
+"""Shared fixtures: the default model loaded once per test session, and both matmul paths."""
 
 import pytest
+import torch
+
+MATMUL_PATHS = ("prepacked", "plain")
+_default_models: dict = {}
+
+
+def load_default_model(prepack: bool = True):
+    """The default model in fp32, loaded once per prepack choice for the whole session."""
+    from labkit.models import load_model
+
+    if prepack not in _default_models:
+        # fp32 everywhere, so the tolerances against transformers mean the same on CPU and GPU
+        _default_models[prepack] = load_model("default", dtype="float32", prepack=prepack)
+    return _default_models[prepack]
 
 
 @pytest.fixture(scope="session")
 def default_model():
-    from labkit.models import load_model
+    return load_default_model()
 
-    # fp32 everywhere so the 1e-4 logit tolerances mean the same on CPU and GPU
-    return load_model("default", dtype="float32")
+
+@pytest.fixture(scope="session", params=MATMUL_PATHS)
+def matmul_path(request) -> bool:
+    """Run a test on oneDNN's prepacked weights and on plain ``F.linear``; yields ``prepack`` for the model.
+
+    So a CI machine with AVX-512 still proves the plain path, and the other way round. The
+    prepacked run is skipped, with the probe's reason, where the fast path cannot run here.
+    """
+    if request.param == "prepacked":
+        from labkit.device import default_device
+        from labkit.models import fast_linear
+
+        probed = fast_linear.matmul_path(default_device(), torch.float32)
+        if not probed.prepacked:
+            pytest.skip(f"the prepacked matmul path cannot run here: {probed.reason}")
+    return request.param == "prepacked"
+
+
+@pytest.fixture(scope="session")
+def default_model_on_path(matmul_path):
+    """The default model on each matmul path in turn (see ``matmul_path``)."""
+    model = load_default_model(prepack=matmul_path)
+    assert model.prepacked == matmul_path
+    return model
+
+
+def pytest_report_header(config):
+    """The machine at the top of every run, so a failure says where it happened."""
+    from labkit.device import cpu_features, cpu_threads, default_device
+    from labkit.models.fast_linear import matmul_path
+
+    features = cpu_features()
+    cpu = ", ".join(f"{key}={value}" for key, value in features.items())
+    paths = ", ".join(f"{str(dtype).removeprefix('torch.')}: {matmul_path(torch.device('cpu'), dtype).describe()}"
+                      for dtype in (torch.float32, torch.bfloat16))
+    return [f"machine: {cpu}; torch threads {cpu_threads()[0]} ({cpu_threads()[1]})",
+            f"torch {torch.__version__}, default device {default_device()}; matmuls {paths}"]

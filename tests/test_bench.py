@@ -53,3 +53,14 @@ def test_table_shows_ratios_to_the_first_row(model):
     batched = hf_static_batches(model, [[1, 2]] * 2, [3, 3], batch_size=2, name="hf-2")
     table = format_table([BenchRow("(a)", summarize(trace)), BenchRow("(b)", summarize(batched))])
     assert table.splitlines()[2].split()[2] == "1.00"
+
+
+def test_busy_cores_spin_while_inside_and_are_gone_after():
+    from labkit.bench.busy import busy_cores
+
+    with busy_cores(2) as spinners:
+        assert len(spinners) == 2 and all(spinner.poll() is None for spinner in spinners)
+    assert all(spinner.poll() is not None for spinner in spinners)
+    with pytest.raises(ValueError, match="cannot be negative"):
+        with busy_cores(-1):
+            pass

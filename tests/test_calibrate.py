@@ -61,8 +61,10 @@ def test_steps_of_one_kind_only_cannot_fit_both_rates():
     decode_only = np.ones(20, dtype=np.int64)
     context = np.arange(20) * 100
     seconds = np.array([TRUE.pass_time(1, int(c)) for c in context])
-    with pytest.raises(ValueError, match="compute-bound"):
-        fit_cost_model(StepWork(decode_only, context, seconds), **SIZES)
+    for bandwidth in (None, TRUE.bandwidth):  # a probed bandwidth cannot help: the FLOPs never vary
+        with pytest.raises(NoBoundStepsError, match="every timed step has 1 new tokens.*compute-bound") as caught:
+            fit_cost_model(StepWork(decode_only, context, seconds), **SIZES, bandwidth=bandwidth)
+        assert caught.value.limit == "compute"
 
 
 def test_step_work_rejects_mismatched_lengths():

@@ -29,16 +29,17 @@ MAX_TOKENS = 20
 
 
 @pytest.fixture(scope="module")
-def solo_runs(default_model):
+def solo_runs(default_model_on_path):
+    model = default_model_on_path
     prompts = [[{"role": "user", "content": text}] for text in CHATS]
-    solos = [solo_greedy(default_model, encode_prompt(default_model.tokenizer, p), MAX_TOKENS) for p in prompts]
+    solos = [solo_greedy(model, encode_prompt(model.tokenizer, p), MAX_TOKENS) for p in prompts]
     return prompts, solos
 
 
 @pytest.mark.parametrize("policy, budget", [("continuous", None), ("chunked", 64)])
-def test_chat_prompts_match_solo_decoding(default_model, solo_runs, policy, budget):
+def test_chat_prompts_match_solo_decoding(default_model_on_path, solo_runs, policy, budget):
     prompts, solos = solo_runs
-    llm = LLM(default_model, policy=policy, max_num_seqs=8, max_num_batched_tokens=budget,
+    llm = LLM(default_model_on_path, policy=policy, max_num_seqs=8, max_num_batched_tokens=budget,
               num_blocks=128, max_model_len=512)
     outputs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS), use_tqdm=False)
     near_ties = 0

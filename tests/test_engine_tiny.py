@@ -32,9 +32,9 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def model():
-    """On the default device, so a GPU machine checks the paged path on CUDA too."""
-    return tiny_model("llama", seed=0, device=default_device())
+def model(matmul_path):
+    """On the default device, so a GPU machine checks the paged path on CUDA too; both matmul paths."""
+    return tiny_model("llama", seed=0, device=default_device(), prepack=matmul_path)
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,14 @@ CHATS = [
 
 
 @pytest.mark.parametrize("question", CHATS)
-def test_greedy_equals_hf_generate(default_model, question):
-    ids = encode_prompt(default_model.tokenizer, [{"role": "user", "content": question}])
-    ours = generate(default_model, ids, SamplingParams(max_tokens=24))
+def test_greedy_equals_hf_generate(default_model_on_path, question):
+    model = default_model_on_path
+    ids = encode_prompt(model.tokenizer, [{"role": "user", "content": question}])
+    ours = generate(model, ids, SamplingParams(max_tokens=24))
     with torch.inference_mode():
-        out = default_model.hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
-                                        eos_token_id=list(default_model.config.eos_token_ids),
-                                        pad_token_id=default_model.config.eos_token_ids[0])
+        out = model.hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
+                                eos_token_id=list(model.config.eos_token_ids),
+                                pad_token_id=model.config.eos_token_ids[0])
     assert ours == out[0, len(ids):].tolist()
 
 

@@ -4,7 +4,8 @@ Five ways to serve the same seeded workload, in one process: (a) HF ``generate``
 request at a time, (b) HF ``generate`` in static batches of 8, (c) labkit static
 batching, (d) labkit continuous batching, (e) labkit continuous batching with chunked
 prefill. One table compares them, each relative to (a). ``--sweep`` adds the decode-step
-time against batch size, beside the roofline bound of this machine.
+time against batch size, beside the roofline bound of this machine; ``--busy N`` runs it all
+while N other cores spin, as on a machine that is not idle.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit.bench.busy import busy_cores
 from labkit.metrics import Summary, summarize
 from labkit.trace import Trace
 
@@ -90,15 +92,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--sweep", action="store_true", help="also time decode steps at batch 1..64")
     parser.add_argument("--skip-serving", action="store_true", help="only the decode sweep")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="keep N cores busy with spin loops during the run (a machine that is not idle)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from labkit.models import load_model
 
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     print(f"model {model.config.name} on {model.device}, {model.dtype}")
-    results: dict = {"model": model.config.name, "device": str(model.device), "dtype": str(model.dtype)}
+    results: dict = {"model": model.config.name, "device": str(model.device), "dtype": str(model.dtype),
+                     "torch threads": torch.get_num_threads(), "matmuls": model.matmul.describe(),
+                     "busy cores": args.busy}
+    print(f"torch threads {torch.get_num_threads()}, matmuls {model.matmul.describe()}, "
+          f"{args.busy} other core(s) kept busy")
+    with busy_cores(args.busy):
+        _serve_and_sweep(model, args, results)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1, default=float))
+    return 0
+
+
+def _serve_and_sweep(model, args: argparse.Namespace, results: dict) -> None:
     if not args.skip_serving:
         rows = run_bench(model, args.num_prompts, args.seed, args.max_prompt_tokens, args.max_output_tokens,
                          args.max_num_seqs)
@@ -113,6 +131,3 @@ def run(args: argparse.Namespace) -> int:
         points = decode_sweep(model, hardware)
         print(format_sweep(points))
         results["sweep"] = [vars(p) for p in points]
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1, default=float))
-    return 0

@@ -6,15 +6,19 @@ do that tiling once: ``torch.ops.mkldnn._reorder_linear_weight`` stores a blocke
 ``torch.ops.mkldnn._linear_pointwise`` multiplies by it. On the small matrices of a decode
 step that saves much of the time (about 2x at batch 1 on the 2-core machine this course was
 built on). These two ops are internal to PyTorch (its compiler uses them) and undocumented,
-so this module is the only place that touches them: if they are missing, or the weight is not
-on the CPU in fp32/bf16, or ``LABKIT_PREPACK=0`` is set, it falls back to ``F.linear``.
-The packed copy sits beside the original weights (the HF model still uses those), so a model
-is only packed when a second copy of its weights fits in half the free memory.
+and whether they work depends on the CPU (oneDNN's bf16 path needs AVX-512 or AVX-NE-CONVERT).
+So the choice is made by trying, never by CPU name: once per (device, dtype) and process,
+:func:`probe_prepack` packs a tiny weight and compares the product with ``F.linear``; an
+error or a mismatch means the plain ``F.linear`` path, with the reason kept for ``labkit info``.
+``LABKIT_PREPACK=0`` forces the plain path. The packed copy sits beside the original weights
+(the HF model still uses those), so a model is only packed when a second copy of its weights
+fits in half the free memory.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -28,15 +32,68 @@ LinearFn = Callable[[torch.Tensor], torch.Tensor]
 # measured fastest across 1..300 rows here.
 PACKING_ROWS_HINT = 64
 
+# Relative tolerance of the probe's comparison with F.linear, per dtype: accumulation order differs.
+_PROBE_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+
+
+@dataclass(frozen=True)
+class MatmulPath:
+    """Which kernel path the model's matrix multiplies take, and why (what ``labkit info`` shows)."""
+
+    prepacked: bool
+    reason: str
+
+    def describe(self) -> str:
+        return "oneDNN prepacked" if self.prepacked else f"plain F.linear ({self.reason})"
+
+
+_probed: dict[tuple[str, torch.dtype], MatmulPath] = {}
+
+
+def probe_prepack(device: torch.device, dtype: torch.dtype) -> MatmulPath:
+    """Whether oneDNN's packed kernels work here for ``dtype``: tried once per process, then remembered."""
+    key = (device.type, dtype)
+    if key not in _probed:
+        _probed[key] = _try_prepack(device, dtype)
+    return _probed[key]
+
+
+def _try_prepack(device: torch.device, dtype: torch.dtype) -> MatmulPath:
+    if device.type != "cpu":
+        return MatmulPath(False, f"prepacking is a CPU path; {device.type} runs its own kernels")
+    if dtype not in _PROBE_TOLERANCE:
+        return MatmulPath(False, f"no packed kernels for {str(dtype).removeprefix('torch.')}")
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return MatmulPath(False, "this torch build has no oneDNN packed-linear ops")
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 32, generator=generator).to(dtype)
+    x = torch.randn(5, 32, generator=generator).to(dtype)
+    try:
+        got = _packed_product(x, _reorder_weight(weight, PACKING_ROWS_HINT), None).float()
+    except (RuntimeError, NotImplementedError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return MatmulPath(False, f"oneDNN refused {str(dtype).removeprefix('torch.')} on this CPU: {first_line}")
+    expected = F.linear(x, weight).float()
+    error = float((got - expected).abs().max() / expected.abs().max())
+    if got.shape != expected.shape or not error <= _PROBE_TOLERANCE[dtype]:
+        return MatmulPath(False, f"oneDNN's packed product differs from F.linear here (relative error {error:.1e})")
+    return MatmulPath(True, "packed kernels tried and matched F.linear on this CPU")
+
+
+def matmul_path(device: torch.device, dtype: torch.dtype, weight_bytes: int = 0) -> MatmulPath:
+    """The path a model of ``weight_bytes`` on this device and dtype takes, with the reason."""
+    if os.environ.get("LABKIT_PREPACK", "1") == "0":
+        return MatmulPath(False, "LABKIT_PREPACK=0")
+    probed = probe_prepack(device, dtype)
+    if probed.prepacked and weight_bytes > available_ram_bytes() / 2:
+        return MatmulPath(False, "a second, packed copy of the weights would not fit in half the free RAM")
+    return probed
+
 
 def prepack_enabled(device: torch.device, dtype: torch.dtype, weight_bytes: int = 0) -> bool:
     """Whether to use oneDNN for weights on this device and dtype, ``weight_bytes`` of them in all."""
-    return (os.environ.get("LABKIT_PREPACK", "1") != "0"
-            and weight_bytes <= available_ram_bytes() / 2
-            and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return matmul_path(device, dtype, weight_bytes).prepacked
 
 
 def prepacked_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, enabled: bool | None = None) -> LinearFn:
@@ -48,12 +105,22 @@ def prepacked_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, ena
         enabled = prepack_enabled(weight.device, weight.dtype, weight.numel() * weight.element_size())
     if not enabled:
         return lambda x: F.linear(x, weight, bias)
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACKING_ROWS_HINT)
+    packed = _reorder_weight(weight.detach().contiguous(), PACKING_ROWS_HINT)
     bias = None if bias is None else bias.detach().contiguous()
 
     def linear(x: torch.Tensor) -> torch.Tensor:
         if x.dtype != weight.dtype or x.device.type != "cpu":
             return F.linear(x, weight, bias)
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+        return _packed_product(x.contiguous(), packed, bias)
 
     return linear
+
+
+def _reorder_weight(weight: torch.Tensor, rows_hint: int) -> torch.Tensor:
+    """oneDNN's blocked copy of ``weight``, laid out for about ``rows_hint`` input rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint)
+
+
+def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weightᵀ + bias`` with the packed weight."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")

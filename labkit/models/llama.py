@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from labkit.kv.contiguous import ContiguousKVCache
 from labkit.models.config import ModelConfig
-from labkit.models.fast_linear import LinearFn, prepack_enabled, prepacked_linear
+from labkit.models.fast_linear import LinearFn, MatmulPath, matmul_path, prepacked_linear
 from labkit.models.layers import apply_rope, rms_norm, rope_cos_sin, rope_inverse_frequencies, swiglu_mlp
 
 # attend(layer, q [T,Hq,D], k [T,Hkv,D], v [T,Hkv,D]) -> [T,Hq,D]
@@ -43,14 +43,17 @@ class DecoderLayer:
 class LlamaModel:
     """The model as labkit runs it: embeddings, decoder layers, final norm and LM head."""
 
-    def __init__(self, hf_model, config: ModelConfig, tokenizer=None):
+    def __init__(self, hf_model, config: ModelConfig, tokenizer=None, prepack: bool = True):
+        """``prepack=False`` forces plain ``F.linear``; otherwise labkit tries the fast path (fast_linear.py)."""
         self.hf = hf_model.eval()
         self.config = config
         self.tokenizer = tokenizer
         inner = hf_model.model
         self.embed = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
-        self.prepacked = prepack_enabled(self.device, self.dtype, self.weight_bytes())
+        self.matmul = (matmul_path(self.device, self.dtype, self.weight_bytes()) if prepack
+                       else MatmulPath(False, "prepack=False"))
+        self.prepacked = self.matmul.prepacked
         self.lm_head = prepacked_linear(hf_model.lm_head.weight, enabled=self.prepacked)
         self.layers = [_fuse_layer(layer, self.prepacked) for layer in inner.layers]
         inv_freq, self.rope_scaling = rope_inverse_frequencies(config.rope, config.head_dim)

