@@ -18,7 +18,7 @@ import pytest
 
 from labkit.cli import main
 from labkit.grading.grader import kernel_env
-from labkit.grading.sandbox import sandbox_problem
+from labkit.grading import sandbox
 from labkit.grading.submissions import SubmissionError, infer_lab, read_notebook, submission_names
 
 FIXTURES = Path(__file__).parent / "fixtures" / "grading"
@@ -59,7 +59,7 @@ def graded(tmp_path_factory):
             "60",
             "--jobs",
             "3",
-            *(["--no-sandbox"] if sandbox_problem() else []),  # this class is about awkward notebooks
+            *(["--no-sandbox"] if sandbox.sandbox_problem() else []),  # this class is about awkward notebooks
         ]
     )
     assert code == 0
@@ -158,6 +158,19 @@ def test_misuse_is_refused_before_any_kernel_starts(tmp_path, capsys):
     assert main(["grade", notebook, "--out", str(tmp_path), "--cell-timeout", "0"]) == 2
     assert main(["grade", notebook, "--out", str(tmp_path), "--jobs", "0"]) == 2
     assert not list(tmp_path.iterdir())
+
+
+def test_without_a_sandbox_only_one_submission_is_graded_unless_told(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sandbox, "sandbox_problem", lambda: "bwrap not found")
+    notebook = str(FIXTURES / "empty.ipynb")
+    assert main(["grade", notebook, notebook, "--out", str(tmp_path), "--lab", "demo"]) == 2
+    printed = capsys.readouterr().out
+    assert "cannot grade 2 submissions together" in printed and "(bwrap not found)" in printed
+    assert "apt-get install bubblewrap" in printed and "--no-sandbox" in printed
+    assert not list(tmp_path.iterdir())
+    assert main(["grade", notebook, "--out", str(tmp_path), "--lab", "demo", "--cell-timeout", "10"]) == 0
+    assert "without a sandbox: bwrap not found" in capsys.readouterr().out
+    assert json.loads((tmp_path / "empty.json").read_text())["error"] is None
 
 
 def test_example_ci_workflow_runs_the_grader():

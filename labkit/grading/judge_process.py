@@ -34,8 +34,11 @@ def start_judges(lab_modules: list[str]) -> None:
     multiprocessing.forkserver.ensure_running()
 
 
-def judge_result(exercise: Exercise, folder: Path, name: str, expected: Any, seconds: float) -> CheckResult:
-    """The verdict on the result file `folder/name`, judged in a limited child process."""
+def judge_result(
+    exercise: Exercise, folder: Path, name: str, expected: Any, seconds: float, memory_bytes: int = MEMORY_HEADROOM
+) -> CheckResult:
+    """The verdict on the result file `folder/name`, judged in a child process that may run `seconds`
+    and allocate `memory_bytes` beyond what it starts with."""
     budget = budget_for(expected)
     try:
         data = read_result_file(folder, name, file_limit(budget))
@@ -44,7 +47,9 @@ def judge_result(exercise: Exercise, folder: Path, name: str, expected: Any, sec
     if data is None:
         return verdict(exercise, ERROR, "the grader got no result back from the kernel for this exercise")
     receiver, sender = _CONTEXT.Pipe(duplex=False)
-    child = _CONTEXT.Process(target=_judge_in_child, args=(sender, exercise.id, data, pickle.dumps(expected), budget))
+    child = _CONTEXT.Process(
+        target=_judge_in_child, args=(sender, exercise.id, data, pickle.dumps(expected), budget, memory_bytes)
+    )
     child.start()
     sender.close()
     try:
@@ -77,8 +82,10 @@ def _limit_memory(extra: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def _judge_in_child(sender: Connection, exercise_id: str, data: bytes, expected: bytes, budget: Size) -> None:
-    _limit_memory(MEMORY_HEADROOM)
+def _judge_in_child(
+    sender: Connection, exercise_id: str, data: bytes, expected: bytes, budget: Size, memory_bytes: int
+) -> None:
+    _limit_memory(memory_bytes)
     exercise = get_exercise(exercise_id)
     try:
         result = judge(exercise, _attempt(load_result(data, budget)), pickle.loads(expected))

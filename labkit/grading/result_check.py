@@ -136,7 +136,9 @@ def read_result_file(folder: Path, name: str, limit: int) -> bytes | None:
         if not stat.S_ISREG(info.st_mode):
             raise ResultRefused("the result file is not a regular file")
         if info.st_size > limit:
-            raise ResultRefused(f"the result file is {info.st_size:,} bytes, more than the {limit:,} its answer needs")
+            raise ResultRefused(
+                f"the result file is {info.st_size:,} bytes, more than the {limit:,} bytes its answer needs"
+            )
         data = file.read(limit + 1)
     if len(data) > limit:
         raise ResultRefused(f"the result file grew past the {limit:,} bytes its answer needs")
@@ -147,7 +149,9 @@ def load_result(data: bytes, budget: Size) -> Any:
     """Load a result file's bytes without running code, and check that it is plain data within `budget`."""
     try:
         record = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-    except Exception:
+    except Exception as error:
+        if "can't allocate memory" in str(error):  # how torch reports a failed allocation
+            raise MemoryError(str(error)) from None
         raise ResultRefused(
             "the result from the kernel could not be loaded safely "
             "(only tensors, numbers, strings and lists are accepted)"

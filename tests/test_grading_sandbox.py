@@ -1,0 +1,180 @@
+"""Issue 13: the grader holds when the attacker is another submission in the same run.
+
+One `labkit grade` run holds an honest, solved notebook and one attacker per attack
+class (tests/fixtures/grading/attacks/), graded together with --jobs 3 as a hostile
+class would be. Every test checks the same three things for its attacker: it scores 0,
+the honest submission keeps full marks, and nothing the attacker started is still alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import labkit
+from labkit.cli import main
+from labkit.grading import sandbox
+
+FIXTURES = Path(__file__).parent / "fixtures" / "grading"
+ATTACKS = FIXTURES / "attacks"
+HONEST = FIXTURES / "source" / "demo_basics.ipynb"
+LABKIT = Path(labkit.__file__).resolve().parent
+GUARDED = [LABKIT / "grading" / "judge.py", LABKIT / "grading" / "exercises" / "demo.py"]
+PLANTED = Path(sys.executable).parent / "mimetypes.py"
+
+pytestmark = pytest.mark.skipif(
+    sandbox.sandbox_problem() is not None, reason=f"no sandbox can be made here: {sandbox.sandbox_problem()}"
+)
+
+
+def marker(name: str) -> str:
+    return f"labkit-attack-{name}"
+
+
+def leave_a_process_behind(name: str) -> str:
+    """A first cell for every attacker: a detached process that would outlive its kernel."""
+    return (
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {marker(name)!r}], "
+        "start_new_session=True)\n"
+    )
+
+
+def attacking_notebook(name: str, placeholders: dict[str, str]) -> nbformat.NotebookNode:
+    """The notebook for attacks/NAME.py: its `# %%` cells with the placeholders filled in."""
+    text = (ATTACKS / f"{name}.py").read_text().replace("__MARKER__", marker(name))
+    for key, value in placeholders.items():
+        text = text.replace(key, value)
+    cells = [leave_a_process_behind(name)] + [cell.strip() for cell in text.split("# %%") if cell.strip()]
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+
+
+def processes_with(text: str) -> list[int]:
+    """Host pids whose command line contains `text`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def attacked_run(tmp_path_factory):
+    """Grade the honest notebook with every attacker in one run; return what a test needs to judge it."""
+    folder = tmp_path_factory.mktemp("hostile_class")
+    out = folder / "grades"
+    cache = folder / "cache" / "SmolLM2-135M-Instruct"
+    cache.mkdir(parents=True)
+    (cache / "model.safetensors").write_bytes(b"weights" * 1000)
+    honest = folder / "honest.ipynb"
+    shutil.copyfile(HONEST, honest)
+    placeholders = {
+        "__OUT_DIR__": str(out),
+        "__HONEST__": str(honest),
+        "__LABKIT__": str(LABKIT),
+        "__SANDBOX_ROOT__": str(sandbox._sandboxes_root()),
+    }
+    attackers = sorted(path.stem for path in ATTACKS.glob("*.py"))
+    paths = [honest]
+    for name in attackers:
+        path = folder / f"{name}.ipynb"
+        nbformat.write(attacking_notebook(name, placeholders), path)
+        paths.append(path)
+    before = {path: path.read_bytes() for path in [*GUARDED, honest, cache / "model.safetensors"]}
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.setenv("LABKIT_CACHE", str(cache.parent))
+        code = main(
+            ["grade", *map(str, paths), "--out", str(out), "--lab", "demo", "--cell-timeout", "10", "--jobs", "3"]
+        )
+    time.sleep(1)  # time for a surviving process to do its damage
+    changed = [str(path) for path, data in before.items() if path.read_bytes() != data]
+    for path, data in before.items():  # put back anything an attack changed, so one failure does not spread
+        path.write_bytes(data)
+    planted = PLANTED.exists()
+    PLANTED.unlink(missing_ok=True)
+    reports = {path.stem: json.loads((out / f"{path.stem}.json").read_text()) for path in paths}
+    yield {"code": code, "out": out, "printed": printed.getvalue(), "reports": reports, "changed": changed,
+           "planted": planted}
+    for name in attackers:  # leave no process behind even when a test failed
+        for pid in processes_with(marker(name)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
+def messages(report: dict) -> str:
+    return "\n".join(exercise["message"] for exercise in report["exercises"])
+
+
+def attack_failed(run: dict, name: str) -> dict:
+    """The three checks every attack class shares; returns the attacker's report for more."""
+    assert run["code"] == 0
+    honest, attacker = run["reports"]["honest"], run["reports"][name]
+    assert honest["score"] == honest["max_score"] == 4, messages(honest)
+    assert attacker["score"] == 0, messages(attacker)
+    assert processes_with(marker(name)) == []
+    return attacker
+
+
+def test_reports_cannot_be_rewritten_after_the_run(attacked_run):
+    attack_failed(attacked_run, "rewrites_reports")
+    out = attacked_run["out"]
+    manifest = json.loads((out / "checksums.json").read_text())
+    assert set(manifest["files"]) >= {"rewrites_reports.json", "honest.json", "grades.csv"}
+    assert all(digest(out / name) == value for name, value in manifest["files"].items())
+    assert f"sha256 of checksums.json: {digest(out / 'checksums.json')}" in attacked_run["printed"]
+
+
+def test_another_submissions_results_cannot_be_handed_in(attacked_run):
+    report = attack_failed(attacked_run, "copies_results")
+    assert "saw []" in messages(report)  # no other submission's result file was even visible
+    seeds = [report["seed"] for report in attacked_run["reports"].values()]
+    assert len(set(seeds)) == len(seeds)  # and each submission had inputs of its own
+
+
+def test_a_classmates_notebook_cannot_be_read_or_spoilt(attacked_run):
+    report = attack_failed(attacked_run, "copies_notebook")
+    assert "could not read the classmate's notebook" in messages(report)
+    assert not any(path.endswith("honest.ipynb") for path in attacked_run["changed"])
+
+
+def test_no_code_can_be_planted_where_the_grader_imports_from(attacked_run):
+    report = attack_failed(attacked_run, "injects_code")
+    assert "planted []" in messages(report)
+    assert not attacked_run["planted"] and not any("judge.py" in path for path in attacked_run["changed"])
+
+
+def test_the_reference_cannot_be_poisoned(attacked_run):
+    report = attack_failed(attacked_run, "poisons_reference")
+    assert "poisoned []" in messages(report)
+    assert attacked_run["changed"] == []
+
+
+def test_result_files_cannot_pin_or_exhaust_the_grader(attacked_run):
+    report = attack_failed(attacked_run, "pins_grader")
+    by_id = {exercise["id"]: exercise["message"] for exercise in report["exercises"]}
+    assert "is a view (expanded" in by_id["demo.add"]
+    assert "more than the" in by_id["demo.softmax"] and "bytes its answer needs" in by_id["demo.softmax"]
+    assert "not a regular file" in by_id["demo.greedy_tokens"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sandbox users of their own exist only when the grader is root")
+def test_no_process_of_the_run_is_left(attacked_run):
+    assert all(sandbox.processes_of(sandbox.UID_BASE + 1 + slot) == [] for slot in range(len(attacked_run["reports"])))
