@@ -12,10 +12,9 @@ sources, whose tables were not published, from the numbers the texts quote.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
-from labkit.sim.cost_model import MODELS, CostModel, ModelSpec, get_model
+from labkit.sim.cost_model import MODELS, CostModel, ModelSpec, conversations_that_fit, get_model
 from labkit.sim.hardware import GB, TB, TFLOPS, Hardware, get_hardware
 
 # The lessons say "8B" and compute with 8.0e9 parameters (16 GB of BF16 weights); the real
@@ -181,22 +180,6 @@ def _rate(per_s: float) -> str:
 
 def _row(number: int | str, label: str, formula: str, value: str) -> str:
     return f"{number!s:>3}  {label:<30} {formula:<46} {value:>14}"
-
-
-def conversations_that_fit(gpu_memory_bytes: float, memory_fraction: float, model: ModelSpec,
-                           tokens_per_conversation: int) -> int:
-    """How many conversations of ``tokens_per_conversation`` tokens fit beside the weights."""
-    if not 0 < memory_fraction <= 1:
-        raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}; "
-                         "0.9 (vLLM's default) is a usual choice")
-    if not gpu_memory_bytes > 0:
-        raise ValueError(f"gpu_memory_bytes must be positive, got {gpu_memory_bytes!r}")
-    usable = gpu_memory_bytes * memory_fraction
-    if model.weight_bytes >= usable:
-        raise ValueError(f"the weights of {model.name} ({model.weight_bytes / GB:.1f} GB) do not fit in "
-                         f"{memory_fraction:.0%} of {gpu_memory_bytes / GB:.1f} GB; use a GPU with more memory, "
-                         "fewer bytes per parameter (quantize) or several GPUs")
-    return math.floor((usable - model.weight_bytes) / (tokens_per_conversation * model.kv_bytes_per_token))
 
 
 def load_within_promise(cost: CostModel, prefill_s: float, answer_len: int, mean_context: float,

@@ -8,7 +8,7 @@ import torch
 
 from labkit.models.llama import LlamaModel
 from labkit.models.tokens import Prompt, encode_prompt
-from labkit.sampling import SamplingParams, sample
+from labkit.sampling import SamplingParams, make_generator, sample
 
 
 def stream_tokens(model: LlamaModel, prompt: Prompt, params: SamplingParams = SamplingParams()) -> Iterator[int]:
@@ -17,7 +17,7 @@ def stream_tokens(model: LlamaModel, prompt: Prompt, params: SamplingParams = Sa
     if len(ids) + params.max_tokens > model.config.max_position_embeddings:
         raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                          f"model's context of {model.config.max_position_embeddings}; shorten one")
-    generator = params.make_generator(model.device)
+    generator = make_generator(params, model.device)
     stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(model.config.eos_token_ids))
     logits, cache = model.prefill(ids)
     last = logits[-1]

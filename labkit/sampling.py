@@ -1,45 +1,25 @@
-"""Choosing the next token from logits: greedy, or seeded temperature / top-k / top-p sampling."""
+"""Choosing the next token from logits: greedy, or seeded temperature / top-k / top-p sampling.
+
+The settings themselves, :class:`SamplingParams`, live in :mod:`labkit.sampling_params` (no
+torch), so the scheduler and the simulator can read them; they are re-exported here.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from labkit.sampling_params import SamplingParams
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one request picks tokens and when it stops (names as in vLLM)."""
+__all__ = ["SamplingParams", "filtered_probabilities", "make_generator", "sample"]
 
-    max_tokens: int = 64
-    temperature: float = 0.0  # 0 means greedy: always the most likely token
-    top_p: float = 1.0
-    top_k: int = 0  # 0 means no top-k cut
-    seed: int | None = None
-    ignore_eos: bool = False
-    stop_token_ids: tuple[int, ...] = ()
 
-    def __post_init__(self):
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator | None:
-        """A private random stream for this request, so results do not depend on batch mates."""
-        if self.greedy:
-            return None
-        generator = torch.Generator(device=device)
-        generator.manual_seed(self.seed if self.seed is not None else torch.seed())
-        return generator
+def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator | None:
+    """A private random stream for one request, so its tokens do not depend on its batch mates."""
+    if params.greedy:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(params.seed if params.seed is not None else torch.seed())
+    return generator
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from labkit.grading import evaluate
-from labkit.models.attention import attention as labkit_attention
-from labkit.models.attention import causal_mask as labkit_causal_mask
+from labkit.kv.attention import attention as labkit_attention
+from labkit.kv.attention import causal_mask as labkit_causal_mask
 
 SOURCES = Path(__file__).resolve().parents[1] / "labs" / "source"
 LAB_FILES = {"lab1": "lab1_prefill_decode.ipynb", "lab2": "lab2_kv_cache.ipynb", "lab3": "lab3_static_batching.ipynb"}

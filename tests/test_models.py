@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import labkit.models.llama as llama
 from labkit.models import tiny_model
-from labkit.models.attention import attention, causal_mask
+from labkit.kv.attention import attention, causal_mask
 
 # Of the largest |logit|: the worst seen across CPUs and matmul paths is about 5e-6.
 RELATIVE_TOLERANCE = 3e-5

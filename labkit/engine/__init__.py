@@ -1,6 +1,18 @@
-"""The serving engine: requests, scheduler policies, model runner, step loop."""
+"""The serving engine: requests, scheduler policies, the step loop, model runner.
 
-from labkit.engine.llm import LLM
+``LLM`` (the engine over a real model) is imported on first use: the scheduler, the
+requests and the step loop are plain Python that the simulator shares, and importing
+them must not load torch and the model code.
+"""
+
 from labkit.engine.request import Request, RequestOutput, RequestStatus
 
 __all__ = ["LLM", "Request", "RequestOutput", "RequestStatus"]
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from labkit.engine.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'labkit.engine' has no attribute {name!r}")

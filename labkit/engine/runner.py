@@ -18,7 +18,7 @@ from labkit.engine.core import Batch
 from labkit.engine.request import Request
 from labkit.kv.block_allocator import BlockAllocator
 from labkit.kv.paged import PagedBatch, PagedKVCache, SequenceSlice
-from labkit.sampling import sample
+from labkit.sampling import make_generator, sample
 
 
 class ModelRunner:
@@ -55,7 +55,7 @@ class ModelRunner:
 
     def _generator(self, request: Request) -> torch.Generator | None:
         if request.request_id not in self.generators:
-            self.generators[request.request_id] = request.params.make_generator(self.model.device)
+            self.generators[request.request_id] = make_generator(request.params, self.model.device)
         return self.generators[request.request_id]
 
     def release(self, request_id: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.models.attention import attention, causal_mask
+from labkit.kv.attention import attention, causal_mask
 
 
 class ContiguousKVCache:

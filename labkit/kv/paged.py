@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit.device import available_ram_bytes
-from labkit.models.attention import attention, causal_mask
+from labkit.kv.attention import attention, causal_mask
 
 # Without a GPU there is no "device memory" to take a fraction of; the pool takes a fraction of
 # the RAM available, but never more than this (vLLM's CPU backend also uses a fixed KV space).

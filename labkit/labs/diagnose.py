@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from labkit.grading.compare import compare_tensors
 from labkit.grading.result import Mismatch
-from labkit.models.attention import attention, causal_mask
+from labkit.kv.attention import attention, causal_mask
 
 ATTENTION_TOLERANCE = dict(atol=1e-4, rtol=1e-4)
 LOGITS_TOLERANCE = dict(atol=2e-3, rtol=1e-3)

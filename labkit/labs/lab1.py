@@ -19,7 +19,7 @@ from labkit.labs.diagnose import ATTENTION_TOLERANCE, check_attention, check_log
 from labkit.labs.recording import RecordingModel
 from labkit.labs.shared import (course_model, greedy_without_cache, pick_prompts, prompt_and_steps, rng, torch_generator,
                                  transformers_logits)
-from labkit.models.attention import attention, causal_mask
+from labkit.kv.attention import attention, causal_mask
 
 # --- lab1.causal_mask ---------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from labkit.grading.result import Mismatch
 from labkit.labs.diagnose import check_attention, check_logits, check_positions
 from labkit.labs.recording import RecordingModel
 from labkit.labs.shared import greedy_without_cache, prompt_and_steps, rng, torch_generator
-from labkit.models.attention import attention, causal_mask
+from labkit.kv.attention import attention, causal_mask
 from labkit.models.config import ModelConfig
 
 # --- lab2.kv_cache ------------------------------------------------------------------------

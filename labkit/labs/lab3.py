@@ -19,7 +19,7 @@ from labkit.labs.diagnose import check_logits, check_positions
 from labkit.labs.recording import RecordingModel
 from labkit.labs.shared import course_model, pick_prompts, rng, solo_greedy
 from labkit.labs.timeline import batch_spans
-from labkit.models.attention import causal_mask
+from labkit.kv.attention import causal_mask
 from labkit.workloads import LogNormal
 
 # --- lab3.left_pad ------------------------------------------------------------------------

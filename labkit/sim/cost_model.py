@@ -29,10 +29,11 @@ times the time its bytes take to read, after the weights' arithmetic, not overla
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 
-from labkit.sim.hardware import Hardware
+from labkit.sim.hardware import GB, Hardware
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,22 @@ def get_model(name: str | ModelSpec) -> ModelSpec:
     except KeyError:
         raise ValueError(f"unknown model {name!r}; use one of {sorted(MODELS)} "
                          "or build a ModelSpec(name, parameters, layers, kv_heads, head_dim)") from None
+
+
+def conversations_that_fit(gpu_memory_bytes: float, memory_fraction: float, model: ModelSpec,
+                           tokens_per_conversation: int) -> int:
+    """How many conversations of ``tokens_per_conversation`` tokens fit beside the weights."""
+    if not 0 < memory_fraction <= 1:
+        raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}; "
+                         "0.9 (vLLM's default) is a usual choice")
+    if not gpu_memory_bytes > 0:
+        raise ValueError(f"gpu_memory_bytes must be positive, got {gpu_memory_bytes!r}")
+    usable = gpu_memory_bytes * memory_fraction
+    if model.weight_bytes >= usable:
+        raise ValueError(f"the weights of {model.name} ({model.weight_bytes / GB:.1f} GB) do not fit in "
+                         f"{memory_fraction:.0%} of {gpu_memory_bytes / GB:.1f} GB; use a GPU with more memory, "
+                         "fewer bytes per parameter (quantize) or several GPUs")
+    return math.floor((usable - model.weight_bytes) / (tokens_per_conversation * model.kv_bytes_per_token))
 
 
 class SequenceWork(NamedTuple):

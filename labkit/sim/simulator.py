@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from tqdm.auto import tqdm
 
-from labkit.capacity import conversations_that_fit
 from labkit.engine.core import Batch, EngineCore
 from labkit.engine.request import Request
 from labkit.engine.scheduler import SchedulerPolicy, SchedulerState, make_policy, token_budget
 from labkit.kv.block_allocator import BlockAllocator
-from labkit.sampling import SamplingParams
-from labkit.sim.cost_model import CostModel, ModelSpec
+from labkit.sampling_params import SamplingParams
+from labkit.sim.cost_model import CostModel, ModelSpec, conversations_that_fit
 from labkit.sim.hardware import Hardware
 from labkit.trace import Trace
 from labkit.workloads import RequestSpec, Workload

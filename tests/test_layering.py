@@ -1,0 +1,95 @@
+"""The layers hold: plain-Python parts load no torch, the model code loads no engine, no package cycles.
+
+Each import runs in a fresh interpreter, so what it loads is what it needs, not what an
+earlier test happened to import. The simulator, the planner, the metrics and the
+scheduler are napkin maths and bookkeeping: they must answer instantly on a machine
+where loading torch takes seconds.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import labkit
+
+PACKAGE = Path(labkit.__file__).parent
+PLAIN_PYTHON = ["labkit.engine.scheduler", "labkit.engine.core", "labkit.kv.block_allocator", "labkit.sim",
+                "labkit.sim.cost_model", "labkit.sim.simulator", "labkit.sim.calibrate", "labkit.capacity",
+                "labkit.metrics", "labkit.workloads", "labkit.trace", "labkit.sampling_params"]
+
+
+def modules_loaded_by(code: str) -> set[str]:
+    """The names in sys.modules after running ``code`` in a fresh interpreter."""
+    script = f"{code}\nimport sys\nprint('\\n'.join(sys.modules))"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return set(result.stdout.split())
+
+
+def of(package: str, loaded: set[str]) -> set[str]:
+    return {name for name in loaded if name == package or name.startswith(package + ".")}
+
+
+@pytest.mark.parametrize("module", PLAIN_PYTHON)
+def test_plain_python_layers_load_no_torch_and_no_model_code(module):
+    loaded = modules_loaded_by(f"import {module}")
+    assert not of("torch", loaded), f"{module} loads torch"
+    assert not of("labkit.models", loaded), f"{module} loads {sorted(of('labkit.models', loaded))}"
+
+
+def test_the_model_code_loads_nothing_of_engine_sim_or_grading():
+    loaded = modules_loaded_by("import labkit.models, labkit.models.llama, labkit.models.loading")
+    for layer in ("labkit.engine", "labkit.sim", "labkit.grading", "labkit.labs"):
+        assert not of(layer, loaded), f"labkit.models loads {sorted(of(layer, loaded))}"
+
+
+@pytest.mark.parametrize("argv", [["plan", "--example", "sale"], ["plan", "--help"]])
+def test_labkit_plan_answers_without_torch(argv):
+    loaded = modules_loaded_by("import contextlib, io\nfrom labkit.cli import main\n"
+                               f"with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+                               f"    main({argv!r})")
+    assert "labkit.capacity" in loaded and not of("torch", loaded)
+
+
+def package_of(module: str) -> str:
+    """The top-level part of labkit a module belongs to: ``labkit.kv.paged`` -> ``labkit.kv``."""
+    return ".".join(module.split(".")[:2])
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Package -> the other labkit packages its modules import, anywhere in the file."""
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        source = package_of(".".join(parts))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                if name.startswith("labkit.") and package_of(name) != source:
+                    graph.setdefault(source, set()).add(package_of(name))
+    return graph
+
+
+def test_no_import_cycle_between_packages():
+    graph = import_graph()
+
+    def reachable(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for target in graph.get(todo.pop(), ()):
+                if target not in seen:
+                    seen.add(target)
+                    todo.append(target)
+        return seen
+
+    cycles = sorted((a, b) for a, targets in graph.items() for b in targets if a in reachable(b))
+    assert not cycles, f"packages that import each other (directly or through others): {cycles}"
+    assert "labkit.kv" in graph["labkit.models"]  # the graph is real: llama.py uses the contiguous cache
