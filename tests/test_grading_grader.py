@@ -45,7 +45,16 @@ def graded(tmp_path_factory):
         path = folder / f"{name}{fixture.suffix}"
         path.write_text(fixture.read_text().replace("__OUT_DIR__", str(out)))
         paths.append(str(path))
-    code = main(
+    with pytest.MonkeyPatch.context() as patch:  # the demo lab needs no model: keep the machine's cache out of it
+        patch.setenv("LABKIT_CACHE", str(folder / "cache"))
+        code = grade_the_class(paths, out)
+    assert code == 0
+    reports = {name: json.loads((out / f"{name}.json").read_text()) for name in SUBMISSIONS}
+    return out, reports
+
+
+def grade_the_class(paths, out):
+    return main(
         [
             "grade",
             *paths,
@@ -62,9 +71,6 @@ def graded(tmp_path_factory):
             *(["--no-sandbox"] if sandbox.sandbox_problem() else []),  # this class is about awkward notebooks
         ]
     )
-    assert code == 0
-    reports = {name: json.loads((out / f"{name}.json").read_text()) for name in SUBMISSIONS}
-    return out, reports
 
 
 def statuses(report):

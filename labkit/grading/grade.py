@@ -61,10 +61,9 @@ def _refuse_without_sandbox(count: int, problem: str) -> str:
 def run(args: argparse.Namespace) -> int:
     """Grade, write the reports, print one line per submission."""
     try:  # here rather than at the top, so `labkit --help` works without the [labs] extra
-        from labkit.grading.grader import GradeSettings, grade_submissions
+        from labkit.grading.grader import GradeSettings, SetupError, grade_submissions
         from labkit.grading.reports import write_reports
         from labkit.grading.sandbox import sandbox_problem
-        from labkit.models.default_model import ModelCacheError
     except ImportError as error:
         print(f"error: labkit grade needs {error.name}; install it with: pip install 'labkit[labs]'")
         return 2
@@ -102,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         grades = grade_submissions(args.submissions, settings, seed=args.seed, jobs=args.jobs)
-    except ModelCacheError as error:
+    except SetupError as error:
         print(f"error: {error}")
         return 2
     # Only now, with every kernel and every process they started gone, are the reports written.

@@ -42,7 +42,8 @@ from labkit.grading.judge_process import judge_result, start_judges
 from labkit.grading.kernel_side import attempt_code
 from labkit.grading.result import CRASHED, ERROR, NOT_RUN, TIMEOUT, CheckResult
 from labkit.grading.submissions import SubmissionError, code_cells, infer_lab, read_notebook, submission_names
-from labkit.models.default_model import CACHE_ENV, cache_root
+from labkit.cache import CACHE_ENV, cache_root
+from labkit.models.default_model import ModelCacheError, contents_verified
 
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE_?KEY", re.IGNORECASE)
 # What went wrong in the kernel while the grader ran an exercise -> the verdict's status.
@@ -155,6 +156,10 @@ def labs_of(paths: Sequence[Path], lab: str | None) -> set[str]:
     return labs
 
 
+class SetupError(Exception):
+    """The run cannot start: no sandbox, or a model cache that is damaged or unreadable (the message says the fix)."""
+
+
 class Grader:
     """Grades submissions, each with its own secret seed, private folder and (by default) sandbox."""
 
@@ -168,15 +173,24 @@ class Grader:
         expected answer computed once (the model and the modules the oracles use are loaded) and the
         judging processes started with those checks imported."""
         if self.settings.sandbox and (problem := sandbox.sandbox_problem()):
-            raise RuntimeError(f"no sandbox can be made here: {problem}")
+            raise SetupError(f"no sandbox can be made here: {problem}")
         modules = []
         for lab in sorted(labs):
             try:
                 modules.append(lab_module(lab))
             except ValueError:  # an unknown lab: reported per submission
                 continue
-            for exercise in exercises_for_lab(lab):
-                expected_outputs(exercise, 0)
+            try:
+                with contents_verified():  # a model the oracles load must match its conversion's checksums
+                    for exercise in exercises_for_lab(lab):
+                        expected_outputs(exercise, 0)
+            except ModelCacheError as error:
+                raise SetupError(str(error)) from None
+        if self.settings.sandbox and (hidden := sandbox.unreadable_in_sandbox(cache_root())):
+            raise SetupError(
+                f"the sandboxed kernels could not read {hidden[0]} (and {len(hidden) - 1} more files in the "
+                f"model cache).\nFix: chmod -R a+rX '{cache_root()}'"
+            )
         start_judges(modules)
 
     def seed_for(self, name: str) -> int:

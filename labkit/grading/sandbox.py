@@ -22,6 +22,7 @@ import functools
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import labkit
-from labkit.models.default_model import cache_root
+from labkit.cache import cache_root
 
 UID_BASE = 61000  # submission i runs as uid UID_BASE + i (when the grader is root): ids no one else uses
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -145,6 +146,13 @@ def sandbox_problem() -> str | None:
             "(in a container: run it privileged, or with seccomp and AppArmor allowing unshare)"
         )
     return None
+
+
+def unreadable_in_sandbox(folder: Path) -> list[Path]:
+    """Files under `folder` that a sandbox's own user could not read (only a root grader switches user)."""
+    if not _as_root() or not folder.is_dir():
+        return []
+    return [path for path in sorted(folder.rglob("*")) if path.is_file() and not path.stat().st_mode & stat.S_IROTH]
 
 
 @functools.cache

