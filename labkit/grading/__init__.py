@@ -3,7 +3,7 @@
 - `check("lab2.decode_with_cache", fn)` shows PASS/FAIL with the first difference and a hint.
 - `checks` is the registry of exercise specs; `compare` holds the comparison helpers.
 - `labkit make-labs` turns solved lab sources into learner notebooks; `labkit grade`
-  runs submissions in fresh kernels and judges them in its own process.
+  runs each submission in a sandboxed kernel and judges it in limited child processes.
 See README.md in this folder for the instructor's view.
 """
 
