@@ -76,6 +76,20 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return bool(self._pending) or self.state.has_unfinished
 
+    def abort(self, request_id: str) -> bool:
+        """Stop a request that has not finished, arrived or not; False if there is none by that id."""
+        if request_id in self._pending_ids:
+            index = next(i for i, (_, _, r) in enumerate(self._pending) if r.request_id == request_id)
+            request = self._pending.pop(index)[2]
+            heapq.heapify(self._pending)
+            self._pending_ids.discard(request_id)
+            request.mark_finished("abort", self.state.now)
+            return True
+        if request_id not in self.state.requests:
+            return False
+        self.state.abort(self.state.requests[request_id])
+        return True
+
     @property
     def next_arrival(self) -> float | None:
         """When the next request not yet arrived arrives, or None."""

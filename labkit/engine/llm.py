@@ -118,6 +118,13 @@ class LLM:
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
 
+    def abort_request(self, request_id: str) -> bool:
+        """Stop serving a request now (as vLLM's ``abort_request``): its KV blocks go back to the pool
+        at once and it gets no more outputs. Returns False if no unfinished request has that id."""
+        found = self.core.abort(str(request_id))
+        self.runner.release(str(request_id))
+        return found
+
     def step(self) -> list[RequestOutput]:
         """Run one step; return an output for every request that got a token or finished."""
         start = self.now()

@@ -161,6 +161,15 @@ class SchedulerState:
             progressed.append(request)
         return record, progressed
 
+    def abort(self, request: Request) -> None:
+        """Drop an unfinished request wherever it is (its client went away): its blocks are freed now."""
+        if request.status is RequestStatus.RUNNING:
+            self.finish(request, "abort")
+            return
+        self.waiting.remove(request)
+        del self.requests[request.request_id]
+        request.mark_finished("abort", self.now)
+
     @property
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
