@@ -62,4 +62,6 @@ def test_labkit_info_says_which_matmul_path_runs_and_why(monkeypatch, capsys, pr
     if prepack == "0":
         assert matmuls.endswith("plain F.linear (LABKIT_PREPACK=0)")
     else:
-        assert matmuls.endswith(default_model.matmul.describe())
+        from labkit.models.fast_linear import matmul_path
+
+        assert matmuls.endswith(matmul_path(torch.device("cpu"), torch.float32, default_model.weight_bytes()).describe())

@@ -53,7 +53,7 @@ def test_views_of_a_fused_weight_and_batched_inputs_work():
 def test_it_falls_back_to_f_linear_when_switched_off_or_for_other_dtypes(monkeypatch):
     weight = torch.randn(8, 4, dtype=torch.float64)
     assert not prepack_enabled(weight.device, weight.dtype)
-    assert "float64" in matmul_path(CPU, torch.float64).reason
+    assert "float64" in probe_prepack(CPU, torch.float64).reason
     x = torch.randn(3, 4, dtype=torch.float64)
     assert torch.equal(prepacked_linear(weight)(x), F.linear(x, weight))
     monkeypatch.setenv("LABKIT_PREPACK", "0")
@@ -70,16 +70,16 @@ def test_a_kernel_that_refuses_this_cpu_means_the_plain_path(monkeypatch, fresh_
         raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert\nmore")
 
     monkeypatch.setattr(fast_linear, "_reorder_weight", refuse)
-    path = matmul_path(CPU, torch.bfloat16)
+    path = probe_prepack(CPU, torch.bfloat16)
     assert not path.prepacked and "avx_ne_convert" in path.reason and "more" not in path.reason
     assert path.describe().startswith("plain F.linear (oneDNN refused bfloat16")
-    matmul_path(CPU, torch.bfloat16)
+    assert not prepack_enabled(CPU, torch.bfloat16)
     assert calls == [torch.bfloat16]  # tried once, then remembered for the process
 
 
 def test_a_kernel_that_gives_wrong_numbers_means_the_plain_path(monkeypatch, fresh_probe):
     monkeypatch.setattr(fast_linear, "_packed_product", lambda x, packed, bias: torch.zeros(len(x), 48))
-    path = matmul_path(CPU, torch.float32)
+    path = probe_prepack(CPU, torch.float32)
     assert not path.prepacked and "differs from F.linear" in path.reason
 
 
@@ -113,8 +113,9 @@ def test_the_torch_build_in_use_has_the_packed_kernels():
 def test_a_model_too_big_for_a_second_copy_is_not_packed(monkeypatch):
     from labkit.models import tiny_model
 
-    if not probe_prepack(CPU, torch.float32).prepacked:
-        pytest.skip(f"the prepacked path cannot run here: {probe_prepack(CPU, torch.float32).reason}")
+    here = matmul_path(CPU, torch.float32)
+    if not here.prepacked:
+        pytest.skip(f"the prepacked path cannot run here: {here.reason}")
     assert tiny_model().prepacked
     assert not tiny_model(prepack=False).prepacked
     monkeypatch.setattr(fast_linear, "available_ram_bytes", lambda: 1000)
