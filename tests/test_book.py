@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -21,22 +20,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from browser_helpers import ARTIFACTS, CHROMIUM_FLAGS, chromium
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = Path(__file__).resolve().parents[2] / "shared" / "sources"
-ARTIFACTS = REPO / "test-artifacts"
 RUN_LENGTH = 8  # no run of this many consecutive words may come from the sources
 BUILD_TIMEOUT_S = 420
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SCREENSHOT_PAGES = ("capacity_planning", "kv_memory")
 
 
@@ -135,9 +124,19 @@ def jupyter_book_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "jupyter_book.cli.main"]
 
 
-@pytest.fixture(scope="module")
-def html(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Build the whole book once, chapters executed, into a temporary folder; return its html/ folder."""
+_built: dict[str, Path] = {}  # the one build of this test session, shared with test_browser_book.py
+
+
+@pytest.fixture(scope="module", name="html")
+def built_book(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build the whole book once per session, chapters executed, into a temporary folder; return its html/ folder.
+
+    LABKIT_BOOK_HTML=_build/html tests a book already built (by `make`) instead, to look again quickly.
+    """
+    if os.environ.get("LABKIT_BOOK_HTML"):
+        return Path(os.environ["LABKIT_BOOK_HTML"]).resolve()
+    if "html" in _built:
+        return _built["html"]
     out = tmp_path_factory.mktemp("book")
     command = [*jupyter_book_command(), "build", str(REPO), "-W", "--keep-going", "--path-output", str(out)]
     # The chapters import labkit; put this checkout first on the path even where it is not pip-installed.
@@ -145,7 +144,8 @@ def html(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, cwd=REPO, env=env)
     log = result.stdout + result.stderr
     assert result.returncode == 0, f"jupyter-book build failed (exit {result.returncode}):\n{log[-6000:]}"
-    return out / "_build" / "html"
+    _built["html"] = out / "_build" / "html"
+    return _built["html"]
 
 
 class PageParser(HTMLParser):
@@ -238,10 +238,6 @@ def test_bibliography_lists_the_papers_the_chapters_cite(html: Path) -> None:
 
 
 # --- a real browser --------------------------------------------------------------------------
-
-
-def chromium() -> str | None:
-    return shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 
 
 def browse(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,149 @@
+"""The built book, clicked through in a real browser, as a reader meets it.
+
+Why: a page can build cleanly and still break in the reader's browser: a script that throws, a
+figure that never loads, math left as raw TeX without a network, an answer that will not unfold,
+a link to a page or anchor that is not there. These tests open every page of the book this test
+session built (`html`, shared with test_book.py) in Debian's chromium through Playwright.
+"""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+from browser_helpers import chromium_browser, screenshot  # noqa: F401  (the `browser` fixture)
+from test_book import built_book  # noqa: F401  (the `html` fixture: the book, built once per session)
+
+pytestmark = pytest.mark.browser
+
+
+def book_pages(root: Path) -> list[Path]:
+    """Every HTML page a reader can reach; Sphinx's own folders (_static, _sources, ...) are not pages."""
+    return sorted(page for page in root.rglob("*.html") if not page.relative_to(root).parts[0].startswith("_"))
+
+
+class LinksAndAnchors(HTMLParser):
+    """A page's link targets (<a href>, and a redirect's <meta http-equiv="refresh">) and its anchors (ids, names)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+        self.anchors: set[str] = set()
+        self.redirects = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attr = {key: value or "" for key, value in attrs}
+        self.anchors.update(value for key, value in attr.items() if key in ("id", "name") and value)
+        if tag == "a" and attr.get("href"):
+            self.hrefs.append(attr["href"])
+        if tag == "meta" and attr.get("http-equiv", "").lower() == "refresh":
+            self.redirects = True
+            self.hrefs.append(attr.get("content", "").partition("url=")[2])
+
+
+def read_links(page: Path) -> LinksAndAnchors:
+    parsed = LinksAndAnchors()
+    parsed.feed(page.read_text(encoding="utf-8"))
+    return parsed
+
+
+def broken_links(root: Path) -> list[str]:
+    """'page -> target (why)' for every link inside the book whose file or anchor does not exist."""
+    broken, parsed = [], {}
+    for page in book_pages(root):
+        for href in read_links(page).hrefs:
+            url = urlsplit(href)
+            if url.scheme or url.netloc:
+                continue  # another site, mail or javascript: not the book's to check
+            target = (page.parent / unquote(url.path)).resolve() if url.path else page
+            if target.is_dir():
+                target = target / "index.html"
+            where = f"{page.relative_to(root)} -> {href}"
+            if not target.is_file():
+                broken.append(f"{where} (no such file)")
+            elif url.fragment and target.suffix == ".html":
+                anchors = parsed.setdefault(target, read_links(target)).anchors
+                if unquote(url.fragment) not in anchors:
+                    broken.append(f"{where} (no such anchor)")
+    return broken
+
+
+def test_the_link_checker_names_the_page_and_target_of_a_broken_link(tmp_path: Path) -> None:
+    """A hand-made book with one good link, a missing page and a missing anchor."""
+    (tmp_path / "a.html").write_text('<h2 id="sec">A</h2>')
+    (tmp_path / "index.html").write_text(
+        '<a href="a.html#sec">ok</a> <a href="#top" id="top">self</a> <a href="https://example.org/x.html">away</a>'
+        '<a href="missing.html">gone</a> <a href="a.html#nowhere">lost</a>')
+    (tmp_path / "old.html").write_text('<meta http-equiv="Refresh" content="0; url=moved.html" />')
+    assert broken_links(tmp_path) == ["index.html -> missing.html (no such file)",
+                                      "index.html -> a.html#nowhere (no such anchor)",
+                                      "old.html -> moved.html (no such file)"]
+
+
+def test_every_internal_link_and_anchor_resolves(html: Path) -> None:
+    pages = book_pages(html)
+    assert len(pages) > 10, f"expected the book's chapters and labs in {html}, found {len(pages)} pages"
+    broken = broken_links(html)
+    assert not broken, "broken links (page -> target):\n" + "\n".join(broken)
+
+
+def open_page(browser, page: Path):
+    """A fresh tab showing the page once MathJax has finished, and the errors it logged on the way."""
+    tab = browser.new_page(viewport={"width": 1280, "height": 1000})
+    errors: list[str] = []
+    tab.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    tab.on("pageerror", lambda error: errors.append(f"uncaught {error}"))
+    tab.goto(page.as_uri(), wait_until="load")
+    tab.evaluate("() => window.MathJax?.startup?.promise")  # typesetting finishes after the load event
+    return tab, errors
+
+
+# What the browser sees on a page: formulas left untypeset, MathJax errors, images that did not load.
+PAGE_PROBLEMS_JS = """() => ({
+    untypeset: [...document.querySelectorAll('.math')].filter(m => !m.querySelector('mjx-container')).length,
+    mathErrors: document.querySelectorAll('mjx-merror').length,
+    brokenImages: [...document.images].filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src),
+})"""
+
+
+def reader_pages(root: Path) -> list[Path]:
+    """The pages a reader stays on: redirects (the root index.html) are left to the link checker."""
+    return [page for page in book_pages(root) if not read_links(page).redirects]
+
+
+def test_every_page_loads_without_errors_with_its_figures_and_math(html: Path, browser) -> None:
+    problems = []
+    for page in reader_pages(html):
+        tab, errors = open_page(browser, page)
+        seen = tab.evaluate(PAGE_PROBLEMS_JS)
+        name = page.relative_to(html)
+        problems += [f"{name}: console error: {error}" for error in errors]
+        problems += [f"{name}: figure did not load: {src}" for src in seen["brokenImages"]]
+        if seen["untypeset"] or seen["mathErrors"]:
+            problems.append(f"{name}: {seen['untypeset']} formulas not typeset, {seen['mathErrors']} MathJax errors")
+        if page.name == "capacity_planning.html":
+            screenshot(tab, "book-browser-capacity_planning")
+        tab.close()
+    assert not problems, "\n".join(problems)
+
+
+def test_predict_first_answers_unfold_when_clicked(html: Path, browser) -> None:
+    from playwright.sync_api import expect
+
+    opened = 0
+    for page in reader_pages(html):
+        if 'class="dropdown admonition"' not in page.read_text(encoding="utf-8"):
+            continue
+        tab, _ = open_page(browser, page)
+        for answer in tab.locator(".dropdown.admonition").all():
+            body = answer.locator(":scope > :not(.admonition-title)").first
+            expect(body, f"{page.name}: an answer is shown before the reader asks").to_be_hidden()
+            answer.locator(".toggle-button").click()
+            expect(body, f"{page.name}: an answer stayed folded after a click").to_be_visible()
+            opened += 1
+        if page.name == "kv_memory.html":
+            screenshot(tab, "book-browser-answer-open")
+        tab.close()
+    assert opened >= 10, f"only {opened} 'predict first' answers found in the whole book"
