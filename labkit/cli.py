@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "calibrate": ("labkit.calibrate_cli", "fit the simulator's cost model to this machine's engine"),
     "make-labs": ("labkit.grading.make_labs", "learner notebooks from the solved lab sources"),
     "grade": ("labkit.grading.grade", "grade submitted lab notebooks"),
+    "serve": ("labkit.serve.serve_cli", "an OpenAI-compatible server over the engine, vLLM's metric names"),
 }
 
 

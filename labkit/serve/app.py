@@ -1,0 +1,197 @@
+"""The HTTP routes of ``labkit serve``: OpenAI's completions API, models, health and metrics (starlette).
+
+``POST /v1/chat/completions`` and ``POST /v1/completions`` answer whole or as server-sent
+events (one event per token, then ``data: [DONE]``); ``GET /v1/models`` names the one model;
+``GET /health`` says whether the engine loop runs; ``GET /metrics`` is for Prometheus. With an
+API key, the ``/v1`` routes want ``Authorization: Bearer KEY`` (health and metrics stay open,
+as in vLLM). A body over ``MAX_BODY_BYTES`` is refused with 413 before it is parsed. A client
+that hangs up, mid-stream or while it waits, has its request aborted, which frees its KV
+blocks before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from labkit.models.tokens import encode_prompt
+from labkit.serve.protocol import CHAT, COMPLETION, APIError, CompletionRequest, Reply, model_list, parse_request, usage
+from labkit.serve.text import TextStream
+from labkit.serve.worker import EngineWorker, Handle
+
+MAX_BODY_BYTES = 4 * 2**20  # far above any prompt that fits a context window
+DRAIN_BYTES = 64 * 2**20  # an oversized body is read (and dropped) up to this, so its client sees the 413
+
+
+def build_app(worker: EngineWorker, model_name: str, api_key: str | None = None) -> Starlette:
+    """The ASGI app over a (not yet started) worker; starting the app starts the engine loop."""
+    tokenizer = worker.llm.model.tokenizer
+    if tokenizer is None:
+        raise ValueError("labkit serve needs a model with a tokenizer (text in, text out); this one has none")
+    vocab_size = worker.llm.model.config.vocab_size
+    created = int(time.time())
+
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise APIError(401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>' "
+                                "with the key the server was started with.", type="authentication_error",
+                           code="invalid_api_key")
+
+    def prompt_ids(parsed: CompletionRequest) -> list[int]:
+        if isinstance(parsed.prompt, list) and isinstance(parsed.prompt[0], int):
+            if max(parsed.prompt) >= vocab_size:
+                raise APIError(400, f"prompt has token id {max(parsed.prompt)}, but the vocabulary has "
+                                    f"{vocab_size} (ids 0 to {vocab_size - 1}).", param="prompt")
+            return list(parsed.prompt)
+        try:
+            return encode_prompt(tokenizer, parsed.prompt)
+        except Exception as err:  # the chat template may refuse a conversation (say, two system messages)
+            raise APIError(400, f"The prompt could not be tokenized: {err}", param="messages") from None
+
+    async def completions(request: Request, kind: str) -> Response:
+        authorize(request)
+        parsed = parse_request(await read_json(request), kind)
+        if parsed.model not in (None, model_name):
+            raise APIError(404, f"The model `{parsed.model}` does not exist; this server serves `{model_name}` "
+                                "(see GET /v1/models).", param="model", code="model_not_found")
+        ids = prompt_ids(parsed)
+        handle = worker.submit(ids, parsed.sampling_params(len(ids), worker.context_limit))
+        reply = Reply.new(handle.request_id, kind, model_name)
+        text = TextStream(tokenizer, parsed.stop)
+        watcher = asyncio.create_task(_close_on_disconnect(request, handle))
+        if parsed.stream:
+            return StreamingResponse(_events(handle, reply, text, parsed.include_usage, watcher),
+                                     media_type="text/event-stream")
+        try:
+            return JSONResponse(await _whole(handle, reply, text))
+        finally:
+            watcher.cancel()
+            handle.close()
+
+    async def chat(request: Request) -> Response:
+        return await completions(request, CHAT)
+
+    async def complete(request: Request) -> Response:
+        return await completions(request, COMPLETION)
+
+    async def models(request: Request) -> Response:
+        authorize(request)
+        return JSONResponse(model_list(model_name, worker.context_limit, created))
+
+    async def health(request: Request) -> Response:
+        if worker.healthy:
+            return Response(status_code=200)
+        return JSONResponse(APIError(503, f"The engine is not running: {worker.error or 'stopped'}").body(), 503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(worker.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @asynccontextmanager
+    async def lifespan(app):
+        worker.start()
+        yield
+        await asyncio.to_thread(worker.stop)  # every request still in the engine is aborted, its blocks freed
+
+    return Starlette(
+        routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
+                Route("/v1/completions", complete, methods=["POST"]),
+                Route("/v1/models", models, methods=["GET"]),
+                Route("/health", health, methods=["GET"]),
+                Route("/metrics", metrics, methods=["GET"])],
+        exception_handlers={APIError: _api_error, HTTPException: _http_error},
+        lifespan=lifespan)
+
+
+async def read_json(request: Request) -> object:
+    """The decoded body; 413 past ``MAX_BODY_BYTES``, 400 if it is not JSON."""
+    declared = request.headers.get("content-length", "")
+    too_big = declared.isdigit() and int(declared) > MAX_BODY_BYTES
+    body, size = bytearray(), 0
+    if not too_big or int(declared) <= DRAIN_BYTES:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size <= MAX_BODY_BYTES:
+                body += chunk
+            elif size > DRAIN_BYTES:
+                break
+    if too_big or size > MAX_BODY_BYTES:
+        raise APIError(413, f"The request body is over {MAX_BODY_BYTES // 2**20} MiB; send a smaller one.",
+                       code="request_too_large")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as err:  # RecursionError: absurdly deep nesting
+        raise APIError(400, f"The request body is not valid JSON ({type(err).__name__}: {str(err)[:200]}).",
+                       code="invalid_json") from None
+
+
+async def _close_on_disconnect(request: Request, handle: Handle) -> None:
+    """Wait for the client to hang up, then abort its request (its blocks are freed at the next step)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    handle.close()
+
+
+async def _whole(handle: Handle, reply: Reply, text: TextStream) -> dict:
+    """A non-streamed answer: wait for the last token, then decode once."""
+    async for output in handle.outputs():
+        if output.finished:
+            break
+        if text.stop:  # stop strings end the answer early: look for them as the tokens come
+            text.update(output.token_ids, finished=False)
+            if text.stopped:
+                break
+    reason = "stop" if text.stopped else output.finish_reason
+    text.update(output.token_ids, finished=True)
+    handle.close(reason)
+    return reply.full(text.text, reason, usage(handle.prompt_len, len(output.token_ids)))
+
+
+async def _events(handle: Handle, reply: Reply, text: TextStream, include_usage: bool,
+                  watcher: asyncio.Task) -> AsyncIterator[str]:
+    """A streamed answer: one event per token (the last one carries the finish reason), usage, [DONE]."""
+    num_tokens = 0
+    try:
+        async for output in handle.outputs():
+            piece = text.update(output.token_ids, output.finished)
+            done = output.finished or text.stopped
+            reason = ("stop" if text.stopped else output.finish_reason) if done else None
+            yield _sse(reply.chunk(piece, reason, first=num_tokens == 0, with_usage=include_usage))
+            num_tokens = len(output.token_ids)
+            if done:
+                handle.close(reason)
+                break
+        if include_usage:
+            yield _sse(reply.usage_chunk(usage(handle.prompt_len, num_tokens)))
+    except APIError as err:  # the stream has started, so the error goes in an event, as vLLM does
+        yield _sse(err.body())
+    finally:
+        watcher.cancel()
+        handle.close()
+    yield "data: [DONE]\n\n"
+
+
+def _sse(event: dict) -> str:
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+async def _api_error(request: Request, err: APIError) -> Response:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+async def _http_error(request: Request, err: HTTPException) -> Response:
+    """Unknown paths and wrong methods, in the same error shape as everything else."""
+    return JSONResponse(APIError(err.status_code, str(err.detail), type="invalid_request_error").body(),
+                        status_code=err.status_code, headers=err.headers)

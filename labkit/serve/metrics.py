@@ -1,0 +1,88 @@
+"""``/metrics``: the server's state and latencies for Prometheus, with vLLM's names, meanings and buckets.
+
+A dashboard built for vLLM reads this server unchanged, and what a learner sees here is what
+they will see at work. Names, help texts and bucket edges follow vLLM's
+``vllm/v1/metrics/loggers.py`` (V1 engine; ``inter_token_latency_seconds`` is its name since
+0.11 for what was ``time_per_output_token_seconds``). Every metric carries vLLM's labels
+``model_name`` and ``engine``. Counters show up with ``_total`` appended, as Prometheus
+counters do (``vllm:prompt_tokens_total``).
+
+Times come from the engine's own clock, so they are the engine's view: a request arrives when
+the server hands it to the engine loop, its tokens are stamped when the step that made them
+ends. Each server has its own registry, so several can live in one process (tests, notebooks).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TOKEN_GAP_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                     20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+FINISH_REASONS = ("stop", "length", "abort")
+LABELS = ("model_name", "engine")
+
+
+class ServerMetrics:
+    """The Prometheus metrics of one server; the engine loop calls the ``on_*`` methods."""
+
+    def __init__(self, model_name: str):
+        disable_created_metrics()  # no ``*_created`` series, as vLLM (process-wide, like its own setting)
+        self.registry = CollectorRegistry()
+        labels = dict(model_name=model_name, engine="0")
+
+        def make(kind, name, documentation, **extra):
+            return kind(name, documentation, LABELS, registry=self.registry, **extra).labels(**labels)
+
+        self.running = make(Gauge, "vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = make(Gauge, "vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = make(Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.preemptions = make(Counter, "vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = make(Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = make(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                          LABELS + ("finished_reason",), registry=self.registry)
+        self.finished = {reason: success.labels(**labels, finished_reason=reason) for reason in FINISH_REASONS}
+        self.ttft = make(Histogram, "vllm:time_to_first_token_seconds",
+                         "Histogram of time to first token in seconds.", buckets=TTFT_BUCKETS)
+        self.itl = make(Histogram, "vllm:inter_token_latency_seconds",
+                        "Histogram of inter-token latency in seconds.", buckets=TOKEN_GAP_BUCKETS)
+        self.e2e = make(Histogram, "vllm:e2e_request_latency_seconds",
+                        "Histogram of e2e request latency in seconds.", buckets=REQUEST_LATENCY_BUCKETS)
+        self.queue = make(Histogram, "vllm:request_queue_time_seconds",
+                          "Histogram of time spent in WAITING phase for request.", buckets=REQUEST_LATENCY_BUCKETS)
+
+    def on_step(self, num_running: int, num_waiting: int, kv_usage: float, num_preempted: int) -> None:
+        """After each engine step: the batch it ran, the queue behind it, the cache it filled."""
+        self.running.set(num_running)
+        self.waiting.set(num_waiting)
+        self.kv_usage.set(kv_usage)
+        self.preemptions.inc(num_preempted)
+
+    def on_idle(self) -> None:
+        """Nothing left to run: no batch, no queue, and every block back in the pool."""
+        self.on_step(0, 0, 0.0, 0)
+
+    def on_tokens(self, prompt_len: int, num_new: int, first_token_s: float | None, gaps_s: list[float]) -> None:
+        """A request got ``num_new`` tokens; the first one brings its prompt and its TTFT."""
+        if first_token_s is not None:
+            self.prompt_tokens.inc(prompt_len)
+            self.ttft.observe(first_token_s)
+        self.generation_tokens.inc(num_new)
+        for gap in gaps_s:
+            self.itl.observe(gap)
+
+    def on_finish(self, reason: str, e2e_s: float, queue_s: float | None) -> None:
+        """A request ended: counted by reason; latencies only for those that ran to a natural end."""
+        self.finished[reason].inc()
+        if reason != "abort":
+            self.e2e.observe(e2e_s)
+            if queue_s is not None:
+                self.queue.observe(queue_s)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

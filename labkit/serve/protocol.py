@@ -1,0 +1,243 @@
+"""The OpenAI wire format: what a request may say, and the shapes of answers and errors.
+
+Every request is checked here before it reaches the engine, so a bad one costs the server
+nothing and its client gets a 4xx naming the field and the fix, in OpenAI's error shape
+``{"error": {"message", "type", "param", "code"}}`` (the ``openai`` client turns it into
+``BadRequestError`` and friends). Fields the engine cannot honour are refused, never
+silently ignored; fields that change nothing here (``user``, ``logprobs: false``...) pass.
+``ignore_eos`` and ``top_k`` are vLLM's extensions, accepted as vLLM accepts them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from labkit.sampling_params import SamplingParams
+
+CHAT, COMPLETION = "chat", "completion"
+ROLES = ("system", "user", "assistant")
+MAX_STOP_STRINGS = 4  # as OpenAI
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+
+
+class APIError(Exception):
+    """A request the server refuses, with its HTTP status and the OpenAI error fields."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 type: str = "invalid_request_error", code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(param: str, message: str) -> APIError:
+    return APIError(400, message, param=param)
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A validated request to /v1/chat/completions (``kind`` chat) or /v1/completions."""
+
+    kind: str
+    model: str | None
+    prompt: list[dict] | str | list[int]  # chat messages, text, or token ids
+    max_tokens: int | None  # None: as many as the context leaves
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: tuple[str, ...]
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+
+    def sampling_params(self, prompt_len: int, context_limit: int) -> SamplingParams:
+        """The engine's params, once the prompt's length is known; 400 if prompt plus answer cannot fit.
+
+        ``context_limit`` is the most tokens one sequence may reach: max_model_len, or less
+        if the whole KV cache holds less.
+        """
+        if prompt_len >= context_limit:
+            raise bad("messages" if self.kind == CHAT else "prompt",
+                      f"This model's maximum context length is {context_limit} tokens, and your prompt has "
+                      f"{prompt_len}, which leaves no room for an answer; shorten the prompt.")
+        max_tokens = self.max_tokens if self.max_tokens is not None else context_limit - prompt_len
+        if prompt_len + max_tokens > context_limit:
+            raise bad("max_tokens", f"This model's maximum context length is {context_limit} tokens. However, "
+                                    f"you requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
+                                    f"{max_tokens} in the completion); lower max_tokens or shorten the prompt.")
+        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.top_k, seed=self.seed, ignore_eos=self.ignore_eos)
+
+
+def parse_request(body: object, kind: str) -> CompletionRequest:
+    """Check a decoded JSON body field by field; raise :class:`APIError` (400) at the first problem."""
+    if not isinstance(body, dict):
+        raise bad(None, "The request body must be a JSON object.")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("model", "model must be a string: the id that GET /v1/models lists.")
+    if _optional(body, "n", int) not in (None, 1):
+        raise bad("n", "n > 1 is not supported: labkit's engine returns one choice; send n requests instead.")
+    stream = bool(_optional(body, "stream", bool))
+    options = _optional(body, "stream_options", dict)
+    if options is not None and not stream:
+        raise bad("stream_options", "stream_options is only allowed when stream is true.")
+    include_usage = bool(_optional(options or {}, "include_usage", bool, "stream_options.include_usage"))
+    max_tokens = _optional(body, "max_completion_tokens", int) if kind == CHAT else None
+    if max_tokens is None:
+        max_tokens = _optional(body, "max_tokens", int)
+    if max_tokens is not None and max_tokens < 1:
+        raise bad("max_tokens", f"max_tokens must be at least 1, got {max_tokens}.")
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0:
+        raise bad("top_p", "top_p must be greater than 0 (1 keeps every token).")
+    top_k = _optional(body, "top_k", int)
+    if top_k is not None and top_k < -1:
+        raise bad("top_k", f"top_k must be -1 or 0 (off) or a positive number, got {top_k}.")
+    seed = _optional(body, "seed", int)
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise bad("seed", f"seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}.")
+    prompt = _messages(body) if kind == CHAT else _prompt(body)
+    return CompletionRequest(kind, model, prompt, max_tokens, temperature, top_p, max(top_k or 0, 0), seed,
+                             _stop(body), bool(_optional(body, "ignore_eos", bool)), stream, include_usage)
+
+
+def _optional(body: dict, name: str, kind: type, param: str | None = None):
+    """``body[name]`` if present and not null, checked to be of ``kind`` (a bool is not an int here)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise bad(param or name, f"{param or name} must be {_KIND_NAMES[kind]}, got {json_type(value)}.")
+    return value
+
+
+_KIND_NAMES = {int: "an integer", bool: "true or false", dict: "an object", str: "a string", list: "an array"}
+
+
+def json_type(value: object) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high:
+        raise bad(name, f"{name} must be a number from {low:g} to {high:g}, got {value!r}.")
+    return float(value)
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) \
+            or len(stops) > MAX_STOP_STRINGS:
+        raise bad("stop", f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them.")
+    return tuple(stops)
+
+
+def _messages(body: dict) -> list[dict]:
+    """Chat messages as ``{"role", "content"}`` with text content (text parts are joined)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "messages must be a non-empty array of {\"role\", \"content\"} objects.")
+    cleaned = []
+    for i, message in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise bad(param, f"{param} must be an object whose role is one of {', '.join(ROLES)}.")
+        cleaned.append({"role": message["role"], "content": _text_content(message.get("content"), param)})
+    return cleaned
+
+
+def _text_content(content: object, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(part["text"] for part in content)
+    raise bad(f"{param}.content", f"{param}.content must be a string or an array of text parts "
+                                  "({\"type\": \"text\", \"text\": ...}); this model reads text only.")
+
+
+def _prompt(body: dict) -> str | list[int]:
+    """A completion prompt: text or token ids, or an array holding exactly one of those."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                   for t in prompt):
+        return prompt
+    raise bad("prompt", "prompt must be a non-empty string or array of token ids (one prompt per request).")
+
+
+# --- answers ---------------------------------------------------------------------------
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What every answer to one request shares: its id, kind, model and creation time."""
+
+    request_id: str
+    kind: str
+    model: str
+    created: int
+
+    @classmethod
+    def new(cls, request_id: str, kind: str, model: str) -> "Reply":
+        return cls(request_id, kind, model, int(time.time()))
+
+    def _choice(self, text: str | None, finish_reason: str | None, delta: bool, first: bool = False) -> dict:
+        if self.kind == COMPLETION:
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        if not delta:
+            return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                    "finish_reason": finish_reason}
+        message = {"role": "assistant"} if first else {}
+        if text is not None:
+            message["content"] = text
+        return {"index": 0, "delta": message, "logprobs": None, "finish_reason": finish_reason}
+
+    def _envelope(self, chunk: bool) -> dict:
+        kind = "chat.completion" if self.kind == CHAT else "text_completion"
+        return {"id": self.request_id, "object": kind + (".chunk" if chunk and self.kind == CHAT else ""),
+                "created": self.created, "model": self.model}
+
+    def full(self, text: str, finish_reason: str, counts: dict) -> dict:
+        """The whole answer of a non-streamed request."""
+        return {**self._envelope(False), "choices": [self._choice(text, finish_reason, delta=False)],
+                "usage": counts}
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False,
+              with_usage: bool = False) -> dict:
+        """One server-sent event of a stream: one token's text (the first also names the role)."""
+        event = {**self._envelope(True), "choices": [self._choice(text, finish_reason, delta=True, first=first)]}
+        if with_usage:
+            event["usage"] = None  # as OpenAI: null on every chunk but the last when usage is asked for
+        return event
+
+    def usage_chunk(self, counts: dict) -> dict:
+        """The last event when ``stream_options.include_usage`` is set: no choices, the usage."""
+        return {**self._envelope(True), "choices": [], "usage": counts}
+
+
+def model_list(model: str, max_model_len: int, created: int) -> dict:
+    return {"object": "list", "data": [{"id": model, "object": "model", "created": created,
+                                        "owned_by": "labkit", "max_model_len": max_model_len}]}

@@ -1,0 +1,86 @@
+"""``labkit serve``: an OpenAI-compatible server over labkit's engine, with ``vllm serve``'s dial names.
+
+    labkit serve --max-num-seqs 32 --port 8000
+    curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+         -d '{"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Hi"}]}'
+
+Any OpenAI client works against it, as against ``vllm serve``; ``/metrics`` has vLLM's metric
+names. It listens on loopback unless told otherwise (``--host 0.0.0.0`` opens it to the network:
+add ``--api-key`` then). Ctrl-C or SIGTERM stops it gracefully.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--model", default="default", help="model: 'default', a checkpoint folder or a cached hub id")
+    parser.add_argument("--served-model-name", help="the model id clients send (default: the model's name)")
+    parser.add_argument("--dtype", help="float32, bfloat16 or float16 (default: labkit's choice for the device)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="port (8000; 0 picks a free one)")
+    parser.add_argument("--api-key", help="if set, /v1 requests need 'Authorization: Bearer KEY'")
+    engine = parser.add_argument_group("engine dials (vllm serve's names)")
+    engine.add_argument("--max-num-seqs", type=int, help="most requests in one step's batch")
+    engine.add_argument("--max-num-batched-tokens", type=int, help="token budget of one step")
+    engine.add_argument("--max-model-len", type=int, help="most tokens (prompt + answer) of one request")
+    engine.add_argument("--block-size", type=int, help="tokens per KV-cache block")
+    engine.add_argument("--gpu-memory-utilization", type=float,
+                        help="share of the device's memory the KV cache may take (also on a CPU)")
+    engine.add_argument("--num-gpu-blocks-override", type=int, help="size the KV cache in blocks, directly")
+    engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                        help="split long prompts over steps (on by default, as in vLLM V1)")
+    engine.add_argument("--policy", help="scheduler policy: static, continuous, chunked, or module:Class "
+                                         "for your own SchedulerPolicy")
+    parser.add_argument("--max-waiting", type=int, help="answer 503 + Retry-After while this many requests "
+                                                        "wait to start (off by default)")
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0,
+                        help="on Ctrl-C/SIGTERM, seconds to let requests in flight finish (10)")
+
+
+def resolve_policy(spec: str | None):
+    """A policy name as is, or ``module:attr`` imported (a class is instantiated)."""
+    if spec is None or ":" not in spec:
+        return spec
+    module_name, _, attr = spec.partition(":")
+    try:
+        policy = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"--policy {spec}: cannot import it ({err}); give module:Class with the module "
+                         "on PYTHONPATH") from None
+    return policy() if isinstance(policy, type) else policy
+
+
+def engine_dials(args: argparse.Namespace) -> dict:
+    """The LLM keyword arguments the command line set (the engine's defaults for the rest)."""
+    dials = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                 max_model_len=args.max_model_len, block_size=args.block_size,
+                 gpu_memory_utilization=args.gpu_memory_utilization, num_blocks=args.num_gpu_blocks_override,
+                 enable_chunked_prefill=args.enable_chunked_prefill, policy=resolve_policy(args.policy))
+    return {name: value for name, value in dials.items() if value is not None}
+
+
+def run(args: argparse.Namespace) -> int:
+    from labkit.engine import LLM
+    from labkit.models import load_model
+    from labkit.serve.server import make_server, url_of
+
+    if args.max_waiting is not None and args.max_waiting < 1:
+        raise ValueError(f"--max-waiting must be at least 1, got {args.max_waiting}; leave it out for no bound")
+    llm = LLM(load_model(args.model, dtype=args.dtype), **engine_dials(args))
+    server, sock, worker = make_server(llm, args.host, args.port, api_key=args.api_key,
+                                       max_waiting=args.max_waiting, served_model_name=args.served_model_name,
+                                       shutdown_timeout=args.shutdown_timeout)
+    setup = llm.describe()
+    print(f"labkit serve: {setup['model']} ({setup['device']}, {setup['dtype']}, policy {setup['policy']}, "
+          f"{setup['num_blocks']} blocks of {setup['block_size']}, max_model_len {setup['max_model_len']}) "
+          f"on {url_of(sock)}/v1", file=sys.stderr, flush=True)
+    try:
+        server.run(sockets=[sock])  # after a graceful stop, uvicorn raises the signal that stopped it again
+    except KeyboardInterrupt:
+        pass
+    return 0

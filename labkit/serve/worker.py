@@ -1,0 +1,242 @@
+"""One engine loop for every HTTP client: continuous batching across connections.
+
+The engine is not thread-safe and needs no locks if one thread owns it. So one worker
+thread runs the loop: take the requests that came in and the aborts, run one step, hand
+each request's new tokens to the coroutine that serves its client, repeat; when nothing is
+left it sleeps until a request comes. HTTP handlers never touch the engine: they put
+commands on a queue and read outputs from their own :class:`Handle`, so a request that
+arrives mid-run joins the very next step, exactly as in vLLM's ``AsyncLLM``.
+
+The loop also feeds :class:`~labkit.serve.metrics.ServerMetrics` from each step's record,
+and restarts the engine's trace whenever it goes idle so a long-running server keeps only
+the current busy spell in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import partial
+
+from labkit.engine.request import RequestOutput
+from labkit.sampling_params import SamplingParams
+from labkit.serve.metrics import FINISH_REASONS, ServerMetrics
+from labkit.serve.protocol import APIError
+
+_STOP = None  # the command that ends the loop
+
+
+class Handle:
+    """The HTTP side of one engine request: await its outputs, or close it to abort it."""
+
+    def __init__(self, worker: "EngineWorker", request_id: str, prompt_len: int):
+        self.worker = worker
+        self.request_id = request_id
+        self.prompt_len = prompt_len
+        self._done = False  # the engine finished it, or it was closed
+        self._loop = asyncio.get_running_loop()
+        self._items: asyncio.Queue[RequestOutput | APIError] = asyncio.Queue()
+
+    def push(self, item: RequestOutput | APIError) -> None:
+        """From the worker thread: deliver an output (or an error) to the coroutine awaiting it."""
+        try:
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: nobody is waiting any more
+            pass
+
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        """Each step's output for this request (all its tokens so far), up to the finished one.
+
+        The worker always ends a request's outputs with a finished one or an error (an abort
+        sends one too), so this never waits for ever.
+        """
+        while True:
+            item = await self._items.get()
+            if isinstance(item, APIError):
+                self._done = True
+                raise item
+            self._done = self._done or item.finished
+            if item.finish_reason == "rejected":
+                raise APIError(400, item.message or "The engine rejected the request.")
+            yield item
+            if item.finished:
+                return
+
+    def close(self, reason: str = "abort") -> None:
+        """Done with it: if the engine is still working on it, abort it (``reason`` goes into the metrics)."""
+        if not self._done:
+            self._done = True
+            self.worker.abort(self.request_id, reason)
+
+
+@dataclass
+class _Live:
+    """What the loop keeps about a request it serves."""
+
+    handle: Handle
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival: float = 0.0  # on the engine clock
+    scheduled_at: float | None = None
+    last_token_at: float | None = None
+    num_tokens: int = 0
+    queued: bool = True  # accepted but not yet run: counts against max_waiting
+
+
+class EngineWorker:
+    """Owns the engine and runs its loop in a background thread."""
+
+    def __init__(self, llm, metrics: ServerMetrics, max_waiting: int | None = None):
+        if max_waiting is not None and max_waiting < 1:
+            raise ValueError(f"max_waiting must be at least 1 (or None for no bound), got {max_waiting}")
+        self.llm = llm
+        self.metrics = metrics
+        self.max_waiting = max_waiting
+        setup = llm.describe()
+        # the longest sequence one request may reach: max_model_len, or what the whole KV cache holds
+        self.context_limit = min(setup["max_model_len"], setup["num_blocks"] * setup["block_size"] + 1)
+        self.error: str | None = None  # why the loop died, if it did
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._live: dict[str, _Live] = {}  # touched by the loop thread only
+        self._num_queued = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="labkit-engine-loop", daemon=True)
+
+    # --- called from the event loop ------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and self._thread.is_alive()
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Handle:
+        """Hand a request to the loop; 503 with Retry-After if the waiting queue is full."""
+        if not self.healthy:
+            raise APIError(503, f"The engine is not running ({self.error or 'stopped'}); restart the server.",
+                           type="service_unavailable")
+        with self._lock:
+            if self.max_waiting is not None and self._num_queued >= self.max_waiting:
+                raise APIError(503, f"The server has {self._num_queued} requests waiting (--max-waiting "
+                                    f"{self.max_waiting}); retry later.", type="service_unavailable",
+                               code="queue_full", headers={"Retry-After": "1"})
+            self._num_queued += 1
+        handle = Handle(self, f"cmpl-{uuid.uuid4().hex}", len(prompt_ids))
+        self._commands.put(partial(self._add, _Live(handle, prompt_ids, params)))
+        return handle
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        self._commands.put(partial(self._abort, request_id, reason))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the loop: every request still in the engine is aborted and its client told why."""
+        self._commands.put(_STOP)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # --- the loop (worker thread) ----------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while self._take_commands(wait=not self.llm.has_unfinished()):
+                if self.llm.has_unfinished():
+                    self._step()
+            self._end_all(APIError(503, "The server is shutting down.", type="service_unavailable"))
+        except Exception as err:  # a broken policy or model: fail every client loudly, keep serving errors
+            self.error = f"{type(err).__name__}: {err}"
+            self._end_all(APIError(500, f"The engine failed: {self.error}", type="internal_server_error"))
+
+    def _take_commands(self, wait: bool) -> bool:
+        """Apply every queued command (blocking for the first if ``wait``); False once told to stop."""
+        try:
+            command = self._commands.get(block=wait)
+        except queue.Empty:
+            return True
+        while command is not _STOP:
+            command()
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+        return False
+
+    def _add(self, live: _Live) -> None:
+        request_id = live.handle.request_id
+        live.arrival = self.llm.now()
+        try:
+            self.llm.add_request(live.prompt_ids, live.params, request_id=request_id)
+        except ValueError as err:  # the engine's own checks, should the server's have let something by
+            self._leave_queue(live)
+            live.handle.push(APIError(400, str(err)))
+            return
+        self._live[request_id] = live
+
+    def _abort(self, request_id: str, reason: str) -> None:
+        live = self._live.pop(request_id, None)
+        if live is None:
+            return  # it finished before the abort came
+        self.llm.abort_request(request_id)
+        self._leave_queue(live)
+        self.metrics.on_finish(reason, self.llm.now() - live.arrival, _queue_time(live))
+        live.handle.push(APIError(499, "The request was aborted."))
+        if not self.llm.has_unfinished():
+            self._go_idle()
+
+    def _step(self) -> None:
+        steps_before = len(self.llm.trace.steps)
+        outputs = self.llm.step()
+        now = self.llm.now()
+        if len(self.llm.trace.steps) > steps_before:
+            record = self.llm.trace.steps[-1]
+            now = record.end  # the time the engine stamped on this step's tokens
+            for request_id in record.scheduled:
+                live = self._live.get(request_id)
+                if live is not None and live.scheduled_at is None:
+                    live.scheduled_at = record.start
+                    self._leave_queue(live)
+            self.metrics.on_step(record.num_active, record.num_waiting,
+                                 record.blocks_used / max(record.blocks_total, 1), len(record.preempted))
+        for output in outputs:
+            live = self._live.get(output.request_id)
+            if live is not None:
+                self._deliver(live, output, now)
+        if not self.llm.has_unfinished():
+            self._go_idle()
+
+    def _deliver(self, live: _Live, output: RequestOutput, now: float) -> None:
+        num_new = len(output.token_ids) - live.num_tokens
+        if num_new > 0:
+            first = now - live.arrival if live.num_tokens == 0 else None
+            gaps = [] if live.last_token_at is None else [now - live.last_token_at]
+            self.metrics.on_tokens(live.handle.prompt_len, num_new, first, gaps)
+            live.num_tokens, live.last_token_at = len(output.token_ids), now
+        if output.finished:
+            del self._live[output.request_id]
+            self._leave_queue(live)
+            if output.finish_reason in FINISH_REASONS:
+                self.metrics.on_finish(output.finish_reason, now - live.arrival, _queue_time(live))
+        live.handle.push(output)
+
+    def _leave_queue(self, live: _Live) -> None:
+        if live.queued:
+            live.queued = False
+            with self._lock:
+                self._num_queued -= 1
+
+    def _go_idle(self) -> None:
+        self.metrics.on_idle()
+        self.llm.start_run()  # a fresh trace and clock: memory stays bounded by one busy spell
+
+    def _end_all(self, error: APIError) -> None:
+        for request_id, live in list(self._live.items()):
+            if self.error is None:
+                self.llm.abort_request(request_id)
+            live.handle.push(error)
+        self._live.clear()
+
+
+def _queue_time(live: _Live) -> float | None:
+    return None if live.scheduled_at is None else live.scheduled_at - live.arrival
