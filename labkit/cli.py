@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "make-labs": ("labkit.grading.make_labs", "learner notebooks from the solved lab sources"),
     "grade": ("labkit.grading.grade", "grade submitted lab notebooks"),
     "serve": ("labkit.serve.serve_cli", "an OpenAI-compatible server over the engine, vLLM's metric names"),
+    "loadtest": ("labkit.serve.loadtest_cli", "load any OpenAI-compatible server as vllm bench serve does"),
 }
 
 

@@ -1,0 +1,86 @@
+"""``labkit loadtest`` against ``labkit serve`` on loopback: nothing lost, failures counted, sweeps judged.
+
+The server is the tiny model behind the default tokenizer (see test_serve.py), started and
+stopped by the fixtures here.
+"""
+
+import asyncio
+import json
+from dataclasses import replace
+
+import pytest
+from test_serve import chat_model, make_llm, scrape
+
+from labkit.cli import main
+from labkit.metrics import summarize
+from labkit.serve.loadtest import api_base, best_rate, make_workload, run_load
+from labkit.serve.server import ServerThread
+
+
+@pytest.fixture(scope="module")
+def model():
+    return chat_model()
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    with ServerThread(make_llm(model, max_num_seqs=16)) as running:
+        yield running
+
+
+def test_a_short_loadtest_loses_nothing_and_agrees_with_the_server(server, tmp_path, capsys):
+    before = scrape(server.url)
+    result_file = tmp_path / "result.json"
+    code = main(["loadtest", server.url, "--num-prompts", "12", "--request-rate", "20", "--max-output-tokens", "16",
+                 "--goodput", "ttft:60000", "tpot:60000", "--result-file", str(result_file)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "Serving Benchmark Result" in printed and "P99 TPOT (ms):" in printed
+    run = json.loads(result_file.read_text())["runs"][0]
+    assert (run["num_requests"], run["completed"], run["rejected"], run["unfinished"]) == (12, 12, 0, 0)
+    assert run["request_goodput"] == pytest.approx(run["request_throughput"])  # limits no one could miss
+    after = scrape(server.url)
+    # what the client counted from the usage fields is what the server's counters say it served
+    assert run["total_output_tokens"] == after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    assert run["total_input_tokens"] == after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"]
+
+
+def test_refused_requests_count_as_failed_never_as_served(model, capsys):
+    llm = make_llm(model, max_num_seqs=1)
+    with ServerThread(llm, max_waiting=1) as server:
+        code = main(["loadtest", server.url, "--num-prompts", "8", "--max-output-tokens", "16", "--json"])
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    assert code == 1  # a run that lost requests says so in its exit code
+    assert run["rejected"] > 0 and run["completed"] + run["rejected"] == 8
+    assert all("503" in error or "queue" in error for error in run["errors"])
+
+
+def test_a_sweep_finds_the_highest_rate_within_the_promise(server):
+    summaries = {}
+    for rate in (5.0, 40.0):
+        workload = make_workload("random", 6, rate, seed=1, input_len=16, output_len=8)
+        trace, errors = asyncio.run(run_load(api_base(server.url), workload, "tiny-llama", ignore_eos=True))
+        assert errors == []
+        summaries[rate] = summarize(trace)
+        assert summaries[rate].total_output_tokens == 6 * 8
+    assert best_rate(summaries, promise_ms=1e9) == 40.0
+    assert best_rate(summaries, promise_ms=1e-9) is None  # nothing is that fast
+    # a rate that lost a request never counts, whatever its latency
+    lossy = {**summaries, 80.0: replace(summaries[40.0], num_completed=5)}
+    assert best_rate(lossy, promise_ms=1e9) == 40.0
+
+
+def test_workloads_and_urls():
+    sale = make_workload("sale", 5, 2.0, max_output_tokens=20)
+    assert len(sale) == 5 and max(sale.output_lens) <= 20 and sale.arrival_times[0] == 0
+    random = make_workload("random", 3, float("inf"), input_len=13, output_len=7)
+    assert all(r.prompt[0]["role"] == "user" and len(r.prompt[0]["content"].split()) == 10 for r in random)
+    assert list(random.arrival_times) == [0, 0, 0]
+    sharegpt = make_workload("sharegpt", 3, 1.0, max_output_tokens=9)
+    assert max(sharegpt.output_lens) <= 9 and sharegpt.arrival_times[1] > 0
+    assert api_base("http://h:1") == api_base("http://h:1/v1/") == "http://h:1/v1"
+    with pytest.raises(ValueError, match="dataset"):
+        make_workload("imagenet", 3, 1.0)
+    with pytest.raises(ValueError, match="scheme"):
+        api_base("localhost:8000")
+    assert main(["loadtest", "http://127.0.0.1:9", "--request-rate", "fast"]) == 2  # bad input: message, exit 2
