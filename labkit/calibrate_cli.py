@@ -15,8 +15,16 @@ from __future__ import annotations
 import argparse
 import time
 
-from labkit.sim.calibrate import (Calibration, calibrate_engine, calibration_path, check_prediction,
-                                  check_workload, format_report, load_calibration, machine_name)
+from labkit.sim.calibrate import (
+    Calibration,
+    calibrate_engine,
+    calibration_path,
+    check_prediction,
+    check_workload,
+    format_report,
+    load_calibration,
+    machine_name,
+)
 
 MAX_NUM_SEQS = 16  # the sweep's largest batch: the check stays inside what was timed
 MAX_MODEL_LEN = 768  # longest prompt plus answer of the sweep and the check, rounded up

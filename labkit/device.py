@@ -50,6 +50,19 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; use one of {sorted(_DTYPES)}") from None
 
 
+def synchronize(device: torch.device | str) -> None:
+    """Wait until the device has finished its queued work, so a timer around it measures the work.
+
+    CUDA and MPS run kernels asynchronously: without this, a timed call returns as soon as
+    its kernels are queued. On the CPU there is nothing to wait for.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
 def available_ram_bytes() -> int:
     """Memory the OS could give this process now (Linux); elsewhere the physical total."""
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Iterator
 
-import torch
 
 from labkit.models.llama import LlamaModel
 from labkit.models.tokens import Prompt, encode_prompt

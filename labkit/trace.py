@@ -68,9 +68,3 @@ class Trace:
 
     def to_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self)))
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "Trace":
-        data = json.loads(Path(path).read_text())
-        return cls(requests=[RequestRecord(**r) for r in data["requests"]],
-                   steps=[StepRecord(**s) for s in data["steps"]], meta=data.get("meta", {}))

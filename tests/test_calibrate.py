@@ -8,7 +8,7 @@ import pytest
 from labkit.metrics import summarize
 from labkit.sim import calibrate
 from labkit.sim.calibrate import (Calibration, Comparison, NoBoundStepsError, StepWork, check_prediction, compare,
-                                  fit_cost_model, format_report, load_calibration, model_sizes, step_work,
+                                  fit_cost_model, format_report, load_calibration, step_work,
                                   time_engine_steps)
 from labkit.sim.cost_model import CostModel
 from labkit.sim.simulator import simulate

@@ -64,9 +64,11 @@ def assert_passes(result) -> None:
 
 
 @pytest.mark.parametrize("lab, exercises", [
-    ("lab1", ["causal_mask", "attention", "prefill", "generate_without_cache"]),
-    ("lab2", ["kv_cache", "generate_with_cache", "kv_bytes_per_token", "conversations_that_fit"]),
-    ("lab3", ["left_pad", "padded_causal_mask", "generate_static_batch", "padding_waste"]),
+    pytest.param("lab1", ["causal_mask", "attention", "prefill", "generate_without_cache"], marks=pytest.mark.lab1),
+    pytest.param("lab2", ["kv_cache", "generate_with_cache", "kv_bytes_per_token", "conversations_that_fit"],
+                 marks=pytest.mark.lab2),
+    pytest.param("lab3", ["left_pad", "padded_causal_mask", "generate_static_batch", "padding_waste"],
+                 marks=pytest.mark.lab3),
 ])
 def test_solutions_pass(lab, exercises, request):
     namespace = request.getfixturevalue(lab)
@@ -74,6 +76,7 @@ def test_solutions_pass(lab, exercises, request):
         assert_passes(evaluate(f"{lab}.{name}", namespace=namespace))
 
 
+@pytest.mark.lab1
 def test_a_blank_exercise_reads_not_done(lab1):
     def causal_mask(num_tokens):
         raise NotImplementedError("Exercise lab1.causal_mask: replace this line with your code")
@@ -86,12 +89,14 @@ def test_a_blank_exercise_reads_not_done(lab1):
 # --- lab 1 ----------------------------------------------------------------------------------
 
 
+@pytest.mark.lab1
 def test_mask_of_the_future_and_mask_without_diagonal_are_named():
     assert_fails(evaluate("lab1.causal_mask", lambda n: torch.triu(torch.ones(n, n, dtype=torch.bool))), "j <= i")
     assert_fails(evaluate("lab1.causal_mask", lambda n: torch.tril(torch.ones(n, n, dtype=torch.bool), -1)),
                  "diagonal", "look at itself")
 
 
+@pytest.mark.lab1
 def test_attention_without_scaling_wrong_head_pairing_and_transposed_output_fail(lab1):
     def unscaled(q, k, v, mask):
         return lab1["attention"](q * math.sqrt(q.shape[-1]), k, v, mask)
@@ -108,6 +113,7 @@ def test_attention_without_scaling_wrong_head_pairing_and_transposed_output_fail
     assert_fails(evaluate("lab1.attention", heads_first), "shape", "wrong order")
 
 
+@pytest.mark.lab1
 def test_prefill_mistakes_are_named(lab1):
     attention = lab1["attention"]
 
@@ -132,6 +138,7 @@ def test_prefill_mistakes_are_named(lab1):
     assert_fails(evaluate("lab1.prefill", heads_first), "layer 0", "transposed")
 
 
+@pytest.mark.lab1
 def test_decoding_without_cache_mistakes_are_named(lab1):
     prefill = lab1["prefill"]
 
@@ -164,6 +171,7 @@ def _forgetful_cache(lab2):
     return Forgetful
 
 
+@pytest.mark.lab2
 def test_cache_not_appended_and_not_causal_are_named(lab2):
     class NotCausal(lab2["KVCache"]):
         def attend(self, layer, q, k, v):
@@ -193,6 +201,7 @@ def _cached_generate(cache_class, position_shift: int = 0, feed_everything: bool
     return generate
 
 
+@pytest.mark.lab2
 def test_decoding_with_cache_mistakes_are_named(lab2):
     assert_fails(evaluate("lab2.generate_with_cache", _cached_generate(lab2["KVCache"], position_shift=1)),
                  "step 1", "off by +1", "number of tokens already cached")
@@ -202,6 +211,7 @@ def test_decoding_with_cache_mistakes_are_named(lab2):
                  "step 1", "only the newest")
 
 
+@pytest.mark.lab2
 def test_kv_bytes_mistakes_are_named():
     def only_keys(config, dtype):
         return config.num_layers * config.num_kv_heads * config.head_dim * torch.empty((), dtype=dtype).element_size()
@@ -213,6 +223,7 @@ def test_kv_bytes_mistakes_are_named():
     assert_fails(evaluate("lab2.kv_bytes_per_token", query_heads), "num_kv_heads")
 
 
+@pytest.mark.lab2
 def test_capacity_mistakes_are_named():
     def weights_forgotten(memory, weights, per_token, context, fraction=0.9):
         return int(memory * fraction // (per_token * context))
@@ -239,6 +250,7 @@ def _right_pad(prompts, pad_id):
     return ids, is_real, positions
 
 
+@pytest.mark.lab3
 def test_padding_mistakes_are_named(lab3):
     def from_row_start(prompts, pad_id):
         ids, is_real, _ = lab3["left_pad"](prompts, pad_id)
@@ -248,6 +260,7 @@ def test_padding_mistakes_are_named(lab3):
     assert_fails(evaluate("lab3.left_pad", from_row_start), "start of the row", "first real token is at 0")
 
 
+@pytest.mark.lab3
 def test_mask_mistakes_are_named(lab3):
     right = lab3["padded_causal_mask"]
 
@@ -262,6 +275,7 @@ def test_mask_mistakes_are_named(lab3):
     assert_fails(evaluate("lab3.padded_causal_mask", lambda r, n: right(r, n).transpose(1, 2)), "swapped")
 
 
+@pytest.mark.lab3
 def test_static_batch_mistakes_are_named(lab3):
     generate = lab3["generate_static_batch"]
     original_pad, original_mask = lab3["left_pad"], lab3["padded_causal_mask"]
@@ -282,6 +296,7 @@ def test_static_batch_mistakes_are_named(lab3):
     assert_fails(evaluate("lab3.generate_static_batch", until_shortest), "LONGEST")
 
 
+@pytest.mark.lab3
 def test_waste_with_one_global_longest_is_named(lab3):
     def global_longest(output_lens, batch_size):
         useful = sum(output_lens)
@@ -289,25 +304,3 @@ def test_waste_with_one_global_longest_is_named(lab3):
         return {"useful": useful, "padded": total - useful, "utilisation": useful / total}
 
     assert_fails(evaluate("lab3.padding_waste", global_longest), "ITS OWN longest")
-
-
-# --- the helpers the labs measure and draw with ---------------------------------------------
-
-
-def test_roofline_bound_rises_with_the_batch_then_meets_the_roof_at_the_knee():
-    from labkit.labs.measure import Roofline
-
-    # The post's 24 GB card: 1 TB/s and 165 TFLOP/s, an 8B model in 16 bits (16 GB, 16 GFLOP per token).
-    roof = Roofline(bandwidth=1e12, flops=165e12, weight_bytes=16e9, flops_per_token=16e9)
-    assert roof.knee == pytest.approx(165)
-    assert roof.bound(1) == pytest.approx(62.5)  # one stream: bandwidth / weight bytes
-    assert roof.bound(100) == pytest.approx(100 * 62.5)
-    assert roof.bound(1000) == pytest.approx(165e12 / 16e9)
-    assert roof.side(1) == "bandwidth-bound" and roof.side(2000) == "arithmetic-bound"
-
-
-def test_batch_spans_follow_each_batch_to_its_own_longest_member():
-    from labkit.labs.timeline import batch_spans
-
-    assert batch_spans([10, 500], 2) == [(0, 10, 490), (0, 500, 0)]
-    assert batch_spans([3, 1, 4], 2) == [(0, 3, 0), (0, 1, 2), (3, 4, 0)]

@@ -89,14 +89,16 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("exercise_id, name, edits, status, words", CASES,
-                         ids=[f"{c[0]}-{'solved' if not c[2] else c[4][:24]}" for c in CASES])
+@pytest.mark.parametrize("exercise_id, name, edits, status, words", [
+    pytest.param(*case, marks=getattr(pytest.mark, case[0].split(".")[0]),
+                 id=f"{case[0]}-{'solved' if not case[2] else case[4][:24]}") for case in CASES])
 def test_check_verdict(exercise_id, name, edits, status, words):
     result = verdict(exercise_id, name, *edits)
     assert result.status == status, result.message
     assert words in result.message
 
 
+@pytest.mark.lab4
 def test_unfinished_exercise_says_not_done():
     def continuous_schedule(state):
         raise NotImplementedError("Exercise lab4.continuous_schedule: replace this line with your code")
@@ -105,6 +107,7 @@ def test_unfinished_exercise_says_not_done():
     assert result.status == NOT_DONE and "NOT DONE" in result.message
 
 
+@pytest.mark.lab6
 def test_a_policy_that_schedules_nothing_fails_instead_of_hanging():
     from labkit.engine.scheduler import SchedulerOutput
 

@@ -5,10 +5,9 @@ import random
 import pytest
 import torch
 
-from labkit.kv.block_allocator import BlockAllocator
-from labkit.kv.paged import (PagedBatch, PagedKVCache, SequenceSlice, group_rows, num_blocks_for_memory,
-                             paged_attention)
 from labkit.kv.attention import attention, causal_mask
+from labkit.kv.block_allocator import BlockAllocator
+from labkit.kv.paged import PagedBatch, PagedKVCache, SequenceSlice, group_rows, num_blocks_for_memory, paged_attention
 
 HEADS, KV_HEADS, DIM, BLOCK = 6, 2, 8, 4
 

@@ -3,8 +3,15 @@
 import pytest
 
 from labkit.engine.request import Request, RequestStatus
-from labkit.engine.scheduler import (ChunkedPrefill, ContinuousBatching, SchedulerOutput, SchedulerPolicy,
-                                     SchedulerState, StaticBatching, make_policy)
+from labkit.engine.scheduler import (
+    ChunkedPrefill,
+    ContinuousBatching,
+    SchedulerOutput,
+    SchedulerPolicy,
+    SchedulerState,
+    StaticBatching,
+    make_policy,
+)
 from labkit.kv.block_allocator import BlockAllocator
 from labkit.sampling import SamplingParams
 

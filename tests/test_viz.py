@@ -9,9 +9,21 @@ import pytest
 
 from labkit.metrics import summarize
 from labkit.trace import RequestRecord, StepRecord, Trace
-from labkit.viz import (RooflinePoint, block_map_slider, plot_batch_composition, plot_block_map, plot_block_maps,
-                        plot_latency_vs_rate, plot_roofline, plot_throughput_vs_rate, plot_timeline,
-                        plot_token_gaps, request_segments, snapshot_blocks)
+from labkit.viz import (
+    Roofline,
+    batch_spans,
+    block_map_slider,
+    plot_batch_composition,
+    plot_block_map,
+    plot_block_maps,
+    plot_latency_vs_rate,
+    plot_roofline,
+    plot_throughput_vs_rate,
+    plot_timeline,
+    plot_token_gaps,
+    request_segments,
+    snapshot_blocks,
+)
 
 
 def step(index, scheduled, prefill=0, preempted=(), slots=None, waiting=0):
@@ -150,10 +162,27 @@ def test_token_gaps_show_a_stall(two_requests):
     assert list(ax.collections[0].get_offsets()[:, 1]) == [2500.0]
 
 
-def test_roofline_roof_and_points():
-    ax = plot_roofline(1e12, 1e11, [RooflinePoint("decode", 1.0, 5e10), RooflinePoint("prefill", 100.0, 8e11)])
-    roof = ax.get_lines()[0]
-    x, y = roof.get_xdata(), roof.get_ydata()
-    assert y.max() == pytest.approx(1e12) and y[0] == pytest.approx(1e11 * x[0])
-    with pytest.raises(ValueError, match="positive"):
-        plot_roofline(1e12, 1e11, [RooflinePoint("bad", 0.0, 1.0)])
+# The post's 24 GB card: 1 TB/s and 165 TFLOP/s, an 8B model in 16 bits (16 GB, 16 GFLOP per token).
+CARD = Roofline(bandwidth=1e12, flops=165e12, weight_bytes=16e9, flops_per_token=16e9)
+
+
+def test_roofline_bound_under_the_measured_points():
+    figure = plot_roofline(CARD, [1, 8, 64], [60.0, 480.0, 3000.0], {"a prefill": (512, 9000.0)})
+    bound, _, measured, prefill = figure.axes[0].get_lines()
+    x, y = bound.get_xdata(), bound.get_ydata()
+    assert y[0] == pytest.approx(62.5 * x[0]) and y.max() == pytest.approx(165e12 / 16e9)
+    assert list(measured.get_ydata()) == [60.0, 480.0, 3000.0] and prefill.get_label() == "a prefill"
+
+
+def test_roofline_bound_rises_with_the_batch_then_meets_the_roof_at_the_knee():
+    roof = CARD
+    assert roof.knee == pytest.approx(165)
+    assert roof.bound(1) == pytest.approx(62.5)  # one stream: bandwidth / weight bytes
+    assert roof.bound(100) == pytest.approx(100 * 62.5)
+    assert roof.bound(1000) == pytest.approx(165e12 / 16e9)
+    assert roof.side(1) == "bandwidth-bound" and roof.side(2000) == "arithmetic-bound"
+
+
+def test_batch_spans_follow_each_batch_to_its_own_longest_member():
+    assert batch_spans([10, 500], 2) == [(0, 10, 490), (0, 500, 0)]
+    assert batch_spans([3, 1, 4], 2) == [(0, 3, 0), (0, 1, 2), (3, 4, 0)]

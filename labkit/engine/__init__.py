@@ -1,18 +1,18 @@
 """The serving engine: requests, scheduler policies, the step loop, model runner.
 
-``LLM`` (the engine over a real model) is imported on first use: the scheduler, the
-requests and the step loop are plain Python that the simulator shares, and importing
-them must not load torch and the model code.
+``LLM`` (the engine over a real model) and ``serve_workload`` are imported on first use:
+the scheduler, the requests and the step loop are plain Python that the simulator shares,
+and importing them must not load torch and the model code.
 """
 
 from labkit.engine.request import Request, RequestOutput, RequestStatus
 
-__all__ = ["LLM", "Request", "RequestOutput", "RequestStatus"]
+__all__ = ["LLM", "Request", "RequestOutput", "RequestStatus", "serve_workload"]
 
 
 def __getattr__(name: str):
-    if name == "LLM":
-        from labkit.engine.llm import LLM
+    if name in ("LLM", "serve_workload"):
+        from labkit.engine import llm
 
-        return LLM
+        return getattr(llm, name)
     raise AttributeError(f"module 'labkit.engine' has no attribute {name!r}")

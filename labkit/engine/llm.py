@@ -2,7 +2,9 @@
 
 One step = arrivals join the queue, the scheduler policy plans the step, the model runner
 runs it as one forward pass, new tokens are appended, finished requests release their
-blocks, and the step is written to the trace. The policy, the block allocator and the
+blocks, and the step is written to the trace. The loop itself is
+:class:`~labkit.engine.core.EngineCore`, the one the simulator runs too; this class adds
+the model, the KV pools and the wall clock. The policy, the block allocator and the
 attention function are plain arguments, so a lab can swap in a learner's own.
 
 Dials carry vLLM's names: ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
@@ -26,6 +28,7 @@ from labkit.kv.paged import AttentionFn, PagedKVCache, num_blocks_for_memory, pa
 from labkit.models.tokens import Prompt, encode_prompt
 from labkit.sampling import SamplingParams
 from labkit.trace import Trace
+
 
 class LLM:
     """A serving engine over one model: chunked-prefill continuous batching on a paged KV cache by default.
@@ -178,6 +181,19 @@ class LLM:
                 bar.set_postfix(tok_per_s=f"{tokens / max(self.now(), 1e-9):.1f}", refresh=False)
         self.trace.meta["num_preemptions"] = sum(r.num_preemptions for r in self.trace.requests)
         return [finished[i] for i in ids]
+
+
+def serve_workload(llm: LLM, workload, use_tqdm: bool = False) -> Trace:
+    """Serve a :class:`~labkit.workloads.Workload` on ``llm``: each request arrives when the workload
+    says, on the engine's clock, and answers exactly its intended length (``ignore_eos``).
+
+    The one way calibration, the labs and ``labkit bench`` put a workload through the engine.
+    Returns the run's :class:`~labkit.trace.Trace` (also left in ``llm.trace``).
+    """
+    params = [SamplingParams(max_tokens=int(spec.output_len), ignore_eos=True) for spec in workload]
+    llm.generate([spec.prompt for spec in workload], params, arrival_times=[spec.arrival_time for spec in workload],
+                 use_tqdm=use_tqdm)
+    return llm.trace
 
 
 def _is_single_prompt(prompts) -> bool:

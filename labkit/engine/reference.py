@@ -17,9 +17,10 @@ NEAR_TIE = 1e-4  # top-2 logit gap below which a differing greedy token is forgi
 
 @dataclass
 class SoloRun:
-    """Greedy tokens of one request decoded alone, and the top-2 logit gap at each of them."""
+    """Greedy tokens of one request decoded alone, the logits each was chosen from, and their top-2 gaps."""
 
     tokens: list[int]
+    logits: list[torch.Tensor]
     gaps: list[float]
 
 
@@ -28,15 +29,15 @@ def solo_greedy(model, prompt_ids: list[int], max_tokens: int, ignore_eos: bool 
     eos = set() if ignore_eos else set(model.config.eos_token_ids)
     logits, cache = model.prefill(prompt_ids)
     last = logits[-1]
-    tokens, gaps = [], []
-    for _ in range(max_tokens):
+    run = SoloRun([], [], [])
+    while True:
         top2 = torch.topk(last.float(), 2).values
-        tokens.append(int(last.argmax()))
-        gaps.append(float(top2[0] - top2[1]))
-        if tokens[-1] in eos:
-            break
-        last = model.decode(tokens[-1], cache)
-    return SoloRun(tokens, gaps)
+        run.tokens.append(int(last.argmax()))
+        run.logits.append(last)
+        run.gaps.append(float(top2[0] - top2[1]))
+        if run.tokens[-1] in eos or len(run.tokens) == max_tokens:
+            return run
+        last = model.decode(run.tokens[-1], cache)
 
 
 def compare_to_solo(batched: list[int], solo: SoloRun, near_tie: float = NEAR_TIE) -> str | None:

@@ -1,4 +1,4 @@
-"""A request's life in the engine: its tokens, its progress, and every state change with a time.
+"""A request's life in the engine: its tokens, its progress, and the times its record keeps.
 
 Plain Python with no tensors, so the real engine and the simulator share it. Progress is
 counted the vLLM V1 way: there is no "prefill phase" flag, only ``num_computed_tokens``
@@ -35,7 +35,6 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     message: str | None = None  # why it was rejected
-    events: list[tuple[float, str]] = field(default_factory=list)  # (time, what happened)
     record: RequestRecord = field(init=False)
     _prefill_target: int = field(init=False)  # tokens to compute before decoding starts
 
@@ -44,7 +43,6 @@ class Request:
             raise ValueError(f"request {self.request_id!r} has an empty prompt; give at least one token")
         self.record = RequestRecord(self.request_id, self.arrival_time, len(self.prompt_token_ids))
         self._prefill_target = len(self.prompt_token_ids)
-        self.events.append((self.arrival_time, "arrived"))
 
     # --- sizes ---------------------------------------------------------------------
     @property
@@ -79,20 +77,18 @@ class Request:
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
-    # --- state changes, each stamped with the engine clock ---------------------------
+    # --- state changes (times are on the engine clock) -----------------------------
     def mark_running(self, now: float) -> None:
         self.status = RequestStatus.RUNNING
         if self.record.first_scheduled_time is None:
             self.record.first_scheduled_time = now
-        self.events.append((now, "scheduled"))
 
-    def mark_preempted(self, now: float) -> None:
+    def mark_preempted(self) -> None:
         """Recompute-style preemption: forget the cache, keep the tokens, wait again."""
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self._prefill_target = self.num_tokens
         self.record.num_preemptions += 1
-        self.events.append((now, "preempted"))
 
     def append_token(self, token_id: int, now: float) -> None:
         self.output_token_ids.append(token_id)
@@ -104,7 +100,6 @@ class Request:
         self.message = message
         self.record.finish_reason = reason
         self.record.finish_time = now
-        self.events.append((now, f"finished ({reason})"))
 
     @property
     def num_preemptions(self) -> int:

@@ -1,12 +1,14 @@
-"""What the lab notebooks import: each lab's checks, and the measuring and plotting they share.
+"""The course's labs, in two kinds of module that are easy to tell apart.
 
-- :mod:`~labkit.labs.shared`: the course model (loaded once per kernel), short prompts, seeds;
-- :mod:`~labkit.labs.recording`: a stand-in model that writes down every forward pass a learner makes;
-- :mod:`~labkit.labs.diagnose`: turns such a recording into "layer 0, position 3: not causal";
-- :mod:`~labkit.labs.measure`: timing, this machine's two rates, the roofline plot;
-- :mod:`~labkit.labs.timeline`: the picture of a static batch, slot by step;
-- :mod:`~labkit.labs.capacity_widget`: how many conversations fit, with sliders;
-- :mod:`~labkit.labs.lab1`, ``lab2``, ``lab3``: the exercise specs the checks and the grader use.
+- ``lab1`` ... ``lab6``: the **exercise specs**, one module per lab notebook: what each
+  exercise asks for, the inputs a check builds from a seed, the oracle it compares with,
+  and the hints. Importing one registers its exercises with :mod:`labkit.grading`, which
+  finds them by these names (``labkit.labs.lab5``).
+- :mod:`~labkit.labs.checking`: what the specs check with (the course model loaded once,
+  seeded prompts, a model that records every forward pass, diagnoses of attention mistakes,
+  runs of the engine with a learner's piece plugged in).
+- :mod:`~labkit.labs.aids`: teaching aids the notebooks show and no check needs (timing and
+  this machine's roofline, the capacity sliders, the padded cache of lab 3).
 
-Importing a lab module registers its exercises with :mod:`labkit.grading`.
+Pictures every lab and the book share live in :mod:`labkit.viz`.
 """

@@ -15,11 +15,24 @@ import torch
 from labkit.grading.checks import Exercise, register
 from labkit.grading.compare import compare_sequences, compare_tensors, compare_tokens
 from labkit.grading.result import Mismatch
-from labkit.labs.diagnose import ATTENTION_TOLERANCE, check_attention, check_logits, check_positions, known_attention_mistakes
-from labkit.labs.recording import RecordingModel
-from labkit.labs.shared import (course_model, greedy_without_cache, pick_prompts, prompt_and_steps, rng, torch_generator,
-                                 transformers_logits)
 from labkit.kv.attention import attention, causal_mask
+from labkit.labs.checking.diagnose import (
+    ATTENTION_TOLERANCE,
+    check_attention,
+    check_logits,
+    check_positions,
+    known_attention_mistakes,
+)
+from labkit.labs.checking.recording import RecordingModel
+from labkit.labs.checking.shared import (
+    course_model,
+    greedy_without_cache,
+    pick_prompts,
+    prompt_and_steps,
+    rng,
+    torch_generator,
+    transformers_logits,
+)
 
 # --- lab1.causal_mask ---------------------------------------------------------------------
 

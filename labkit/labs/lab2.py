@@ -17,10 +17,10 @@ import torch
 from labkit.grading.checks import Exercise, register
 from labkit.grading.compare import compare_sequences, compare_tensors, compare_tokens
 from labkit.grading.result import Mismatch
-from labkit.labs.diagnose import check_attention, check_logits, check_positions
-from labkit.labs.recording import RecordingModel
-from labkit.labs.shared import greedy_without_cache, prompt_and_steps, rng, torch_generator
 from labkit.kv.attention import attention, causal_mask
+from labkit.labs.checking.diagnose import check_attention, check_logits, check_positions
+from labkit.labs.checking.recording import RecordingModel
+from labkit.labs.checking.shared import greedy_without_cache, prompt_and_steps, rng, torch_generator
 from labkit.models.config import ModelConfig
 
 # --- lab2.kv_cache ------------------------------------------------------------------------

@@ -12,14 +12,15 @@ from typing import Any
 
 import torch
 
+from labkit.engine.reference import solo_greedy
 from labkit.grading.checks import Exercise, register
 from labkit.grading.compare import compare_tensors, compare_tokens
 from labkit.grading.result import Mismatch
-from labkit.labs.diagnose import check_logits, check_positions
-from labkit.labs.recording import RecordingModel
-from labkit.labs.shared import course_model, pick_prompts, rng, solo_greedy
-from labkit.labs.timeline import batch_spans
 from labkit.kv.attention import causal_mask
+from labkit.labs.checking.diagnose import check_logits, check_positions
+from labkit.labs.checking.recording import RecordingModel
+from labkit.labs.checking.shared import course_model, pick_prompts, rng
+from labkit.viz.timeline import batch_spans
 from labkit.workloads import LogNormal
 
 # --- lab3.left_pad ------------------------------------------------------------------------
@@ -176,8 +177,8 @@ def _run_batch(functions, inputs) -> dict[str, Any]:
 
 def _batch_oracle(inputs) -> dict[str, Any]:
     model, prompts, max_new, _ = inputs
-    solo = [solo_greedy(model, p, n) for p, n in zip(prompts, max_new)]
-    return {"outputs": [tokens for tokens, _ in solo], "logits": [[l.cpu() for l in logits] for _, logits in solo],
+    solo = [solo_greedy(model, p, n, ignore_eos=True) for p, n in zip(prompts, max_new)]
+    return {"outputs": [run.tokens for run in solo], "logits": [[logit.cpu() for logit in run.logits] for run in solo],
             "prompts": [list(p) for p in prompts], "max_new": list(max_new)}
 
 

@@ -14,8 +14,16 @@ from typing import Any
 
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
-from labkit.labs.engine_checks import (CheckRequest, compare_with_solo, policy_from_function, random_requests,
-                                       run_failure, run_requests, serve, solo_oracle)
+from labkit.labs.checking.engine_runs import (
+    CheckRequest,
+    compare_with_solo,
+    policy_from_function,
+    random_requests,
+    run_failure,
+    run_requests,
+    serve,
+    solo_oracle,
+)
 
 # The lesson's ten replies (tokens each) and its five seats: 84 steps static, 58 continuous.
 TEN_REPLIES = (21, 5, 8, 47, 32, 35, 6, 3, 8, 37)

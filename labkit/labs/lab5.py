@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 
-from labkit.grading.checks import Exercise, register
 from labkit.grading.attempt import describe_exception
+from labkit.grading.checks import Exercise, register
 from labkit.grading.compare import compare_tensors
 from labkit.grading.result import Mismatch
-from labkit.kv.paged import PagedBatch
-from labkit.labs.engine_checks import compare_with_solo, random_requests, run_failure, serve, solo_oracle
-from labkit.labs.shared import rng, torch_generator
 from labkit.kv.attention import attention, causal_mask
+from labkit.kv.paged import PagedBatch
+from labkit.labs.checking.engine_runs import compare_with_solo, random_requests, run_failure, serve, solo_oracle
+from labkit.labs.checking.shared import rng, torch_generator
 
 BLOCK_SIZE = 16
 POOL_BLOCKS = 64

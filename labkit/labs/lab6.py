@@ -14,10 +14,17 @@ from typing import Any
 
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
-from labkit.labs.engine_checks import (CheckRequest, compare_with_solo, policy_from_function, random_requests,
-                                       run_failure, serve, solo_oracle)
+from labkit.labs.checking.engine_runs import (
+    CheckRequest,
+    compare_with_solo,
+    policy_from_function,
+    random_requests,
+    run_failure,
+    serve,
+    solo_oracle,
+)
+from labkit.labs.checking.shared import rng
 from labkit.labs.lab4 import check_decisions
-from labkit.labs.shared import rng
 
 BUDGET = 24
 CHECK_DIALS = dict(max_num_seqs=5, num_blocks=64, block_size=8, max_num_batched_tokens=BUDGET)

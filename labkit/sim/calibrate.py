@@ -335,25 +335,17 @@ def sweep_workloads(vocab_size: int, seed: int = 0,
             for index, (batch, prompt_len) in enumerate(waves)]
 
 
-def serve(llm, workload) -> Trace:
-    """Serve ``workload`` on the real engine, arrivals in real time, each answer exactly its length."""
-    from labkit.sampling import SamplingParams
-
-    params = [SamplingParams(max_tokens=spec.output_len, ignore_eos=True) for spec in workload]
-    llm.generate([spec.prompt for spec in workload], params, arrival_times=list(workload.arrival_times),
-                 use_tqdm=False)
-    return llm.trace
-
-
 def time_engine_steps(llm, seed: int = 0,
                       waves: Sequence[tuple[int, int]] = SWEEP_WAVES) -> StepWork:
     """Run the calibration sweep on ``llm`` and return every step's work and time.
 
     The first wave runs once more before the timing, to warm the model up.
     """
+    from labkit.engine import serve_workload
+
     workloads = sweep_workloads(llm.model.config.vocab_size, seed, waves)
-    serve(llm, workloads[0])  # warm-up
-    return step_work([serve(llm, workload) for workload in workloads])
+    serve_workload(llm, workloads[0])  # warm-up
+    return step_work([serve_workload(llm, workload) for workload in workloads])
 
 
 def calibrate_engine(llm, seed: int = 0) -> Calibration:
@@ -429,9 +421,10 @@ def check_workload(vocab_size: int, num_requests: int = 32, rate: float = 2.0, s
 
 def check_prediction(llm, cost: CostModel, workload) -> tuple[list[Comparison], Trace, Trace]:
     """Serve ``workload`` on ``llm`` and simulate it with ``cost`` under the same dials; compare them."""
+    from labkit.engine import serve_workload
     from labkit.sim.simulator import simulate
 
-    measured = serve(llm, workload)
+    measured = serve_workload(llm, workload)
     dials = llm.describe()
     simulated = simulate(workload, cost, dials["policy"], num_blocks=dials["num_blocks"], block_size=dials["block_size"],
                          max_num_seqs=dials["max_num_seqs"], max_num_batched_tokens=dials["max_num_batched_tokens"],

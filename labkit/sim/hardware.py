@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported only by the probe, so presets and plans load fast
@@ -79,24 +78,17 @@ def get_hardware(name: str | Hardware) -> Hardware:
                          "or build a Hardware(name, memory_bytes, bandwidth, flops)") from None
 
 
-def _synchronize(device: torch.device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
 def _best_seconds(work, device: torch.device, repeats: int) -> float:
     """Fastest of ``repeats`` timed calls after one warm-up call: the least disturbed run."""
+    from labkit.device import synchronize
+
     work()
-    _synchronize(device)
+    synchronize(device)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         work()
-        _synchronize(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return best
 

@@ -1,8 +1,10 @@
-"""The roofline: the most arithmetic per second a machine can deliver at each arithmetic intensity.
+"""The roofline: which of a machine's two rates a forward pass waits for, with measured points on it.
 
-Below the ridge (few FLOPs per byte, like decoding one token for a small batch) memory
-bandwidth is the roof; above it (a long prefill, a large batch) the arithmetic rate is.
-Measured points show where real work lands and how close to its roof it gets.
+A pass reads every weight once and does about 2 x parameters FLOPs per token. With B tokens
+in the pass, it lasts at least max(weight bytes / bandwidth, B x 2N / FLOP rate), so tokens
+per second can be no more than min(B x bandwidth / weight bytes, FLOP rate / 2N): a rising
+line (bandwidth-bound, where decode lives) that meets a flat roof (arithmetic-bound, where
+long prefills live). The knee is at B = FLOP rate x weight bytes / (bandwidth x 2N).
 """
 
 from __future__ import annotations
@@ -17,36 +19,47 @@ from labkit.viz._axes import axes_or_new
 
 
 @dataclass(frozen=True)
-class RooflinePoint:
-    """One measured piece of work: its FLOPs per byte moved and the FLOP/s it achieved."""
+class Roofline:
+    """A machine's two rates and a model's two sizes: everything the bound needs."""
 
-    label: str
-    intensity: float  # FLOP / byte
-    flops_per_s: float
+    bandwidth: float  # bytes per second
+    flops: float  # FLOP per second for matrix products in the model's dtype
+    weight_bytes: float
+    flops_per_token: float  # about 2 x parameters
+
+    @property
+    def knee(self) -> float:
+        """Tokens per pass where reading the weights and doing the arithmetic take equally long."""
+        return self.flops * self.weight_bytes / (self.bandwidth * self.flops_per_token)
+
+    def bound(self, tokens_per_pass: float) -> float:
+        """The most tokens per second a pass of this many tokens can reach."""
+        return min(tokens_per_pass * self.bandwidth / self.weight_bytes, self.flops / self.flops_per_token)
+
+    def side(self, tokens_per_pass: float) -> str:
+        return "bandwidth-bound" if tokens_per_pass < self.knee else "arithmetic-bound"
 
 
-def plot_roofline(peak_flops_per_s: float, bandwidth_bytes_per_s: float, points: Sequence[RooflinePoint] = (),
-                  ax: Axes | None = None, title: str | None = None) -> Axes:
-    """The roof ``min(peak, bandwidth x intensity)`` on log-log axes, the ridge marked, points on top."""
-    if peak_flops_per_s <= 0 or bandwidth_bytes_per_s <= 0:
-        raise ValueError("the peak FLOP rate and the bandwidth must both be positive numbers (FLOP/s, bytes/s)")
-    for point in points:
-        if point.intensity <= 0 or point.flops_per_s <= 0:
-            raise ValueError(f"point {point.label!r} needs a positive intensity and FLOP rate to sit on log axes")
-    ax = axes_or_new(ax, (6, 4))
-    ridge = peak_flops_per_s / bandwidth_bytes_per_s
-    intensities = [p.intensity for p in points] + [ridge]
-    grid = np.geomspace(min(intensities) / 4, max(intensities) * 4, 200)
-    ax.loglog(grid, np.minimum(peak_flops_per_s, bandwidth_bytes_per_s * grid), color="black", linewidth=1.5,
-              label="roof")
-    ax.axvline(ridge, color="grey", linestyle=":", linewidth=1)
-    ax.annotate(f"ridge {ridge:.3g} FLOP/B", (ridge, peak_flops_per_s), textcoords="offset points",
-                xytext=(4, -12), fontsize=8, color="grey")
-    for index, point in enumerate(points):
-        ax.loglog(point.intensity, point.flops_per_s, "o", color=f"C{index % 10}", label=point.label)
-    ax.set_xlabel("arithmetic intensity (FLOP per byte)")
-    ax.set_ylabel("FLOP/s")
-    ax.set_title(title or f"roof: {bandwidth_bytes_per_s / 1e9:.3g} GB/s, {peak_flops_per_s / 1e12:.3g} TFLOP/s")
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.2)
-    return ax
+def plot_roofline(roofline: Roofline, batch_sizes: Sequence[int], measured: Sequence[float],
+                  marks: dict[str, tuple[float, float]] | None = None, title: str = "", ax: Axes | None = None):
+    """Measured tokens/s against tokens per pass, under the bound; ``marks`` labels extra points. Returns the Figure."""
+    ax = axes_or_new(ax, (7, 4.2))
+    marks = marks or {}
+    low = min(list(batch_sizes) + [1]) / 1.5
+    high = max(list(batch_sizes) + [x for x, _ in marks.values()]) * 1.5
+    grid = np.geomspace(low, high, 200)
+    ax.plot(grid, [roofline.bound(b) for b in grid], color="black", lw=2, label="bound: min(B·bandwidth/W, rate/2N)")
+    ax.axvline(roofline.knee, color="grey", ls="--", lw=1)
+    ax.text(roofline.knee * 1.05, roofline.bound(roofline.knee) * 0.08, f"knee ≈ {roofline.knee:.0f} tokens",
+            color="grey")
+    ax.plot(batch_sizes, measured, "o-", color="tab:blue", label="measured: one pass of B tokens")
+    for label, (x, y) in marks.items():
+        ax.plot([x], [y], "s", ms=9, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens in one forward pass (batch size B)")
+    ax.set_ylabel("tokens per second")
+    ax.set_title(title or "Which rate does a pass wait for? (measured on this machine)")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    return ax.figure

@@ -1,7 +1,14 @@
 """Scheduler policies behind one interface: ``policy.schedule(state) -> SchedulerOutput``."""
 
-from labkit.engine.scheduler.base import (CHUNKED_TOKEN_BUDGET, UNCHUNKED_TOKEN_BUDGET, SchedulerOutput,
-                                          SchedulerPolicy, SchedulerState, schedule_running, token_budget)
+from labkit.engine.scheduler.base import (
+    CHUNKED_TOKEN_BUDGET,
+    UNCHUNKED_TOKEN_BUDGET,
+    SchedulerOutput,
+    SchedulerPolicy,
+    SchedulerState,
+    schedule_running,
+    token_budget,
+)
 from labkit.engine.scheduler.chunked import ChunkedPrefill
 from labkit.engine.scheduler.continuous import ContinuousBatching
 from labkit.engine.scheduler.static import StaticBatching

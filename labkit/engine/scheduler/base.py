@@ -106,7 +106,7 @@ class SchedulerState:
         """Recompute preemption: free its blocks and put it at the front of the queue."""
         self.running.remove(request)
         self.blocks.free(request.request_id)
-        request.mark_preempted(self.now)
+        request.mark_preempted()
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 

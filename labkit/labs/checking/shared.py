@@ -62,23 +62,6 @@ def torch_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed % 2**63)
 
 
-def solo_greedy(model: LlamaModel, prompt_ids: list[int], num_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
-    """The reference run for one sequence: labkit's own prefill and cached decode, greedy.
-
-    Returns the tokens and the logits each one was chosen from.
-    """
-    logits, cache = model.prefill(prompt_ids)
-    last = logits[-1]
-    tokens: list[int] = []
-    step_logits: list[torch.Tensor] = []
-    for _ in range(num_tokens):
-        step_logits.append(last)
-        tokens.append(int(last.argmax()))
-        if len(tokens) < num_tokens:
-            last = model.decode(tokens[-1], cache)
-    return tokens, step_logits
-
-
 def prompt_and_steps(seed: int) -> tuple[LlamaModel, list[int], int]:
     """Inputs of the generation checks: the course model, one seeded prompt, three new tokens."""
     return course_model(), pick_prompts(seed, 1)[0], 3

@@ -19,7 +19,7 @@ from labkit.engine.request import RequestStatus
 from labkit.engine.scheduler import SchedulerOutput, SchedulerPolicy, SchedulerState
 from labkit.grading.attempt import describe_exception
 from labkit.grading.result import Mismatch
-from labkit.labs.shared import rng, small_model
+from labkit.labs.checking.shared import rng, small_model
 from labkit.sampling import SamplingParams
 
 MAX_STEPS = 2000  # a run that needs more has a scheduler that stopped making progress
@@ -182,14 +182,3 @@ def compare_with_solo(solo: list[SoloRun], got: list[list[int]]) -> Mismatch | N
 def solo_oracle(inputs: dict[str, Any]) -> dict[str, Any]:
     """The oracle half shared by the engine checks: solo runs of every request in ``inputs["requests"]``."""
     return {"solo": solo_runs(inputs["requests"])}
-
-
-def serve_workload(llm: LLM, workload, use_tqdm: bool = False):
-    """Serve a :class:`~labkit.workloads.Workload` on a real clock, each answer exactly its intended length.
-
-    Returns the run's :class:`~labkit.trace.Trace` (also left in ``llm.trace``).
-    """
-    params = [SamplingParams(max_tokens=int(r.output_len), ignore_eos=True) for r in workload]
-    llm.generate([r.prompt for r in workload], params, arrival_times=[r.arrival_time for r in workload],
-                 use_tqdm=use_tqdm)
-    return llm.trace

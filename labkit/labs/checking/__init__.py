@@ -1,0 +1,9 @@
+"""What the exercise specs check with; the notebooks use some of it too.
+
+- :mod:`~labkit.labs.checking.shared`: the course model (loaded once per kernel), short
+  prompts, seeds, the transformers oracle, ``after_exercise`` for cells that wait on a blank;
+- :mod:`~labkit.labs.checking.recording`: a stand-in model that writes down every forward pass;
+- :mod:`~labkit.labs.checking.diagnose`: turns such a recording into "layer 0, position 3: not causal";
+- :mod:`~labkit.labs.checking.engine_runs`: the engine run with a learner's scheduler, allocator
+  or attention plugged in, on a ticking clock, and judged against solo decoding (labs 4-6).
+"""
