@@ -1,0 +1,77 @@
+"""The ``labkit serve`` command itself, on the real default model, in its own process.
+
+It must answer a chat as the offline engine does (same greedy text), and stop on SIGTERM
+with a request still streaming: the stream is cut, the process ends, nothing hangs.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from labkit.engine import LLM
+from labkit.sampling import SamplingParams
+
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+DIALS = ["--max-num-seqs", "4", "--max-model-len", "1024", "--num-gpu-blocks-override", "256"]
+
+
+@pytest.fixture(scope="module")
+def served():
+    process = subprocess.Popen([sys.executable, "-m", "labkit.cli", "serve", "--port", "0", "--shutdown-timeout",
+                                "1", *DIALS], stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url = None
+        for line in process.stderr:  # the command says where it listens once the model is loaded
+            found = re.search(r"on (http://127\.0\.0\.1:\d+)/v1", line)
+            if found:
+                url = found.group(1)
+                break
+        assert url, f"labkit serve never said where it listens (exit code {process.poll()})"
+        yield process, url
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
+        process.stderr.close()
+
+
+def test_the_command_serves_the_default_model_as_the_engine_would(served, default_model):
+    process, url = served
+    assert httpx.get(url + "/health").status_code == 200
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    [listed] = client.models.list().data
+    answer = client.chat.completions.create(model=listed.id, messages=CHAT, max_tokens=16, temperature=0)
+    offline = LLM(default_model, max_model_len=1024, num_blocks=256).generate(
+        CHAT, SamplingParams(max_tokens=16), use_tqdm=False)[0]
+    assert answer.choices[0].message.content == offline.text
+    assert "Paris" in offline.text  # a real model, answering for real
+
+
+def test_sigterm_stops_it_with_a_stream_in_flight(served):
+    process, url = served
+    body = {"prompt": "Once upon a time", "max_tokens": 900, "stream": True, "ignore_eos": True}
+    events = 0
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        assert json.loads(next(line for line in lines if line.startswith("data: "))[6:])["choices"]
+        process.send_signal(signal.SIGTERM)
+        # requests in flight get --shutdown-timeout (1 s) to finish; this one cannot, so it is cut off
+        with pytest.raises(httpx.RemoteProtocolError):
+            for line in lines:
+                events += line.startswith("data: ")
+    assert events < 900
+    started = time.monotonic()
+    while process.poll() is None:
+        assert time.monotonic() - started < 60, "labkit serve did not exit after SIGTERM"
+        time.sleep(0.05)
+    assert process.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/health")
