@@ -44,8 +44,13 @@ class BatchWatcher(ChunkedPrefill):
 def chat_model():
     """The tiny model, made to speak through the default model's tokenizer and chat template."""
     tokenizer = AutoTokenizer.from_pretrained(default_model.ensure_converted(progress=False))
-    model = tiny_model("llama", seed=0, vocab_size=len(tokenizer), max_position_embeddings=MAX_MODEL_LEN,
-                       eos_token_id=tokenizer.eos_token_id)
+    model = tiny_model(
+        "llama",
+        seed=0,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=MAX_MODEL_LEN,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     model.tokenizer = tokenizer
     return model
 
@@ -88,8 +93,7 @@ def scrape(url: str) -> dict[str, float]:
     samples = {}
     for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
         for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())
-                              if k not in ("model_name", "engine"))
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k not in ("model_name", "engine"))
             samples[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
     return samples
 
@@ -105,15 +109,21 @@ def wait_for(condition, what: str, limit_s: float = 60.0):
 def stream_events(response: httpx.Response):
     for line in response.iter_lines():
         if line.startswith("data: ") and line != "data: [DONE]":
-            yield json.loads(line[len("data: "):])
+            yield json.loads(line[len("data: ") :])
 
 
 # --- answers -----------------------------------------------------------------------------
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_chat_says_what_the_engine_says_offline(model, server, client, stream):
     expected = expected_text(model, CHAT, 12)
-    answer = client.chat.completions.create(model=server.name, messages=CHAT, max_tokens=12, temperature=0,
-                                            stream=stream, stream_options={"include_usage": True} if stream else None)
+    answer = client.chat.completions.create(
+        model=server.name,
+        messages=CHAT,
+        max_tokens=12,
+        temperature=0,
+        stream=stream,
+        stream_options={"include_usage": True} if stream else None,
+    )
     if stream:
         chunks = list(answer)
         assert chunks[0].choices[0].delta.role == "assistant"
@@ -133,8 +143,9 @@ def test_completions_take_text_or_token_ids(model, server, client, stream):
     expected = expected_text(model, TEXT, 10)
     ids = model.tokenizer.encode(TEXT)
     for prompt in (TEXT, ids):
-        answer = client.completions.create(model=server.name, prompt=prompt, max_tokens=10, temperature=0,
-                                           stream=stream)
+        answer = client.completions.create(
+            model=server.name, prompt=prompt, max_tokens=10, temperature=0, stream=stream
+        )
         text = "".join(c.choices[0].text for c in answer) if stream else answer.choices[0].text
         assert text == expected
     assert expected_text(model, TEXT + " red", 10) != expected  # the comparison can tell answers apart
@@ -142,22 +153,29 @@ def test_completions_take_text_or_token_ids(model, server, client, stream):
 
 def test_stop_strings_end_the_answer_before_them(model, server, client):
     full = expected_text(model, TEXT, 24)
-    stop = full[len(full) // 2:len(full) // 2 + 3]
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
     whole = client.completions.create(model=server.name, prompt=TEXT, max_tokens=24, temperature=0, stop=[stop])
-    streamed = client.completions.create(model=server.name, prompt=TEXT, max_tokens=24, temperature=0,
-                                         stop=stop, stream=True)
-    assert whole.choices[0].text == full[:full.index(stop)]
+    streamed = client.completions.create(
+        model=server.name, prompt=TEXT, max_tokens=24, temperature=0, stop=stop, stream=True
+    )
+    assert whole.choices[0].text == full[: full.index(stop)]
     assert whole.choices[0].finish_reason == "stop"
-    assert "".join(c.choices[0].text for c in streamed) == full[:full.index(stop)]
-    unmatched = client.completions.create(model=server.name, prompt=TEXT, max_tokens=24, temperature=0,
-                                          stop=["\u2603 never \u2603"])
+    assert "".join(c.choices[0].text for c in streamed) == full[: full.index(stop)]
+    unmatched = client.completions.create(
+        model=server.name, prompt=TEXT, max_tokens=24, temperature=0, stop=["\u2603 never \u2603"]
+    )
     assert unmatched.choices[0].text == full and unmatched.choices[0].finish_reason == "length"
 
 
 def test_a_seed_fixes_the_sample(server, client):
     def sample(seed):
-        return client.completions.create(model=server.name, prompt=TEXT, max_tokens=16, temperature=1.0,
-                                         top_p=0.9, seed=seed).choices[0].text
+        return (
+            client.completions.create(
+                model=server.name, prompt=TEXT, max_tokens=16, temperature=1.0, top_p=0.9, seed=seed
+            )
+            .choices[0]
+            .text
+        )
 
     assert sample(5) == sample(5)
     assert sample(5) != sample(6)
@@ -166,8 +184,14 @@ def test_a_seed_fixes_the_sample(server, client):
 def test_sixteen_concurrent_streams_are_batched_and_all_complete(server):
     async def one(client, i):
         stream = await client.chat.completions.create(
-            model=server.name, messages=[{"role": "user", "content": f"Question number {i}?"}], max_tokens=24,
-            temperature=0, stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            model=server.name,
+            messages=[{"role": "user", "content": f"Question number {i}?"}],
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
         chunks = [chunk async for chunk in stream]
         return sum(1 for c in chunks if c.choices), chunks[-1].usage
 
@@ -184,8 +208,13 @@ def test_sixteen_concurrent_streams_are_batched_and_all_complete(server):
 def test_a_client_that_hangs_up_mid_stream_frees_its_blocks(model):
     llm = make_llm(model, attention=slow_attention)
     with ServerThread(llm) as server:
-        body = {"model": llm.describe()["model"], "prompt": TEXT, "max_tokens": 1500, "stream": True,
-                "ignore_eos": True}
+        body = {
+            "model": llm.describe()["model"],
+            "prompt": TEXT,
+            "max_tokens": 1500,
+            "stream": True,
+            "ignore_eos": True,
+        }
         with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
             events = stream_events(response)
             for _ in range(3):
@@ -205,8 +234,7 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_blocks(model):
 def test_graceful_shutdown_aborts_what_is_in_flight_and_frees_everything(model):
     llm = make_llm(model)
     server = ServerThread(llm, shutdown_timeout=0.2).start()
-    body = {"model": llm.describe()["model"], "prompt": TEXT, "max_tokens": 1500, "stream": True,
-            "ignore_eos": True}
+    body = {"model": llm.describe()["model"], "prompt": TEXT, "max_tokens": 1500, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
         next(stream_events(response))
         server.stop()
@@ -228,25 +256,51 @@ def hostile_requests(name: str):
         ("no messages", "POST", "/v1/chat/completions", {"model": name}, 400),
         ("empty messages", "POST", "/v1/chat/completions", {**good, "messages": []}, 400),
         ("unknown role", "POST", "/v1/chat/completions", {**good, "messages": [{"role": "god", "content": "x"}]}, 400),
-        ("content not text", "POST", "/v1/chat/completions", {**good, "messages": [{"role": "user", "content": 7}]}, 400),
+        (
+            "content not text",
+            "POST",
+            "/v1/chat/completions",
+            {**good, "messages": [{"role": "user", "content": 7}]},
+            400,
+        ),
         ("unknown model", "POST", "/v1/chat/completions", {**good, "model": "gpt-9"}, 404),
         ("max_tokens 0", "POST", "/v1/chat/completions", {**good, "max_tokens": 0}, 400),
         ("max_tokens huge", "POST", "/v1/chat/completions", {**good, "max_tokens": 10**12}, 400),
         ("max_tokens a string", "POST", "/v1/chat/completions", {**good, "max_tokens": "ten"}, 400),
         ("negative temperature", "POST", "/v1/chat/completions", {**good, "temperature": -1}, 400),
-        ("NaN temperature", "POST", "/v1/chat/completions",
-         json.dumps({**good, "temperature": float("nan")}).encode(), 400),
+        (
+            "NaN temperature",
+            "POST",
+            "/v1/chat/completions",
+            json.dumps({**good, "temperature": float("nan")}).encode(),
+            400,
+        ),
         ("top_p 0", "POST", "/v1/chat/completions", {**good, "top_p": 0}, 400),
         ("top_p above 1", "POST", "/v1/chat/completions", {**good, "top_p": 1.5}, 400),
         ("seed past 64 bits", "POST", "/v1/chat/completions", {**good, "seed": 2**70}, 400),
         ("n 2", "POST", "/v1/chat/completions", {**good, "n": 2}, 400),
         ("five stop strings", "POST", "/v1/chat/completions", {**good, "stop": list("abcde")}, 400),
-        ("stream_options without stream", "POST", "/v1/chat/completions",
-         {**good, "stream_options": {"include_usage": True}}, 400),
-        ("prompt over max_model_len", "POST", "/v1/completions",
-         {"model": name, "prompt": [5] * (MAX_MODEL_LEN + 10), "max_tokens": 1}, 400),
-        ("token id outside the vocabulary", "POST", "/v1/completions",
-         {"model": name, "prompt": [10**9], "max_tokens": 1}, 400),
+        (
+            "stream_options without stream",
+            "POST",
+            "/v1/chat/completions",
+            {**good, "stream_options": {"include_usage": True}},
+            400,
+        ),
+        (
+            "prompt over max_model_len",
+            "POST",
+            "/v1/completions",
+            {"model": name, "prompt": [5] * (MAX_MODEL_LEN + 10), "max_tokens": 1},
+            400,
+        ),
+        (
+            "token id outside the vocabulary",
+            "POST",
+            "/v1/completions",
+            {"model": name, "prompt": [10**9], "max_tokens": 1},
+            400,
+        ),
         ("wrong method", "GET", "/v1/chat/completions", None, 405),
         ("unknown path", "POST", "/v1/embeddings", {"model": name, "input": "x"}, 404),
     ]
@@ -285,9 +339,17 @@ def test_an_api_key_guards_the_v1_routes_only(model):
 def test_a_full_waiting_queue_answers_503_with_retry_after(model):
     llm = make_llm(model, max_num_seqs=1, attention=slow_attention)
     with ServerThread(llm, max_waiting=1) as server:
-        body = {"model": llm.describe()["model"], "prompt": TEXT, "max_tokens": 1500, "stream": True,
-                "ignore_eos": True}
-        with httpx.Client(base_url=server.url, timeout=60) as first, httpx.Client(base_url=server.url, timeout=60) as second:
+        body = {
+            "model": llm.describe()["model"],
+            "prompt": TEXT,
+            "max_tokens": 1500,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        with (
+            httpx.Client(base_url=server.url, timeout=60) as first,
+            httpx.Client(base_url=server.url, timeout=60) as second,
+        ):
             with first.stream("POST", "/v1/completions", json=body) as running:
                 next(stream_events(running))  # it holds the only batch slot
                 with second.stream("POST", "/v1/completions", json=body) as waiting:
@@ -296,37 +358,67 @@ def test_a_full_waiting_queue_answers_503_with_retry_after(model):
                     assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
                     assert refused.json()["error"]["code"] == "queue_full"
         wait_for(lambda: not llm.has_unfinished(), "both streams were aborted")
-        assert httpx.post(server.url + "/v1/completions", json={**body, "stream": False, "max_tokens": 2}).status_code == 200
+        assert (
+            httpx.post(server.url + "/v1/completions", json={**body, "stream": False, "max_tokens": 2}).status_code
+            == 200
+        )
 
 
 # --- /metrics --------------------------------------------------------------------------------
 def test_metrics_have_vllm_names_and_buckets_and_count_what_was_served(server, client):
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
-    kinds = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
-             "vllm:kv_cache_usage_perc": "gauge", "vllm:num_preemptions": "counter",
-             "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter", "vllm:request_success": "counter",
-             "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
-             "vllm:e2e_request_latency_seconds": "histogram", "vllm:request_queue_time_seconds": "histogram"}
+    kinds = {
+        "vllm:num_requests_running": "gauge",
+        "vllm:num_requests_waiting": "gauge",
+        "vllm:kv_cache_usage_perc": "gauge",
+        "vllm:num_preemptions": "counter",
+        "vllm:prompt_tokens": "counter",
+        "vllm:generation_tokens": "counter",
+        "vllm:request_success": "counter",
+        "vllm:time_to_first_token_seconds": "histogram",
+        "vllm:inter_token_latency_seconds": "histogram",
+        "vllm:e2e_request_latency_seconds": "histogram",
+        "vllm:request_queue_time_seconds": "histogram",
+    }
     assert {name: families[name].type for name in kinds} == kinds
 
     def edges(name):
         return [float(s.labels["le"]) for s in families[name].samples if s.name.endswith("_bucket")][:-1]
 
-    ttft, itl, e2e = (edges(f"vllm:{n}") for n in ("time_to_first_token_seconds", "inter_token_latency_seconds",
-                                                    "e2e_request_latency_seconds"))
+    ttft, itl, e2e = (
+        edges(f"vllm:{n}")
+        for n in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds")
+    )
     assert (len(ttft), ttft[0], ttft[-1]) == (22, 0.001, 2560.0)  # vLLM's edges
     assert (len(itl), itl[0], itl[-1]) == (19, 0.01, 80.0)
     assert (len(e2e), e2e[0], e2e[-1]) == (21, 0.3, 7680.0) and edges("vllm:request_queue_time_seconds") == e2e
 
     before = scrape(server.url)
-    answers = [client.chat.completions.create(model=server.name, messages=CHAT, max_tokens=n, temperature=0,
-                                              extra_body={"ignore_eos": True}) for n in (3, 7)]
-    streamed = list(client.completions.create(model=server.name, prompt=TEXT, max_tokens=5, temperature=0,
-                                              stream=True, stream_options={"include_usage": True},
-                                              extra_body={"ignore_eos": True}))
+    answers = [
+        client.chat.completions.create(
+            model=server.name, messages=CHAT, max_tokens=n, temperature=0, extra_body={"ignore_eos": True}
+        )
+        for n in (3, 7)
+    ]
+    streamed = list(
+        client.completions.create(
+            model=server.name,
+            prompt=TEXT,
+            max_tokens=5,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     usages = [a.usage for a in answers] + [streamed[-1].usage]
-    wait_for(lambda: scrape(server.url)["vllm:e2e_request_latency_seconds_count"]
-             == before["vllm:e2e_request_latency_seconds_count"] + 3, "three requests finished")
+    wait_for(
+        lambda: (
+            scrape(server.url)["vllm:e2e_request_latency_seconds_count"]
+            == before["vllm:e2e_request_latency_seconds_count"] + 3
+        ),
+        "three requests finished",
+    )
     after = scrape(server.url)
 
     def delta(name):

@@ -25,8 +25,12 @@ DIALS = ["--max-num-seqs", "4", "--max-model-len", "1024", "--num-gpu-blocks-ove
 
 @pytest.fixture(scope="module")
 def served():
-    process = subprocess.Popen([sys.executable, "-m", "labkit.cli", "serve", "--port", "0", "--shutdown-timeout",
-                                "1", *DIALS], stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "labkit.cli", "serve", "--port", "0", "--shutdown-timeout", "1", *DIALS],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         url = None
         for line in process.stderr:  # the command says where it listens once the model is loaded
@@ -50,7 +54,8 @@ def test_the_command_serves_the_default_model_as_the_engine_would(served, defaul
     [listed] = client.models.list().data
     answer = client.chat.completions.create(model=listed.id, messages=CHAT, max_tokens=16, temperature=0)
     offline = LLM(default_model, max_model_len=1024, num_blocks=256).generate(
-        CHAT, SamplingParams(max_tokens=16), use_tqdm=False)[0]
+        CHAT, SamplingParams(max_tokens=16), use_tqdm=False
+    )[0]
     assert answer.choices[0].message.content == offline.text
     assert "Paris" in offline.text  # a real model, answering for real
 

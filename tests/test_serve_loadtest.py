@@ -31,8 +31,23 @@ def server(model):
 def test_a_short_loadtest_loses_nothing_and_agrees_with_the_server(server, tmp_path, capsys):
     before = scrape(server.url)
     result_file = tmp_path / "result.json"
-    code = main(["loadtest", server.url, "--num-prompts", "12", "--request-rate", "20", "--max-output-tokens", "16",
-                 "--goodput", "ttft:60000", "tpot:60000", "--result-file", str(result_file)])
+    code = main(
+        [
+            "loadtest",
+            server.url,
+            "--num-prompts",
+            "12",
+            "--request-rate",
+            "20",
+            "--max-output-tokens",
+            "16",
+            "--goodput",
+            "ttft:60000",
+            "tpot:60000",
+            "--result-file",
+            str(result_file),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "Serving Benchmark Result" in printed and "P99 TPOT (ms):" in printed

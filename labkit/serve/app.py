@@ -46,15 +46,23 @@ def build_app(worker: EngineWorker, model_name: str, api_key: str | None = None)
             return
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise APIError(401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>' "
-                                "with the key the server was started with.", type="authentication_error",
-                           code="invalid_api_key")
+            raise APIError(
+                401,
+                "Incorrect or missing API key: send the header 'Authorization: Bearer <key>' "
+                "with the key the server was started with.",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
 
     def prompt_ids(parsed: CompletionRequest) -> list[int]:
         if isinstance(parsed.prompt, list) and isinstance(parsed.prompt[0], int):
             if max(parsed.prompt) >= vocab_size:
-                raise APIError(400, f"prompt has token id {max(parsed.prompt)}, but the vocabulary has "
-                                    f"{vocab_size} (ids 0 to {vocab_size - 1}).", param="prompt")
+                raise APIError(
+                    400,
+                    f"prompt has token id {max(parsed.prompt)}, but the vocabulary has "
+                    f"{vocab_size} (ids 0 to {vocab_size - 1}).",
+                    param="prompt",
+                )
             return list(parsed.prompt)
         try:
             return encode_prompt(tokenizer, parsed.prompt)
@@ -65,16 +73,21 @@ def build_app(worker: EngineWorker, model_name: str, api_key: str | None = None)
         authorize(request)
         parsed = parse_request(await read_json(request), kind)
         if parsed.model not in (None, model_name):
-            raise APIError(404, f"The model `{parsed.model}` does not exist; this server serves `{model_name}` "
-                                "(see GET /v1/models).", param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"The model `{parsed.model}` does not exist; this server serves `{model_name}` (see GET /v1/models).",
+                param="model",
+                code="model_not_found",
+            )
         ids = prompt_ids(parsed)
         handle = worker.submit(ids, parsed.sampling_params(len(ids), worker.context_limit))
         reply = Reply.new(handle.request_id, kind, model_name)
         text = TextStream(tokenizer, parsed.stop)
         watcher = asyncio.create_task(_close_on_disconnect(request, handle))
         if parsed.stream:
-            return StreamingResponse(_events(handle, reply, text, parsed.include_usage, watcher),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                _events(handle, reply, text, parsed.include_usage, watcher), media_type="text/event-stream"
+            )
         try:
             return JSONResponse(await _whole(handle, reply, text))
         finally:
@@ -106,13 +119,16 @@ def build_app(worker: EngineWorker, model_name: str, api_key: str | None = None)
         await asyncio.to_thread(worker.stop)  # every request still in the engine is aborted, its blocks freed
 
     return Starlette(
-        routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
-                Route("/v1/completions", complete, methods=["POST"]),
-                Route("/v1/models", models, methods=["GET"]),
-                Route("/health", health, methods=["GET"]),
-                Route("/metrics", metrics, methods=["GET"])],
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/completions", complete, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
         exception_handlers={APIError: _api_error, HTTPException: _http_error},
-        lifespan=lifespan)
+        lifespan=lifespan,
+    )
 
 
 async def read_json(request: Request) -> object:
@@ -128,13 +144,17 @@ async def read_json(request: Request) -> object:
             elif size > DRAIN_BYTES:
                 break
     if too_big or size > MAX_BODY_BYTES:
-        raise APIError(413, f"The request body is over {MAX_BODY_BYTES // 2**20} MiB; send a smaller one.",
-                       code="request_too_large")
+        raise APIError(
+            413,
+            f"The request body is over {MAX_BODY_BYTES // 2**20} MiB; send a smaller one.",
+            code="request_too_large",
+        )
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as err:  # RecursionError: absurdly deep nesting
-        raise APIError(400, f"The request body is not valid JSON ({type(err).__name__}: {str(err)[:200]}).",
-                       code="invalid_json") from None
+        raise APIError(
+            400, f"The request body is not valid JSON ({type(err).__name__}: {str(err)[:200]}).", code="invalid_json"
+        ) from None
 
 
 async def _close_on_disconnect(request: Request, handle: Handle) -> None:
@@ -159,8 +179,9 @@ async def _whole(handle: Handle, reply: Reply, text: TextStream) -> dict:
     return reply.full(text.text, reason, usage(handle.prompt_len, len(output.token_ids)))
 
 
-async def _events(handle: Handle, reply: Reply, text: TextStream, include_usage: bool,
-                  watcher: asyncio.Task) -> AsyncIterator[str]:
+async def _events(
+    handle: Handle, reply: Reply, text: TextStream, include_usage: bool, watcher: asyncio.Task
+) -> AsyncIterator[str]:
     """A streamed answer: one event per token (the last one carries the finish reason), usage, [DONE]."""
     num_tokens = 0
     try:
@@ -193,5 +214,8 @@ async def _api_error(request: Request, err: APIError) -> Response:
 
 async def _http_error(request: Request, err: HTTPException) -> Response:
     """Unknown paths and wrong methods, in the same error shape as everything else."""
-    return JSONResponse(APIError(err.status_code, str(err.detail), type="invalid_request_error").body(),
-                        status_code=err.status_code, headers=err.headers)
+    return JSONResponse(
+        APIError(err.status_code, str(err.detail), type="invalid_request_error").body(),
+        status_code=err.status_code,
+        headers=err.headers,
+    )

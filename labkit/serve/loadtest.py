@@ -30,8 +30,10 @@ from labkit.workloads import Workload, arrival_times, sale_workload, sharegpt_pr
 
 DATASETS = ("sale", "sharegpt", "random")
 # Plain words for the random dataset: the client has no tokenizer, so lengths are about 1.3 tokens a word.
-WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point "
-         "number group problem fact money market story water light house river train music cloud garden").split()
+WORDS = (
+    "time person year way day thing man world life hand part child eye woman place work week case point "
+    "number group problem fact money market story water light house river train music cloud garden"
+).split()
 
 
 @dataclass
@@ -54,13 +56,26 @@ class Sent:
         if times and self.completion_tokens and self.completion_tokens > len(times):
             times += [times[-1]] * (self.completion_tokens - len(times))
         failed = self.error is not None or not times
-        return RequestRecord(self.request_id, self.sent_at, self.prompt_tokens or prompt_len,
-                             token_times=times, finish_time=None if failed else self.done_at,
-                             finish_reason="rejected" if failed else self.finish_reason)
+        return RequestRecord(
+            self.request_id,
+            self.sent_at,
+            self.prompt_tokens or prompt_len,
+            token_times=times,
+            finish_time=None if failed else self.done_at,
+            finish_reason="rejected" if failed else self.finish_reason,
+        )
 
 
-def make_workload(dataset: str, num_prompts: int, rate: float, burstiness: float = 1.0, seed: int = 0,
-                  max_output_tokens: int = 128, input_len: int = 64, output_len: int = 32) -> Workload:
+def make_workload(
+    dataset: str,
+    num_prompts: int,
+    rate: float,
+    burstiness: float = 1.0,
+    seed: int = 0,
+    max_output_tokens: int = 128,
+    input_len: int = 64,
+    output_len: int = 32,
+) -> Workload:
     """The requests to send: ``num_prompts`` of ``dataset`` with Poisson/gamma arrivals at ``rate``."""
     if dataset == "sale":
         return sale_workload(num_prompts, rate, burstiness=burstiness, seed=seed, max_answer_len=max_output_tokens)
@@ -68,11 +83,19 @@ def make_workload(dataset: str, num_prompts: int, rate: float, burstiness: float
         prompts = sharegpt_prompts(num_prompts, seed, max_prompt_tokens=1024, max_output_tokens=max_output_tokens)
         return prompts.with_arrival_times(arrival_times(num_prompts, rate, burstiness, seed))
     if dataset == "random":
-        workload = synthetic_workload(num_prompts, rate, input_len, output_len, burstiness=burstiness, seed=seed,
-                                      name="random")
+        workload = synthetic_workload(
+            num_prompts, rate, input_len, output_len, burstiness=burstiness, seed=seed, name="random"
+        )
         rng = np.random.default_rng(seed)
-        requests = [replace(r, prompt=[{"role": "user", "content": " ".join(
-            rng.choice(WORDS, size=max(1, round(r.prompt_len / 1.3))))}]) for r in workload]
+        requests = [
+            replace(
+                r,
+                prompt=[
+                    {"role": "user", "content": " ".join(rng.choice(WORDS, size=max(1, round(r.prompt_len / 1.3))))}
+                ],
+            )
+            for r in workload
+        ]
         return replace(workload, requests=tuple(requests))
     raise ValueError(f"unknown dataset {dataset!r}; use one of {', '.join(DATASETS)}")
 
@@ -82,8 +105,14 @@ async def _send(client, model: str, spec, start: float, ignore_eos: bool) -> Sen
     sent = Sent(spec.request_id, time.perf_counter() - start)
     try:
         stream = await client.chat.completions.create(
-            model=model, messages=messages, max_tokens=int(spec.output_len), temperature=0.0, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True} if ignore_eos else None)
+            model=model,
+            messages=messages,
+            max_tokens=int(spec.output_len),
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True} if ignore_eos else None,
+        )
         async for chunk in stream:
             now = time.perf_counter() - start
             if chunk.choices:
@@ -99,9 +128,16 @@ async def _send(client, model: str, spec, start: float, ignore_eos: bool) -> Sen
     return sent
 
 
-async def run_load(base_url: str, workload: Workload, model: str, *, api_key: str = "EMPTY",
-                   max_concurrency: int | None = None, ignore_eos: bool = False,
-                   timeout_s: float = 600.0) -> tuple[Trace, list[str]]:
+async def run_load(
+    base_url: str,
+    workload: Workload,
+    model: str,
+    *,
+    api_key: str = "EMPTY",
+    max_concurrency: int | None = None,
+    ignore_eos: bool = False,
+    timeout_s: float = 600.0,
+) -> tuple[Trace, list[str]]:
     """Send every request of ``workload`` at its arrival time; return the run's trace and the errors met."""
     import openai
 
@@ -117,9 +153,17 @@ async def run_load(base_url: str, workload: Workload, model: str, *, api_key: st
                 return await _send(client, model, spec, start, ignore_eos)
 
         sents = await asyncio.gather(*(one(spec) for spec in workload))
-    trace = Trace(requests=[s.record(spec.prompt_len) for s, spec in zip(sents, workload)],
-                  meta={"url": base_url, "model": model, "workload": workload.name, **workload.meta,
-                        "max_concurrency": max_concurrency, "ignore_eos": ignore_eos})
+    trace = Trace(
+        requests=[s.record(spec.prompt_len) for s, spec in zip(sents, workload)],
+        meta={
+            "url": base_url,
+            "model": model,
+            "workload": workload.name,
+            **workload.meta,
+            "max_concurrency": max_concurrency,
+            "ignore_eos": ignore_eos,
+        },
+    )
     return trace, [f"{s.request_id}: {s.error}" for s in sents if s.error]
 
 
@@ -144,38 +188,54 @@ def api_base(url: str) -> str:
 
 def best_rate(summaries: dict[float, Summary], promise_ms: float) -> float | None:
     """The highest rate whose p99 TPOT is within ``promise_ms`` with every request served, or None."""
-    kept = [rate for rate, s in summaries.items()
-            if s.num_completed == s.num_requests and s.tpot_ms.p99 <= promise_ms]
+    kept = [rate for rate, s in summaries.items() if s.num_completed == s.num_requests and s.tpot_ms.p99 <= promise_ms]
     return max(kept, default=None)
 
 
 def format_bench(summary: Summary, max_concurrency: int | None = None, errors: list[str] = ()) -> str:
     """The result block ``vllm bench serve`` prints, from a labkit summary (latencies in ms)."""
+
     def row(label: str, value) -> str:
-        text = "-" if value is None or (isinstance(value, float) and math.isnan(value)) else (
-            f"{value:.2f}" if isinstance(value, float) else str(value))
+        text = (
+            "-"
+            if value is None or (isinstance(value, float) and math.isnan(value))
+            else (f"{value:.2f}" if isinstance(value, float) else str(value))
+        )
         return f"{label:<40}{text:<10}"
 
     failed = summary.num_requests - summary.num_completed
-    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="),
-             row("Successful requests:", summary.num_completed), row("Failed requests:", failed)]
+    lines = [
+        "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="),
+        row("Successful requests:", summary.num_completed),
+        row("Failed requests:", failed),
+    ]
     if max_concurrency:
         lines.append(row("Maximum request concurrency:", max_concurrency))
-    lines += [row("Benchmark duration (s):", summary.duration_s),
-              row("Total input tokens:", summary.total_input_tokens),
-              row("Total generated tokens:", summary.total_output_tokens),
-              row("Request throughput (req/s):", summary.request_throughput)]
+    lines += [
+        row("Benchmark duration (s):", summary.duration_s),
+        row("Total input tokens:", summary.total_input_tokens),
+        row("Total generated tokens:", summary.total_output_tokens),
+        row("Request throughput (req/s):", summary.request_throughput),
+    ]
     if summary.slo is not None:
         lines.append(row("Request goodput (req/s):", summary.goodput))
-    lines += [row("Output token throughput (tok/s):", summary.output_throughput),
-              row("Total Token throughput (tok/s):", summary.total_token_throughput)]
-    for key, title, label in (("ttft", "Time to First Token", "TTFT"),
-                              ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
-                              ("itl", "Inter-token Latency", "ITL"), ("e2el", "End-to-end Latency", "E2EL")):
+    lines += [
+        row("Output token throughput (tok/s):", summary.output_throughput),
+        row("Total Token throughput (tok/s):", summary.total_token_throughput),
+    ]
+    for key, title, label in (
+        ("ttft", "Time to First Token", "TTFT"),
+        ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
+        ("itl", "Inter-token Latency", "ITL"),
+        ("e2el", "End-to-end Latency", "E2EL"),
+    ):
         dist = summary.distributions()[key]
         lines.append("{s:{c}^{n}}".format(s=title, n=50, c="-"))
-        lines += [row(f"Mean {label} (ms):", dist.mean), row(f"Median {label} (ms):", dist.median),
-                  row(f"P99 {label} (ms):", dist.p99)]
+        lines += [
+            row(f"Mean {label} (ms):", dist.mean),
+            row(f"Median {label} (ms):", dist.median),
+            row(f"P99 {label} (ms):", dist.p99),
+        ]
     lines.append("=" * 50)
     lines += [f"failed: {error}" for error in list(errors)[:5]]
     return "\n".join(lines)
@@ -183,13 +243,19 @@ def format_bench(summary: Summary, max_concurrency: int | None = None, errors: l
 
 def format_sweep(summaries: dict[float, Summary], promise_ms: float | None) -> str:
     """One line per rate, and the highest rate that kept the promise."""
-    lines = [f"{'rate (req/s)':>12}{'served':>9}{'req/s':>9}{'out tok/s':>11}{'p99 TTFT':>10}{'p99 TPOT':>10}",
-             "-" * 61]
+    lines = [
+        f"{'rate (req/s)':>12}{'served':>9}{'req/s':>9}{'out tok/s':>11}{'p99 TTFT':>10}{'p99 TPOT':>10}",
+        "-" * 61,
+    ]
     for rate, s in summaries.items():
-        lines.append(f"{rate:>12g}{s.num_completed:>5}/{s.num_requests:<3}{s.request_throughput:>9.2f}"
-                     f"{s.output_throughput:>11.1f}{s.ttft_ms.p99:>10.1f}{s.tpot_ms.p99:>10.1f}")
+        lines.append(
+            f"{rate:>12g}{s.num_completed:>5}/{s.num_requests:<3}{s.request_throughput:>9.2f}"
+            f"{s.output_throughput:>11.1f}{s.ttft_ms.p99:>10.1f}{s.tpot_ms.p99:>10.1f}"
+        )
     if promise_ms is not None:
         best = best_rate(summaries, promise_ms)
-        lines.append(f"highest rate with p99 TPOT <= {promise_ms:g} ms and nothing lost: "
-                     + (f"{best:g} req/s" if best is not None else "none of these"))
+        lines.append(
+            f"highest rate with p99 TPOT <= {promise_ms:g} ms and nothing lost: "
+            + (f"{best:g} req/s" if best is not None else "none of these")
+        )
     return "\n".join(lines)

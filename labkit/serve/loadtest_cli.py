@@ -37,21 +37,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("url", help="the server, http://host:port (or its .../v1 base)")
     parser.add_argument("--model", help="model id to request (default: the first the server lists)")
-    parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "EMPTY"),
-                        help="bearer key (default: $OPENAI_API_KEY, else 'EMPTY')")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+        help="bearer key (default: $OPENAI_API_KEY, else 'EMPTY')",
+    )
     parser.add_argument("--dataset", choices=DATASETS, default="sale", help="where prompts come from (sale)")
     parser.add_argument("--num-prompts", type=int, default=32, help="requests per run (32)")
-    parser.add_argument("--request-rate", default="inf",
-                        help="requests/s, Poisson ('inf': all at once); a comma list sweeps: 1,2,4,8")
+    parser.add_argument(
+        "--request-rate", default="inf", help="requests/s, Poisson ('inf': all at once); a comma list sweeps: 1,2,4,8"
+    )
     parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1 = Poisson)")
     parser.add_argument("--max-concurrency", type=int, help="most requests in flight at once (no cap)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and arrivals (0)")
-    parser.add_argument("--max-output-tokens", type=int, default=128,
-                        help="cap on the answer lengths of sale and sharegpt (128)")
+    parser.add_argument(
+        "--max-output-tokens", type=int, default=128, help="cap on the answer lengths of sale and sharegpt (128)"
+    )
     parser.add_argument("--random-input-len", type=int, default=64, help="random dataset: prompt tokens (64)")
     parser.add_argument("--random-output-len", type=int, default=32, help="random dataset: answer tokens (32)")
-    parser.add_argument("--ignore-eos", action="store_true",
-                        help="ask for exactly the intended answer lengths (vLLM's ignore_eos)")
+    parser.add_argument(
+        "--ignore-eos", action="store_true", help="ask for exactly the intended answer lengths (vLLM's ignore_eos)"
+    )
     parser.add_argument("--goodput", nargs="+", metavar="NAME:MS", help="SLO for goodput, e.g. ttft:500 tpot:50")
     parser.add_argument("--promise-ms", type=float, help="p99 TPOT promise a sweep must keep")
     parser.add_argument("--result-file", help="write the results as JSON here")
@@ -63,8 +69,10 @@ def parse_rates(text: str) -> list[float]:
     try:
         rates = [float(part) for part in text.split(",")]
     except ValueError:
-        raise ValueError(f"--request-rate {text!r}: give numbers of requests/s ('inf' for all at once), "
-                         "comma-separated for a sweep, e.g. 1,2,4,8") from None
+        raise ValueError(
+            f"--request-rate {text!r}: give numbers of requests/s ('inf' for all at once), "
+            "comma-separated for a sweep, e.g. 1,2,4,8"
+        ) from None
     if not all(rate > 0 for rate in rates):
         raise ValueError(f"--request-rate {text!r}: every rate must be > 0")
     return rates
@@ -84,18 +92,40 @@ def run(args: argparse.Namespace) -> int:
     model = args.model or asyncio.run(server_model(base, args.api_key))
     summaries, results = {}, []
     for rate in rates:
-        workload = make_workload(args.dataset, args.num_prompts, rate, args.burstiness, args.seed,
-                                 args.max_output_tokens, args.random_input_len, args.random_output_len)
-        trace, errors = asyncio.run(run_load(base, workload, model, api_key=args.api_key,
-                                             max_concurrency=args.max_concurrency, ignore_eos=args.ignore_eos))
+        workload = make_workload(
+            args.dataset,
+            args.num_prompts,
+            rate,
+            args.burstiness,
+            args.seed,
+            args.max_output_tokens,
+            args.random_input_len,
+            args.random_output_len,
+        )
+        trace, errors = asyncio.run(
+            run_load(
+                base,
+                workload,
+                model,
+                api_key=args.api_key,
+                max_concurrency=args.max_concurrency,
+                ignore_eos=args.ignore_eos,
+            )
+        )
         summaries[rate] = summary = summarize(trace, slo)
-        results.append({"request_rate": rate, **{k: _plain(v) for k, v in summary.to_dict().items()},
-                        "errors": errors})
+        results.append({"request_rate": rate, **{k: _plain(v) for k, v in summary.to_dict().items()}, "errors": errors})
         if not args.json:
             print(f"\n{args.dataset}, {args.num_prompts} prompts at {rate:g} req/s against {base} ({model})")
             print(format_bench(summary, args.max_concurrency, errors))
-    result = {"url": base, "model": model, "dataset": args.dataset, "burstiness": args.burstiness,
-              "max_concurrency": args.max_concurrency, "goodput": slo, "runs": results}
+    result = {
+        "url": base,
+        "model": model,
+        "dataset": args.dataset,
+        "burstiness": args.burstiness,
+        "max_concurrency": args.max_concurrency,
+        "goodput": slo,
+        "runs": results,
+    }
     if args.promise_ms is not None:
         result["promise_ms"], result["best_rate"] = args.promise_ms, best_rate(summaries, args.promise_ms)
     if args.json:
@@ -108,8 +138,7 @@ def run(args: argparse.Namespace) -> int:
         _plot(summaries, args.promise_ms, args.plot)
     lost = sum(s.num_requests - s.num_completed for s in summaries.values())
     if lost:
-        print(f"labkit loadtest: {lost} requests failed (see 'failed:' lines); check the server's log",
-              file=sys.stderr)
+        print(f"labkit loadtest: {lost} requests failed (see 'failed:' lines); check the server's log", file=sys.stderr)
     return 1 if lost else 0
 
 

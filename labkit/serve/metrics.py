@@ -16,12 +16,74 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-TOKEN_GAP_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                     20.0, 40.0, 80.0)
-REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+TOKEN_GAP_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 FINISH_REASONS = ("stop", "length", "abort")
 LABELS = ("model_name", "engine")
 
@@ -43,17 +105,37 @@ class ServerMetrics:
         self.preemptions = make(Counter, "vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.prompt_tokens = make(Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = make(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
-        success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                          LABELS + ("finished_reason",), registry=self.registry)
+        success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            LABELS + ("finished_reason",),
+            registry=self.registry,
+        )
         self.finished = {reason: success.labels(**labels, finished_reason=reason) for reason in FINISH_REASONS}
-        self.ttft = make(Histogram, "vllm:time_to_first_token_seconds",
-                         "Histogram of time to first token in seconds.", buckets=TTFT_BUCKETS)
-        self.itl = make(Histogram, "vllm:inter_token_latency_seconds",
-                        "Histogram of inter-token latency in seconds.", buckets=TOKEN_GAP_BUCKETS)
-        self.e2e = make(Histogram, "vllm:e2e_request_latency_seconds",
-                        "Histogram of e2e request latency in seconds.", buckets=REQUEST_LATENCY_BUCKETS)
-        self.queue = make(Histogram, "vllm:request_queue_time_seconds",
-                          "Histogram of time spent in WAITING phase for request.", buckets=REQUEST_LATENCY_BUCKETS)
+        self.ttft = make(
+            Histogram,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            buckets=TTFT_BUCKETS,
+        )
+        self.itl = make(
+            Histogram,
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            buckets=TOKEN_GAP_BUCKETS,
+        )
+        self.e2e = make(
+            Histogram,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            buckets=REQUEST_LATENCY_BUCKETS,
+        )
+        self.queue = make(
+            Histogram,
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            buckets=REQUEST_LATENCY_BUCKETS,
+        )
 
     def on_step(self, num_running: int, num_waiting: int, kv_usage: float, num_preempted: int) -> None:
         """After each engine step: the batch it ran, the queue behind it, the cache it filled."""

@@ -25,8 +25,15 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 class APIError(Exception):
     """A request the server refuses, with its HTTP status and the OpenAI error fields."""
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 type: str = "invalid_request_error", code: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
         self.headers = headers or {}
@@ -63,16 +70,27 @@ class CompletionRequest:
         if the whole KV cache holds less.
         """
         if prompt_len >= context_limit:
-            raise bad("messages" if self.kind == CHAT else "prompt",
-                      f"This model's maximum context length is {context_limit} tokens, and your prompt has "
-                      f"{prompt_len}, which leaves no room for an answer; shorten the prompt.")
+            raise bad(
+                "messages" if self.kind == CHAT else "prompt",
+                f"This model's maximum context length is {context_limit} tokens, and your prompt has "
+                f"{prompt_len}, which leaves no room for an answer; shorten the prompt.",
+            )
         max_tokens = self.max_tokens if self.max_tokens is not None else context_limit - prompt_len
         if prompt_len + max_tokens > context_limit:
-            raise bad("max_tokens", f"This model's maximum context length is {context_limit} tokens. However, "
-                                    f"you requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
-                                    f"{max_tokens} in the completion); lower max_tokens or shorten the prompt.")
-        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k, seed=self.seed, ignore_eos=self.ignore_eos)
+            raise bad(
+                "max_tokens",
+                f"This model's maximum context length is {context_limit} tokens. However, "
+                f"you requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
+                f"{max_tokens} in the completion); lower max_tokens or shorten the prompt.",
+            )
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            ignore_eos=self.ignore_eos,
+        )
 
 
 def parse_request(body: object, kind: str) -> CompletionRequest:
@@ -105,8 +123,20 @@ def parse_request(body: object, kind: str) -> CompletionRequest:
     if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         raise bad("seed", f"seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}.")
     prompt = _messages(body) if kind == CHAT else _prompt(body)
-    return CompletionRequest(kind, model, prompt, max_tokens, temperature, top_p, max(top_k or 0, 0), seed,
-                             _stop(body), bool(_optional(body, "ignore_eos", bool)), stream, include_usage)
+    return CompletionRequest(
+        kind,
+        model,
+        prompt,
+        max_tokens,
+        temperature,
+        top_p,
+        max(top_k or 0, 0),
+        seed,
+        _stop(body),
+        bool(_optional(body, "ignore_eos", bool)),
+        stream,
+        include_usage,
+    )
 
 
 def _optional(body: dict, name: str, kind: type, param: str | None = None):
@@ -123,16 +153,26 @@ _KIND_NAMES = {int: "an integer", bool: "true or false", dict: "an object", str:
 
 
 def json_type(value: object) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
-            dict: "an object"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not low <= value <= high:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
         raise bad(name, f"{name} must be a number from {low:g} to {high:g}, got {value!r}.")
     return float(value)
 
@@ -142,8 +182,7 @@ def _stop(body: dict) -> tuple[str, ...]:
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) \
-            or len(stops) > MAX_STOP_STRINGS:
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOP_STRINGS:
         raise bad("stop", f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them.")
     return tuple(stops)
 
@@ -152,7 +191,7 @@ def _messages(body: dict) -> list[dict]:
     """Chat messages as ``{"role", "content"}`` with text content (text parts are joined)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise bad("messages", "messages must be a non-empty array of {\"role\", \"content\"} objects.")
+        raise bad("messages", 'messages must be a non-empty array of {"role", "content"} objects.')
     cleaned = []
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
@@ -165,11 +204,15 @@ def _messages(body: dict) -> list[dict]:
 def _text_content(content: object, param: str) -> str:
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
         return "".join(part["text"] for part in content)
-    raise bad(f"{param}.content", f"{param}.content must be a string or an array of text parts "
-                                  "({\"type\": \"text\", \"text\": ...}); this model reads text only.")
+    raise bad(
+        f"{param}.content",
+        f"{param}.content must be a string or an array of text parts "
+        '({"type": "text", "text": ...}); this model reads text only.',
+    )
 
 
 def _prompt(body: dict) -> str | list[int]:
@@ -179,16 +222,22 @@ def _prompt(body: dict) -> str | list[int]:
         prompt = prompt[0]
     if isinstance(prompt, str) and prompt:
         return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                                   for t in prompt):
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+    ):
         return prompt
     raise bad("prompt", "prompt must be a non-empty string or array of token ids (one prompt per request).")
 
 
 # --- answers ---------------------------------------------------------------------------
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 @dataclass(frozen=True)
@@ -208,8 +257,12 @@ class Reply:
         if self.kind == COMPLETION:
             return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         if not delta:
-            return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                    "finish_reason": finish_reason}
+            return {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
         message = {"role": "assistant"} if first else {}
         if text is not None:
             message["content"] = text
@@ -217,16 +270,20 @@ class Reply:
 
     def _envelope(self, chunk: bool) -> dict:
         kind = "chat.completion" if self.kind == CHAT else "text_completion"
-        return {"id": self.request_id, "object": kind + (".chunk" if chunk and self.kind == CHAT else ""),
-                "created": self.created, "model": self.model}
+        return {
+            "id": self.request_id,
+            "object": kind + (".chunk" if chunk and self.kind == CHAT else ""),
+            "created": self.created,
+            "model": self.model,
+        }
 
     def full(self, text: str, finish_reason: str, counts: dict) -> dict:
         """The whole answer of a non-streamed request."""
-        return {**self._envelope(False), "choices": [self._choice(text, finish_reason, delta=False)],
-                "usage": counts}
+        return {**self._envelope(False), "choices": [self._choice(text, finish_reason, delta=False)], "usage": counts}
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False,
-              with_usage: bool = False) -> dict:
+    def chunk(
+        self, text: str | None, finish_reason: str | None = None, first: bool = False, with_usage: bool = False
+    ) -> dict:
         """One server-sent event of a stream: one token's text (the first also names the role)."""
         event = {**self._envelope(True), "choices": [self._choice(text, finish_reason, delta=True, first=first)]}
         if with_usage:
@@ -239,5 +296,9 @@ class Reply:
 
 
 def model_list(model: str, max_model_len: int, created: int) -> dict:
-    return {"object": "list", "data": [{"id": model, "object": "model", "created": created,
-                                        "owned_by": "labkit", "max_model_len": max_model_len}]}
+    return {
+        "object": "list",
+        "data": [
+            {"id": model, "object": "model", "created": created, "owned_by": "labkit", "max_model_len": max_model_len}
+        ],
+    }

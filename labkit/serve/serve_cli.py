@@ -29,17 +29,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--max-num-batched-tokens", type=int, help="token budget of one step")
     engine.add_argument("--max-model-len", type=int, help="most tokens (prompt + answer) of one request")
     engine.add_argument("--block-size", type=int, help="tokens per KV-cache block")
-    engine.add_argument("--gpu-memory-utilization", type=float,
-                        help="share of the device's memory the KV cache may take (also on a CPU)")
+    engine.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="share of the device's memory the KV cache may take (also on a CPU)",
+    )
     engine.add_argument("--num-gpu-blocks-override", type=int, help="size the KV cache in blocks, directly")
-    engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
-                        help="split long prompts over steps (on by default, as in vLLM V1)")
-    engine.add_argument("--policy", help="scheduler policy: static, continuous, chunked, or module:Class "
-                                         "for your own SchedulerPolicy")
-    parser.add_argument("--max-waiting", type=int, help="answer 503 + Retry-After while this many requests "
-                                                        "wait to start (off by default)")
-    parser.add_argument("--shutdown-timeout", type=float, default=10.0,
-                        help="on Ctrl-C/SIGTERM, seconds to let requests in flight finish (10)")
+    engine.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="split long prompts over steps (on by default, as in vLLM V1)",
+    )
+    engine.add_argument(
+        "--policy", help="scheduler policy: static, continuous, chunked, or module:Class for your own SchedulerPolicy"
+    )
+    parser.add_argument(
+        "--max-waiting",
+        type=int,
+        help="answer 503 + Retry-After while this many requests wait to start (off by default)",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="on Ctrl-C/SIGTERM, seconds to let requests in flight finish (10)",
+    )
 
 
 def resolve_policy(spec: str | None):
@@ -50,17 +65,24 @@ def resolve_policy(spec: str | None):
     try:
         policy = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as err:
-        raise ValueError(f"--policy {spec}: cannot import it ({err}); give module:Class with the module "
-                         "on PYTHONPATH") from None
+        raise ValueError(
+            f"--policy {spec}: cannot import it ({err}); give module:Class with the module on PYTHONPATH"
+        ) from None
     return policy() if isinstance(policy, type) else policy
 
 
 def engine_dials(args: argparse.Namespace) -> dict:
     """The LLM keyword arguments the command line set (the engine's defaults for the rest)."""
-    dials = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                 max_model_len=args.max_model_len, block_size=args.block_size,
-                 gpu_memory_utilization=args.gpu_memory_utilization, num_blocks=args.num_gpu_blocks_override,
-                 enable_chunked_prefill=args.enable_chunked_prefill, policy=resolve_policy(args.policy))
+    dials = dict(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        num_blocks=args.num_gpu_blocks_override,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        policy=resolve_policy(args.policy),
+    )
     return {name: value for name, value in dials.items() if value is not None}
 
 
@@ -72,13 +94,23 @@ def run(args: argparse.Namespace) -> int:
     if args.max_waiting is not None and args.max_waiting < 1:
         raise ValueError(f"--max-waiting must be at least 1, got {args.max_waiting}; leave it out for no bound")
     llm = LLM(load_model(args.model, dtype=args.dtype), **engine_dials(args))
-    server, sock, worker = make_server(llm, args.host, args.port, api_key=args.api_key,
-                                       max_waiting=args.max_waiting, served_model_name=args.served_model_name,
-                                       shutdown_timeout=args.shutdown_timeout)
+    server, sock, worker = make_server(
+        llm,
+        args.host,
+        args.port,
+        api_key=args.api_key,
+        max_waiting=args.max_waiting,
+        served_model_name=args.served_model_name,
+        shutdown_timeout=args.shutdown_timeout,
+    )
     setup = llm.describe()
-    print(f"labkit serve: {setup['model']} ({setup['device']}, {setup['dtype']}, policy {setup['policy']}, "
-          f"{setup['num_blocks']} blocks of {setup['block_size']}, max_model_len {setup['max_model_len']}) "
-          f"on {url_of(sock)}/v1", file=sys.stderr, flush=True)
+    print(
+        f"labkit serve: {setup['model']} ({setup['device']}, {setup['dtype']}, policy {setup['policy']}, "
+        f"{setup['num_blocks']} blocks of {setup['block_size']}, max_model_len {setup['max_model_len']}) "
+        f"on {url_of(sock)}/v1",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         server.run(sockets=[sock])  # after a graceful stop, uvicorn raises the signal that stopped it again
     except KeyboardInterrupt:

@@ -20,15 +20,23 @@ from labkit.serve.metrics import ServerMetrics
 from labkit.serve.worker import EngineWorker
 
 
-def make_server(llm, host: str = "127.0.0.1", port: int = 8000, *, api_key: str | None = None,
-                max_waiting: int | None = None, served_model_name: str | None = None,
-                shutdown_timeout: float = 10.0) -> tuple[uvicorn.Server, socket.socket, EngineWorker]:
+def make_server(
+    llm,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    api_key: str | None = None,
+    max_waiting: int | None = None,
+    served_model_name: str | None = None,
+    shutdown_timeout: float = 10.0,
+) -> tuple[uvicorn.Server, socket.socket, EngineWorker]:
     """A uvicorn server for ``llm`` bound to ``host:port`` (not started), its socket and its engine worker."""
     name = served_model_name or llm.describe()["model"]
     worker = EngineWorker(llm, ServerMetrics(name), max_waiting)
     app = build_app(worker, name, api_key)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=shutdown_timeout)
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=shutdown_timeout
+    )
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -36,8 +44,9 @@ def make_server(llm, host: str = "127.0.0.1", port: int = 8000, *, api_key: str 
         sock.bind((host, port))
     except OSError as err:
         sock.close()
-        raise OSError(f"cannot listen on {host}:{port} ({err.strerror}); pick another --port or stop "
-                      "whatever holds it") from None
+        raise OSError(
+            f"cannot listen on {host}:{port} ({err.strerror}); pick another --port or stop whatever holds it"
+        ) from None
     return uvicorn.Server(config), sock, worker
 
 
@@ -56,8 +65,9 @@ class ServerThread:
     def __init__(self, llm, host: str = "127.0.0.1", port: int = 0, **options):
         self.server, self.socket, self.worker = make_server(llm, host, port, **options)
         self.url = url_of(self.socket)
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
-                                        name="labkit-serve", daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.socket]}, name="labkit-serve", daemon=True
+        )
 
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self._thread.start()

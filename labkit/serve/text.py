@@ -31,9 +31,9 @@ class TextStream:
         if cut >= 0:
             text, self.stopped, finished = text[:cut], True, True
         if not finished:
-            text = text[:len(text) - self.hold].rstrip(REPLACEMENT)
+            text = text[: len(text) - self.hold].rstrip(REPLACEMENT)
         if not text.startswith(self.text):  # the tokenizer rewrote earlier text: send nothing rather than garble
             return ""
-        piece = text[len(self.text):]
+        piece = text[len(self.text) :]
         self.text = text
         return piece

@@ -117,13 +117,21 @@ class EngineWorker:
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Handle:
         """Hand a request to the loop; 503 with Retry-After if the waiting queue is full."""
         if not self.healthy:
-            raise APIError(503, f"The engine is not running ({self.error or 'stopped'}); restart the server.",
-                           type="service_unavailable")
+            raise APIError(
+                503,
+                f"The engine is not running ({self.error or 'stopped'}); restart the server.",
+                type="service_unavailable",
+            )
         with self._lock:
             if self.max_waiting is not None and self._num_queued >= self.max_waiting:
-                raise APIError(503, f"The server has {self._num_queued} requests waiting (--max-waiting "
-                                    f"{self.max_waiting}); retry later.", type="service_unavailable",
-                               code="queue_full", headers={"Retry-After": "1"})
+                raise APIError(
+                    503,
+                    f"The server has {self._num_queued} requests waiting (--max-waiting "
+                    f"{self.max_waiting}); retry later.",
+                    type="service_unavailable",
+                    code="queue_full",
+                    headers={"Retry-After": "1"},
+                )
             self._num_queued += 1
         handle = Handle(self, f"cmpl-{uuid.uuid4().hex}", len(prompt_ids))
         self._commands.put(partial(self._add, _Live(handle, prompt_ids, params)))
@@ -197,8 +205,12 @@ class EngineWorker:
                 if live is not None and live.scheduled_at is None:
                     live.scheduled_at = record.start
                     self._leave_queue(live)
-            self.metrics.on_step(record.num_active, record.num_waiting,
-                                 record.blocks_used / max(record.blocks_total, 1), len(record.preempted))
+            self.metrics.on_step(
+                record.num_active,
+                record.num_waiting,
+                record.blocks_used / max(record.blocks_total, 1),
+                len(record.preempted),
+            )
         for output in outputs:
             live = self._live.get(output.request_id)
             if live is not None:
