@@ -17,8 +17,8 @@ import nbformat
 import pytest
 
 from labkit.cli import main
-from labkit.grading.grader import kernel_env
 from labkit.grading import sandbox
+from labkit.grading.grader import kernel_env
 from labkit.grading.submissions import SubmissionError, infer_lab, read_notebook, submission_names
 
 FIXTURES = Path(__file__).parent / "fixtures" / "grading"

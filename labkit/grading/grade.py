@@ -29,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--total-timeout", type=float, default=600.0, help="seconds for all of a notebook's cells (default 600)"
     )
     parser.add_argument(
-        "--seed", type=int, help="seed for the grader's inputs, to reproduce a run (default: a fresh secret one)"
+        "--seed",
+        type=int,
+        help="repeat a run: each submission's seed follows from this and its name (default: a secret one each)",
     )
     parser.add_argument(
         "--jobs", type=int, default=1, help="submissions graded at the same time, one kernel each (default 1)"

@@ -34,6 +34,7 @@ import nbformat
 from tqdm.auto import tqdm
 
 import labkit
+from labkit.cache import CACHE_ENV, cache_root
 from labkit.grading import kernel_session as ks
 from labkit.grading import sandbox
 from labkit.grading.checks import Exercise, exercises_for_lab, lab_module
@@ -42,7 +43,6 @@ from labkit.grading.judge_process import judge_result, start_judges
 from labkit.grading.kernel_side import attempt_code
 from labkit.grading.result import CRASHED, ERROR, NOT_RUN, TIMEOUT, CheckResult
 from labkit.grading.submissions import SubmissionError, code_cells, infer_lab, read_notebook, submission_names
-from labkit.cache import CACHE_ENV, cache_root
 from labkit.models.default_model import ModelCacheError, contents_verified
 
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE_?KEY", re.IGNORECASE)
@@ -210,7 +210,7 @@ class Grader:
             exercises = _exercises(grade.lab)
             with self._oracle_lock:  # before this submission's code runs
                 expected = {exercise.id: expected_outputs(exercise, grade.seed) for exercise in exercises}
-            self._run_and_judge(path, notebook, exercises, expected, grade, sandbox.UID_BASE + 1 + slot)
+            self._run_and_judge(path, notebook, exercises, expected, grade, sandbox.sandbox_uid(1 + slot))
         except SubmissionError as error:
             grade.error = str(error)
         except Exception as error:  # keep grading the others; the report says what broke
@@ -241,7 +241,7 @@ class Grader:
             wall = settings.setup_timeout + settings.total_timeout + settings.cell_timeout * (exercises + 1)
             limits = sandbox.Limits(settings.memory_bytes, math.ceil(wall) * (os.cpu_count() or 1))
             prefix = sandbox.sandbox_command(folder, uid, limits)
-            owner = uid if os.geteuid() == 0 else None
+            owner = uid if sandbox.switches_user() else None
         return ks.KernelSession(
             folder,
             cell_timeout=settings.cell_timeout,
@@ -284,7 +284,7 @@ class Grader:
                     grade.notes.append(f"the grader's setup code failed in the kernel: {session.setup_problem.detail}")
                 if session.restarts:
                     grade.notes.append(f"the kernel was restarted {session.restarts} time(s)")
-            if settings.sandbox and os.geteuid() == 0:
+            if settings.sandbox and sandbox.switches_user():
                 sandbox.kill_processes_of(uid)  # nothing it started may still touch its results
             for exercise in exercises:
                 if exercise.id in handed_in:

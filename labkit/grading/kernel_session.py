@@ -55,9 +55,7 @@ class SandboxedKernelManager(AsyncKernelManager):
     """
 
     def __init__(self, folder: Path, launch_prefix: list[str], owner_uid: int | None, **kwargs: Any) -> None:
-        super().__init__(
-            transport="ipc", ip=str(folder / "ipc"), connection_file=str(folder / "kernel.json"), **kwargs
-        )
+        super().__init__(transport="ipc", ip=str(folder / "ipc"), connection_file=str(folder / "kernel.json"), **kwargs)
         self._launch_prefix = launch_prefix
         self._owner_uid = owner_uid
         self.kernel_spec.interrupt_mode = "message"

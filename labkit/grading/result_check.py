@@ -66,11 +66,7 @@ def _check_tensor(tensor: torch.Tensor, where: str) -> None:
             "return dense CPU tensors of an ordinary dtype"
         )
     own_bytes = tensor.numel() * tensor.element_size()
-    if (
-        not tensor.is_contiguous()
-        or tensor.storage_offset() != 0
-        or tensor.untyped_storage().nbytes() != own_bytes
-    ):
+    if not tensor.is_contiguous() or tensor.storage_offset() != 0 or tensor.untyped_storage().nbytes() != own_bytes:
         raise ResultRefused(
             f"{where} is a view (expanded, strided or part of a larger tensor) of shape {tuple(tensor.shape)}; "
             "return a tensor that owns its data (e.g. .contiguous().clone())"

@@ -18,8 +18,10 @@ user id, that nothing of the submission is left.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import secrets
 import shutil
 import signal
 import stat
@@ -35,7 +37,7 @@ from pathlib import Path
 import labkit
 from labkit.cache import cache_root
 
-UID_BASE = 61000  # submission i runs as uid UID_BASE + i (when the grader is root): ids no one else uses
+_UID_BLOCKS = (1 << 30, 1 << 31, 1 << 12)  # user ids a run draws its block from: first, end, block size
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _PROBE_TIMEOUT_S = 20
 
@@ -48,7 +50,8 @@ class Limits:
     cpu_seconds: int  # CPU time of each process (RLIMIT_CPU): a backstop behind the wall-clock timeouts
 
 
-def _as_root() -> bool:
+def switches_user() -> bool:
+    """Whether sandboxes run as users of their own (the grader is root), rather than in a user namespace."""
     return os.geteuid() == 0
 
 
@@ -94,7 +97,7 @@ def sandbox_command(folder: Path, uid: int, limits: Limits) -> list[str]:
     limit_arguments = [f"--cpu={limits.cpu_seconds}"]
     if limits.memory_bytes:
         limit_arguments.append(f"--as={limits.memory_bytes}")
-    if _as_root():  # namespaces without a user namespace, then a user of its own inside
+    if switches_user():  # namespaces without a user namespace, then a user of its own inside
         namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
         drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         drop += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
@@ -123,13 +126,25 @@ def sandbox_command(folder: Path, uid: int, limits: Limits) -> list[str]:
 
 
 @functools.cache
+def _uid_block() -> int:
+    return _UID_BLOCKS[0] + secrets.randbelow((_UID_BLOCKS[1] - _UID_BLOCKS[0]) // _UID_BLOCKS[2]) * _UID_BLOCKS[2]
+
+
+def sandbox_uid(slot: int) -> int:
+    """The user id of sandbox number `slot` in this run (when the grader is root): drawn at random from
+    ids no account uses, so two runs on one machine never share one (and never kill each other's kernels)."""
+    return _uid_block() + slot
+
+
+@functools.cache
 def sandbox_problem() -> str | None:
     """None when a sandbox can be made on this machine, else why not (tried once, by making one)."""
-    missing = [tool for tool in ("bwrap", "prlimit", "setpriv" if _as_root() else "") if tool and not shutil.which(tool)]
+    tools = ("bwrap", "prlimit", "setpriv") if switches_user() else ("bwrap", "prlimit")
+    missing = [tool for tool in tools if not shutil.which(tool)]
     if missing:
         return f"{', '.join(missing)} not found (install them: apt-get install bubblewrap util-linux)"
-    with sandbox_folder(UID_BASE) as folder:
-        command = sandbox_command(folder, UID_BASE, Limits(memory_bytes=None, cpu_seconds=60))
+    with sandbox_folder(sandbox_uid(0)) as folder:
+        command = sandbox_command(folder, sandbox_uid(0), Limits(memory_bytes=None, cpu_seconds=60))
         try:
             probe = subprocess.run(
                 [*command, sys.executable, "-c", "import labkit"],
@@ -150,7 +165,7 @@ def sandbox_problem() -> str | None:
 
 def unreadable_in_sandbox(folder: Path) -> list[Path]:
     """Files under `folder` that a sandbox's own user could not read (only a root grader switches user)."""
-    if not _as_root() or not folder.is_dir():
+    if not switches_user() or not folder.is_dir():
         return []
     return [path for path in sorted(folder.rglob("*")) if path.is_file() and not path.stat().st_mode & stat.S_IROTH]
 
@@ -160,6 +175,7 @@ def _sandboxes_root() -> Path:
     """One folder per run for the submissions' folders: others may pass through it but not list it."""
     root = Path(tempfile.mkdtemp(prefix="labkit-grade-"))
     root.chmod(0o711)
+    atexit.register(shutil.rmtree, root, True)
     return root
 
 
@@ -168,11 +184,11 @@ def sandbox_folder(uid: int) -> Iterator[Path]:
     """A fresh private folder owned by `uid`; on exit every process of that user is killed and it is deleted."""
     folder = Path(tempfile.mkdtemp(prefix="s-", dir=_sandboxes_root()))
     try:
-        if _as_root():
+        if switches_user():
             os.chown(folder, uid, uid)
         yield folder
     finally:
-        if _as_root():
+        if switches_user():
             kill_processes_of(uid)
         shutil.rmtree(folder, ignore_errors=True)
 
