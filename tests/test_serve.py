@@ -232,11 +232,12 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_blocks(model):
 
 
 def test_graceful_shutdown_aborts_what_is_in_flight_and_frees_everything(model):
-    llm = make_llm(model)
+    llm = make_llm(model, attention=slow_attention)
     server = ServerThread(llm, shutdown_timeout=0.2).start()
     body = {"model": llm.describe()["model"], "prompt": TEXT, "max_tokens": 1500, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
-        next(stream_events(response))
+        events = stream_events(response)  # kept: a dropped generator would close the connection
+        next(events)
         server.stop()
         assert not server._thread.is_alive()
     assert not llm.has_unfinished() and llm.state.blocks.num_free_blocks == NUM_BLOCKS
@@ -351,7 +352,8 @@ def test_a_full_waiting_queue_answers_503_with_retry_after(model):
             httpx.Client(base_url=server.url, timeout=60) as second,
         ):
             with first.stream("POST", "/v1/completions", json=body) as running:
-                next(stream_events(running))  # it holds the only batch slot
+                events = stream_events(running)  # kept: a dropped generator would close the connection
+                next(events)  # it holds the only batch slot
                 with second.stream("POST", "/v1/completions", json=body) as waiting:
                     assert waiting.status_code == 200  # accepted: it waits for the slot
                     refused = httpx.post(server.url + "/v1/completions", json=body)
