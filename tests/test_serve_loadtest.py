@@ -9,7 +9,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from test_serve import chat_model, make_llm, scrape
+from test_serve import chat_model, make_llm, scrape, slow_attention
 
 from labkit.cli import main
 from labkit.metrics import summarize
@@ -61,9 +61,11 @@ def test_a_short_loadtest_loses_nothing_and_agrees_with_the_server(server, tmp_p
 
 
 def test_refused_requests_count_as_failed_never_as_served(model, capsys):
-    llm = make_llm(model, max_num_seqs=1)
+    llm = make_llm(model, max_num_seqs=1, attention=slow_attention)  # each answer takes a while
     with ServerThread(llm, max_waiting=1) as server:
-        code = main(["loadtest", server.url, "--num-prompts", "8", "--max-output-tokens", "16", "--json"])
+        code = main(
+            ["loadtest", server.url, "--num-prompts", "8", "--max-output-tokens", "32", "--ignore-eos", "--json"]
+        )
     run = json.loads(capsys.readouterr().out)["runs"][0]
     assert code == 1  # a run that lost requests says so in its exit code
     assert run["rejected"] > 0 and run["completed"] + run["rejected"] == 8
