@@ -6,6 +6,8 @@ stopped by the fixtures here.
 
 import asyncio
 import json
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -101,3 +103,11 @@ def test_workloads_and_urls():
     with pytest.raises(ValueError, match="scheme"):
         api_base("localhost:8000")
     assert main(["loadtest", "http://127.0.0.1:9", "--request-rate", "fast"]) == 2  # bad input: message, exit 2
+
+
+def test_the_load_tester_loads_no_torch_and_no_model_code():
+    """It runs on any client machine: the workloads, the metrics and the openai client, nothing more."""
+    script = "import sys, labkit.serve.loadtest_cli\nprint(' '.join(sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert "labkit.metrics" in loaded and "labkit.workloads" in loaded
+    assert not [name for name in loaded if name == "torch" or name.startswith(("torch.", "labkit.models"))]
