@@ -24,7 +24,7 @@ DIALS = ["--max-num-seqs", "4", "--max-model-len", "1024", "--num-gpu-blocks-ove
 
 
 @pytest.fixture(scope="module")
-def served():
+def served(default_model):  # loaded (and converted, the first time) before the subprocess starts
     process = subprocess.Popen(
         [sys.executable, "-m", "labkit.cli", "serve", "--port", "0", "--shutdown-timeout", "1", *DIALS],
         stderr=subprocess.PIPE,
