@@ -111,3 +111,30 @@ def test_the_load_tester_loads_no_torch_and_no_model_code():
     loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
     assert "labkit.metrics" in loaded and "labkit.workloads" in loaded
     assert not [name for name in loaded if name == "torch" or name.startswith(("torch.", "labkit.models"))]
+
+
+def test_the_sweep_command_reports_the_best_rate_and_draws_it(server, tmp_path, capsys):
+    plot = tmp_path / "sweep.png"
+    argv = [
+        "loadtest",
+        server.url,
+        "--dataset",
+        "random",
+        "--num-prompts",
+        "4",
+        "--random-input-len",
+        "8",
+        "--random-output-len",
+        "4",
+        "--ignore-eos",
+        "--request-rate",
+        "10,20",
+        "--promise-ms",
+        "1e9",
+    ]
+    assert main([*argv, "--plot", str(plot), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [run["request_rate"] for run in result["runs"]] == [10.0, 20.0] and result["best_rate"] == 20.0
+    assert plot.stat().st_size > 0
+    assert main([*argv[:-4], "--plot", str(plot)]) == 2  # one rate is no curve: refused with a message
+    assert "--plot draws latency against rate" in capsys.readouterr().err
