@@ -5,7 +5,7 @@
 - :mod:`~labkit.serve.worker`: the one thread that runs the engine loop for every HTTP client;
 - :mod:`~labkit.serve.metrics`: Prometheus metrics with vLLM's names and buckets;
 - :mod:`~labkit.serve.app`: the routes (starlette), auth and size limits;
-- :mod:`~labkit.serve.thread`: run a server in a background thread (tests, notebooks);
+- :mod:`~labkit.serve.server`: uvicorn running the app, in the foreground or in a thread (tests, notebooks);
 - :mod:`~labkit.serve.loadtest`: ``vllm bench serve``'s job with the ``openai`` client;
 - ``serve_cli`` and ``loadtest_cli``: the ``labkit serve`` and ``labkit loadtest`` commands.
 
