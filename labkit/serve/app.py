@@ -173,8 +173,8 @@ async def _whole(handle: Handle, reply: Reply, text: TextStream) -> dict:
             text.update(output.token_ids, finished=False)
             if text.stopped:
                 break
-    reason = "stop" if text.stopped else output.finish_reason
     text.update(output.token_ids, finished=True)
+    reason = "stop" if text.stopped else output.finish_reason
     handle.close(reason)
     return reply.full(text.text, reason, usage(handle.prompt_len, len(output.token_ids)))
 
