@@ -96,7 +96,9 @@ def test_no_eight_word_run_from_the_sources() -> None:
         for i in range(len(tokens) - RUN_LENGTH + 1):
             if tuple(tokens[i : i + RUN_LENGTH]) in borrowed:
                 copied.append(f"{page.name}: '{' '.join(tokens[i : i + RUN_LENGTH])}'")
-    assert not copied, "these word runs are copied from the sources; rewrite them in your own words:\n" + "\n".join(copied)
+    assert not copied, "these word runs are copied from the sources; rewrite them in your own words:\n" + "\n".join(
+        copied
+    )
 
 
 def test_the_copy_check_catches_a_copied_sentence() -> None:
@@ -116,7 +118,8 @@ def test_offline_mathjax_extension_is_installed() -> None:
 
     assert importlib.util.find_spec("sphinx-mathjax-offline") is not None, (
         "the book needs the Sphinx extension 'sphinx-mathjax-offline' (MathJax shipped with the book): "
-        "pip install sphinx-mathjax-offline==0.0.2, part of labkit's [book] extra")
+        "pip install sphinx-mathjax-offline==0.0.2, part of labkit's [book] extra"
+    )
 
 
 def jupyter_book_command() -> list[str]:
@@ -245,7 +248,9 @@ def browse(browser: str, profile: Path, *args: str) -> subprocess.CompletedProce
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.skipif(chromium() is None, reason="Debian's chromium is not installed (apt-get install -y chromium); CI installs it")
+@pytest.mark.skipif(
+    chromium() is None, reason="Debian's chromium is not installed (apt-get install -y chromium); CI installs it"
+)
 def test_headless_chromium_typesets_math_and_shows_figures(html: Path, tmp_path: Path) -> None:
     from matplotlib.image import imread
 

@@ -75,11 +75,14 @@ def test_the_link_checker_names_the_page_and_target_of_a_broken_link(tmp_path: P
     (tmp_path / "a.html").write_text('<h2 id="sec">A</h2>')
     (tmp_path / "index.html").write_text(
         '<a href="a.html#sec">ok</a> <a href="#top" id="top">self</a> <a href="https://example.org/x.html">away</a>'
-        '<a href="missing.html">gone</a> <a href="a.html#nowhere">lost</a>')
+        '<a href="missing.html">gone</a> <a href="a.html#nowhere">lost</a>'
+    )
     (tmp_path / "old.html").write_text('<meta http-equiv="Refresh" content="0; url=moved.html" />')
-    assert broken_links(tmp_path) == ["index.html -> missing.html (no such file)",
-                                      "index.html -> a.html#nowhere (no such anchor)",
-                                      "old.html -> moved.html (no such file)"]
+    assert broken_links(tmp_path) == [
+        "index.html -> missing.html (no such file)",
+        "index.html -> a.html#nowhere (no such anchor)",
+        "old.html -> moved.html (no such file)",
+    ]
 
 
 def test_every_internal_link_and_anchor_resolves(html: Path) -> None:

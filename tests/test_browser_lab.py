@@ -54,8 +54,12 @@ class Lab:
     def cells(self, notebook: str, kind: str) -> dict[int, str]:
         """Index -> exercise id of the cells tagged `kind:` ("check" or "exercise") in a served notebook."""
         cells = nbformat.read(self.folder / notebook, as_version=4).cells
-        return {index: tag.removeprefix(f"{kind}:") for index, cell in enumerate(cells)
-                for tag in cell.metadata.get("tags", []) if tag.startswith(f"{kind}:")}
+        return {
+            index: tag.removeprefix(f"{kind}:")
+            for index, cell in enumerate(cells)
+            for tag in cell.metadata.get("tags", [])
+            if tag.startswith(f"{kind}:")
+        }
 
 
 def free_port() -> int:
@@ -70,7 +74,9 @@ def serve_copies(folder: Path) -> None:
     (folder / "learner.ipynb").write_bytes((REPO / "labs" / LAB).read_bytes())
     for key in ("editable", "deletable"):
         notebook = nbformat.read(folder / "learner.ipynb", as_version=4)
-        first_check = next(cell for cell in notebook.cells if any(t.startswith("check:") for t in cell.metadata.get("tags", [])))
+        first_check = next(
+            cell for cell in notebook.cells if any(t.startswith("check:") for t in cell.metadata.get("tags", []))
+        )
         first_check.metadata[key] = True
         nbformat.write(notebook, folder / f"unlocked-{key}.ipynb")
 
@@ -78,21 +84,33 @@ def serve_copies(folder: Path) -> None:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     """`jupyter lab` on 127.0.0.1 with a random port and token, its own settings; stopped whatever happens."""
-    if missing_browser():
-        pytest.skip(missing_browser())
+    if reason := missing_browser():
+        pytest.skip(reason)
     folder, home = tmp_path_factory.mktemp("labs"), tmp_path_factory.mktemp("jupyter")
     serve_copies(folder)
     for name, text in SETTINGS.items():
         (home / "settings" / name).parent.mkdir(parents=True, exist_ok=True)
         (home / "settings" / name).write_text(text)
     lab = Lab(folder, free_port(), secrets.token_hex(16))
-    command = [str(Path(sys.executable).with_name("jupyter")), "lab", "--no-browser", "--allow-root",
-               "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={lab.port}", "--ServerApp.port_retries=0",
-               f"--IdentityProvider.token={lab.token}", f"--ServerApp.root_dir={folder}",
-               f"--LabApp.user_settings_dir={home / 'settings'}", f"--LabApp.workspaces_dir={home / 'workspaces'}"]
+    command = [
+        str(Path(sys.executable).with_name("jupyter")),
+        "lab",
+        "--no-browser",
+        "--allow-root",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={lab.port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={lab.token}",
+        f"--ServerApp.root_dir={folder}",
+        f"--LabApp.user_settings_dir={home / 'settings'}",
+        f"--LabApp.workspaces_dir={home / 'workspaces'}",
+    ]
     # Kernels import this checkout's labkit; the user's own Jupyter configuration stays out of the test.
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(home / "config"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     log = home / "jupyterlab.log"
     with log.open("w") as out:
         server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -202,7 +220,9 @@ def assert_locked(tab, index: int) -> None:
 def test_solved_lab_runs_from_the_menu_every_check_passes_and_the_sliders_answer(lab: Lab, browser) -> None:
     tab = open_notebook(browser, lab.url("solved.ipynb"))
     run_from_menu(tab, "Run All Cells")
-    code_cells = sum(cell.cell_type == "code" for cell in nbformat.read(lab.folder / "solved.ipynb", as_version=4).cells)
+    code_cells = sum(
+        cell.cell_type == "code" for cell in nbformat.read(lab.folder / "solved.ipynb", as_version=4).cells
+    )
     assert_first_cells_ran(tab, code_cells)
     screenshot(tab, "lab2-solved-run-all")
     checks = lab.cells("solved.ipynb", "check")
@@ -237,8 +257,10 @@ def test_learner_lab_locks_checks_opens_exercises_and_a_check_says_not_done(lab:
     run_from_menu(tab, "Run All Above Selected Cell")
     cells(tab).nth(first_check).locator(".jp-InputPrompt").click()
     tab.keyboard.press("Shift+Enter")  # then the check itself
-    code_cells_so_far = sum(cell.cell_type == "code" for cell in
-                            nbformat.read(lab.folder / "learner.ipynb", as_version=4).cells[: first_check + 1])
+    code_cells_so_far = sum(
+        cell.cell_type == "code"
+        for cell in nbformat.read(lab.folder / "learner.ipynb", as_version=4).cells[: first_check + 1]
+    )
     assert_first_cells_ran(tab, code_cells_so_far)
     verdict = output(cells(tab).nth(first_check))
     assert verdict.startswith(f"NOT DONE {checks[first_check]}"), f"the check before its exercise shows:\n{verdict}"
