@@ -10,6 +10,9 @@ mean what the same names mean at work:
 - **E2EL**: finish time minus arrival time.
 - **Throughput**: completed requests, output tokens, and prompt + output tokens per
   second of the run, which lasts from the first arrival to the last finish.
+- **Prefix cache**: ``prefix_cache_queries`` (prompt tokens of admitted requests, counted
+  again when a preempted request is readmitted) and ``prefix_cache_hits`` (those found in
+  the cache, not computed), summed over the steps; their ratio is the hit rate.
 - **Goodput**: completed requests per second that met *every* limit of an SLO given in
   milliseconds, like ``--goodput ttft:500 tpot:50``. As in vLLM, a request with a
   single output token counts as TPOT 0 here.
@@ -135,9 +138,16 @@ class Summary:
     slot_utilization: float  # sum of active sequences / sum of slots held, over steps
     padded_slot_steps: int  # sum of (slots held - active sequences), over steps
     mean_batch_size: float  # active sequences per step
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, over the steps
+    prefix_cache_hits: int = 0  # ... of which found there
     slo: dict[str, float] | None = None
     num_good: int | None = None  # completed requests meeting every SLO limit
     goodput: float | None = None  # good requests / s
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of looked-up prompt tokens found in the prefix cache; NaN with caching off."""
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else math.nan
 
     @property
     def num_rejected(self) -> int:
@@ -158,7 +168,8 @@ class Summary:
             "total_token_throughput": self.total_token_throughput, "request_goodput": self.goodput,
             "num_preemptions": self.num_preemptions, "num_steps": self.num_steps,
             "slot_utilization": self.slot_utilization, "padded_slot_steps": self.padded_slot_steps,
-            "mean_batch_size": self.mean_batch_size,
+            "mean_batch_size": self.mean_batch_size, "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits, "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
         }
         for name, dist in self.distributions().items():
             out[f"mean_{name}_ms"] = dist.mean
@@ -250,6 +261,8 @@ def summarize(trace: Trace, slo: str | Iterable[str] | Mapping[str, float] | Non
         slot_utilization=active / slots_held if slots_held else math.nan,
         padded_slot_steps=slots_held - active,
         mean_batch_size=active / len(trace.steps) if trace.steps else math.nan,
+        prefix_cache_queries=sum(s.prefix_cache_queries for s in trace.steps),
+        prefix_cache_hits=sum(s.prefix_cache_hits for s in trace.steps),
         slo=limits,
         num_good=num_good,
         goodput=per_second(num_good) if limits else None,
@@ -290,6 +303,9 @@ def format_summary(summary: Summary) -> str:
     if s.num_steps:
         lines.append(f"batching     {s.num_steps} steps, slot utilisation {s.slot_utilization:.1%}, "
                      f"{s.padded_slot_steps:,} padded slot-steps, mean batch {_number(s.mean_batch_size)}")
+    if s.prefix_cache_queries:
+        lines.append(f"prefix cache {s.prefix_cache_hit_rate:.1%} hit rate: {s.prefix_cache_hits:,} of "
+                     f"{s.prefix_cache_queries:,} prompt tokens found cached")
     header = f"{'latency (ms)':<14}{'mean':>10}{'median':>10}{'p90':>10}{'p99':>10}{'std':>10}{'n':>8}"
     lines += ["", header, "-" * len(header)]
     names = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency", "queue": "queueing"}

@@ -48,6 +48,9 @@ class StepRecord:
     blocks_used: int = 0
     blocks_total: int = 0
     preempted: list[str] = field(default_factory=list)
+    context_tokens: int = 0  # KV entries the step read: tokens its requests had computed (or found cached) before it
+    prefix_cache_queries: int = 0  # prompt tokens of the requests admitted this step (vLLM's name)
+    prefix_cache_hits: int = 0  # ... of which found in the prefix cache, not computed
 
     @property
     def duration(self) -> float:

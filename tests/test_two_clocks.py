@@ -41,14 +41,17 @@ class ForgetsDecodes(ContinuousBatching):
 @pytest.fixture(scope="module")
 def workload():
     rng = np.random.default_rng(3)
-    return replay_workload([0.0] * 10, rng.integers(3, 40, size=10).tolist(), rng.integers(1, 25, size=10).tolist())
+    prompt_lens = rng.integers(3, 40, size=10).tolist()
+    # three families of prompts that share prefixes: both clocks find them in the cache alike
+    prompts = [list(range(2 + 50 * (i % 3), 2 + 50 * (i % 3) + n)) for i, n in enumerate(prompt_lens)]
+    return replay_workload([0.0] * 10, prompt_lens, rng.integers(1, 25, size=10).tolist(), prompts)
 
 
 def engine_run(workload, policy, budget):
     """The real engine on the tiny model: every request's tokens computed and sampled for real."""
     llm = LLM(tiny_model(), policy=policy, max_num_batched_tokens=budget, **DIALS)
     for spec in workload:
-        llm.add_request(list(range(2, 2 + spec.prompt_len)), SamplingParams(max_tokens=spec.output_len,
+        llm.add_request(spec.prompt, SamplingParams(max_tokens=spec.output_len,
                                                                             ignore_eos=True),
                         request_id=spec.request_id, arrival_time=0.0)
     while llm.has_unfinished():
@@ -66,6 +69,7 @@ def test_a_good_policy_plans_the_same_steps_on_both_clocks(workload, policy, bud
     simulated = simulate(workload, COST, make_policy(policy), max_num_batched_tokens=budget, **DIALS)
     assert schedule(engine) == schedule(simulated)
     assert sum(len(step.preempted) for step in engine.steps) > 0
+    assert sum(step.prefix_cache_hits for step in engine.steps) > 0
     assert [r.output_len for r in engine.requests] == [r.output_len for r in simulated.requests] \
         == workload.output_lens.tolist()
 

@@ -1,7 +1,7 @@
 """The step loop both clocks share: one engine core, two executors.
 
-One step: requests whose arrival time has passed join the queue, the policy plans the
-step, an *executor* runs the plan, every request whose missing tokens are now all
+One step: requests whose arrival time has passed join the queue, the head of the queue
+takes its cached prefix (with prefix caching), the policy plans the step, an *executor* runs the plan, every request whose missing tokens are now all
 computed gets a token, finished requests leave, and the step goes into the trace.
 Everything here is plain Python with no tensors and no clock of its own. The real engine
 (:class:`labkit.engine.LLM`) passes an executor that runs the model and reads the wall
@@ -100,6 +100,7 @@ class EngineCore:
         state = self.state
         state.now = now
         outcome = StepOutcome(rejected=self._admit_arrivals(now))
+        state.look_up_head()
         plan = self.policy.schedule(state)
         if plan.is_empty:
             # Nothing ran, so nothing would change before the next arrival: a policy that plans

@@ -8,7 +8,8 @@ the model, the KV pools and the wall clock. The policy, the block allocator and 
 attention function are plain arguments, so a lab can swap in a learner's own.
 
 Dials carry vLLM's names: ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
-``num_blocks`` or ``gpu_memory_utilization``, ``block_size``, ``enable_chunked_prefill``.
+``num_blocks`` or ``gpu_memory_utilization``, ``block_size``, ``enable_chunked_prefill``,
+``enable_prefix_caching``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from labkit.engine.runner import ModelRunner
 from labkit.engine.scheduler import SchedulerPolicy, SchedulerState, make_policy, token_budget
 from labkit.kv.block_allocator import BlockAllocator
 from labkit.kv.paged import AttentionFn, PagedKVCache, num_blocks_for_memory, paged_attention
+from labkit.kv.prefix_cache import PrefixCachingBlockAllocator, supports_prefix_caching
 from labkit.models.tokens import Prompt, encode_prompt
 from labkit.sampling import SamplingParams
 from labkit.trace import Trace
@@ -39,7 +41,10 @@ class LLM:
     does (see :func:`labkit.kv.paged.num_blocks_for_memory`). ``policy`` is "static",
     "continuous", "chunked" or your own :class:`SchedulerPolicy`; ``enable_chunked_prefill``
     picks between the last two when no policy is given. ``block_allocator`` is a class built
-    as ``cls(num_blocks, block_size)`` or a ready instance; ``attention`` is called as
+    as ``cls(num_blocks, block_size)`` or a ready instance (default: a prefix-caching one, or
+    the plain :class:`BlockAllocator` with ``enable_prefix_caching=False``). Prefix caching is
+    on by default, as in vLLM V1, and turned off, as ``describe()`` says, for an allocator that
+    cannot do it; asking for it with such an allocator is an error. ``attention`` is called as
     ``attention(layer, q, k_pool, v_pool, batch)``; ``clock`` returns seconds (swap in a fake
     one to control arrivals in a test).
     """
@@ -48,7 +53,7 @@ class LLM:
                  max_num_batched_tokens: int | None = None, num_blocks: int | None = None,
                  gpu_memory_utilization: float = 0.9, block_size: int = 16,
                  enable_chunked_prefill: bool | None = None, policy: str | SchedulerPolicy | None = None,
-                 block_allocator: type | BlockAllocator = BlockAllocator,
+                 block_allocator: type | BlockAllocator | None = None, enable_prefix_caching: bool | None = None,
                  attention: AttentionFn = paged_attention, clock: Callable[[], float] = time.perf_counter):
         self.model = _resolve_model(model)
         cfg = self.model.config
@@ -58,9 +63,14 @@ class LLM:
                              f"{cfg.max_position_embeddings}; lower it")
         self.policy = _resolve_policy(policy, enable_chunked_prefill)
         budget = token_budget(max_num_batched_tokens, self.max_model_len, self.policy.chunked)
+        if block_allocator is None:
+            block_allocator = BlockAllocator if enable_prefix_caching is False else PrefixCachingBlockAllocator
         blocks = self._make_allocator(block_allocator, num_blocks, block_size, gpu_memory_utilization,
                                       max_num_seqs)
-        self.state = SchedulerState(blocks, max_num_seqs, budget, self.max_model_len)
+        caching = supports_prefix_caching(blocks) if enable_prefix_caching is None else enable_prefix_caching
+        self._caching_note = None if caching or enable_prefix_caching is False else \
+            f"off: the allocator {type(blocks).__name__} cannot cache prefixes"
+        self.state = SchedulerState(blocks, max_num_seqs, budget, self.max_model_len, enable_prefix_caching=caching)
         self.core = EngineCore(self.policy, self.state, cfg.eos_token_ids)
         cache = PagedKVCache(cfg.num_layers, blocks.num_blocks, blocks.block_size, cfg.num_kv_heads,
                              cfg.head_dim, self.model.device, self.model.dtype, attention)
@@ -96,12 +106,16 @@ class LLM:
         return self.core.trace
 
     def describe(self) -> dict:
-        """The setup, as written into each trace's meta."""
+        """The setup, as written into each trace's meta (with why prefix caching is off, if the engine chose so)."""
         blocks = self.state.blocks
-        return dict(model=self.model.config.name, device=str(self.model.device), dtype=str(self.model.dtype),
-                    policy=self.policy.name, max_model_len=self.max_model_len,
-                    max_num_seqs=self.state.max_num_seqs, max_num_batched_tokens=self.state.max_num_batched_tokens,
-                    num_blocks=blocks.num_blocks, block_size=blocks.block_size)
+        setup = dict(model=self.model.config.name, device=str(self.model.device), dtype=str(self.model.dtype),
+                     policy=self.policy.name, max_model_len=self.max_model_len,
+                     max_num_seqs=self.state.max_num_seqs, max_num_batched_tokens=self.state.max_num_batched_tokens,
+                     num_blocks=blocks.num_blocks, block_size=blocks.block_size,
+                     enable_prefix_caching=self.state.enable_prefix_caching)
+        if self._caching_note:
+            setup["prefix_caching"] = self._caching_note
+        return setup
 
     @property
     def num_preemptions(self) -> int:

@@ -109,23 +109,12 @@ class StepWork:
 
 
 def step_work(traces: Trace | Sequence[Trace]) -> StepWork:
-    """Each step's new tokens, the KV context it read (tokens already computed) and its duration.
-
-    The context is rebuilt from the trace: a request's computed tokens are the sum of what
-    earlier steps scheduled for it, back to zero when it is preempted (recompute).
-    """
+    """Each step's new tokens, the KV context it read (tokens already computed or found cached) and its duration."""
     traces = [traces] if isinstance(traces, Trace) else list(traces)
-    new, context, seconds = [], [], []
-    for trace in traces:
-        computed: dict[str, int] = {}
-        for step in trace.steps:
-            for request_id in step.preempted:
-                computed[request_id] = 0
-            new.append(sum(step.scheduled.values()))
-            context.append(sum(computed.get(request_id, 0) for request_id in step.scheduled))
-            seconds.append(step.duration)
-            for request_id, num_new in step.scheduled.items():
-                computed[request_id] = computed.get(request_id, 0) + num_new
+    steps = [step for trace in traces for step in trace.steps]
+    new = [sum(step.scheduled.values()) for step in steps]
+    context = [step.context_tokens for step in steps]
+    seconds = [step.duration for step in steps]
     return StepWork(np.array(new, dtype=np.int64), np.array(context, dtype=np.int64),
                     np.array(seconds, dtype=float))
 

@@ -17,13 +17,14 @@ from labkit.engine.core import Batch, EngineCore
 from labkit.engine.request import Request
 from labkit.engine.scheduler import SchedulerPolicy, SchedulerState, make_policy, token_budget
 from labkit.kv.block_allocator import BlockAllocator
+from labkit.kv.prefix_cache import PrefixCachingBlockAllocator
 from labkit.sampling_params import SamplingParams
 from labkit.sim.cost_model import CostModel, ModelSpec, conversations_that_fit
 from labkit.sim.hardware import Hardware
 from labkit.trace import Trace
 from labkit.workloads import RequestSpec, Workload
 
-PLACEHOLDER_TOKEN = 0  # the simulator never looks at token values, only at how many there are
+PLACEHOLDER_TOKEN = 0  # the cost model never looks at token values; prefix caching compares them
 NO_END_TOKENS: list[int] = []  # answers end at their workload length, never at an end token
 
 
@@ -33,45 +34,68 @@ def blocks_that_fit(hardware: Hardware, model: ModelSpec, memory_fraction: float
     return conversations_that_fit(hardware.memory_bytes, memory_fraction, model, block_size)
 
 
-def _request(spec: RequestSpec) -> Request:
+def prompt_token_ids(spec: RequestSpec, index: int, prefix_markers: dict[str, int]) -> list[int]:
+    """The entry's token ids if it carries them, else synthetic ones that share exactly what the spec says.
+
+    A synthetic prompt is its shared prefix (a marker for the ``prefix_id``, then placeholders)
+    and then its own part (a marker for the request, ``index``, then placeholders): requests
+    with one prefix id hold the same ids for that prefix, and no others do.
+    """
+    if isinstance(spec.prompt, list) and spec.prompt and isinstance(spec.prompt[0], int):
+        return list(spec.prompt)
+    ids = []
+    if spec.prefix_len:
+        marker = prefix_markers.setdefault(spec.prefix_id, -1 - len(prefix_markers))
+        ids = [marker] + [PLACEHOLDER_TOKEN] * (spec.prefix_len - 1)
+    if spec.prompt_len > spec.prefix_len:
+        ids += [index + 1] + [PLACEHOLDER_TOKEN] * (spec.prompt_len - spec.prefix_len - 1)
+    return ids
+
+
+def _request(spec: RequestSpec, token_ids: list[int]) -> Request:
     """An engine request for a workload entry that stops after exactly ``output_len`` tokens."""
     params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True)
-    return Request(spec.request_id, [PLACEHOLDER_TOKEN] * spec.prompt_len, params, spec.arrival_time)
+    return Request(spec.request_id, token_ids, params, spec.arrival_time)
 
 
 def simulate(workload: Workload, cost: CostModel, policy: str | SchedulerPolicy = "chunked", *,
              num_blocks: int, block_size: int = 16, max_num_seqs: int = 64,
              max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
-             use_tqdm: bool = False) -> Trace:
+             enable_prefix_caching: bool = True, use_tqdm: bool = False) -> Trace:
     """Run ``workload`` through ``policy`` with step times from ``cost``; return the trace.
 
     The dials mean what they mean for :class:`labkit.engine.LLM`, with the same defaults,
     except that ``max_model_len`` defaults to the longest request in the workload. Get
-    ``num_blocks`` for a real card from :func:`blocks_that_fit`.
+    ``num_blocks`` for a real card from :func:`blocks_that_fit`. Prefix caching sees the
+    prefixes the workload declares (see :func:`prompt_token_ids`).
     """
     policy = make_policy(policy)
     max_model_len = max_model_len or int(max(workload.prompt_lens + workload.output_lens))
     budget = token_budget(max_num_batched_tokens, max_model_len, policy.chunked)
-    state = SchedulerState(BlockAllocator(num_blocks, block_size), max_num_seqs, budget, max_model_len)
+    allocator = PrefixCachingBlockAllocator if enable_prefix_caching else BlockAllocator
+    state = SchedulerState(allocator(num_blocks, block_size), max_num_seqs, budget, max_model_len,
+                           enable_prefix_caching=enable_prefix_caching)
     core = EngineCore(policy, state, NO_END_TOKENS)
     core.trace.meta = dict(simulated=True, workload=workload.name, policy=policy.name, cost_model=vars(cost),
                            max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                           max_num_batched_tokens=budget, num_blocks=num_blocks, block_size=block_size)
+                           max_num_batched_tokens=budget, num_blocks=num_blocks, block_size=block_size,
+                           enable_prefix_caching=enable_prefix_caching)
 
     def execute(batch: Batch, start: float) -> tuple[dict[str, int], float]:
         """The cost-model executor: no tokens computed, only the pass's duration."""
         end = start + cost.pass_time(batch.num_tokens, batch.context_tokens)
         return dict.fromkeys(batch.samplers, PLACEHOLDER_TOKEN), end
 
-    arrivals = iter(workload)
-    upcoming = next(arrivals, None)
+    arrivals = enumerate(workload)
+    index, upcoming = next(arrivals, (None, None))
+    prefix_markers: dict[str, int] = {}
     now = 0.0
     with tqdm(total=len(workload), desc=f"simulate ({policy.name})", disable=not use_tqdm) as bar:
         while upcoming is not None or core.has_unfinished():
             # Requests are made as they arrive, so a 100,000-request run holds only the live ones.
             while upcoming is not None and upcoming.arrival_time <= now:
-                core.add(_request(upcoming))
-                upcoming = next(arrivals, None)
+                core.add(_request(upcoming, prompt_token_ids(upcoming, index, prefix_markers)))
+                index, upcoming = next(arrivals, (None, None))
             outcome = core.step(now, execute)
             bar.update(len(outcome.rejected) + sum(request.is_finished for request in outcome.progressed))
             if outcome.record is None:

@@ -25,6 +25,9 @@ class RequestSpec:
     tokens from an engine, use it as ``max_tokens`` with ``ignore_eos=True``.
     ``prompt_len`` is exact for token ids (and for text counted with a tokenizer), an
     estimate otherwise (see :func:`labkit.workloads.tokens.estimate_tokens`).
+    ``prefix_id`` and ``prefix_len`` say that the prompt's first ``prefix_len`` tokens are
+    the same as those of every request with that ``prefix_id`` (a system prompt, a shared
+    history): what prefix caching saves, and what the simulator needs to know to see it.
     """
 
     request_id: str
@@ -32,6 +35,8 @@ class RequestSpec:
     prompt_len: int
     output_len: int
     prompt: Prompt = None
+    prefix_id: str | None = None
+    prefix_len: int = 0
 
     def __post_init__(self):
         if not (math.isfinite(self.arrival_time) and self.arrival_time >= 0):
@@ -42,6 +47,10 @@ class RequestSpec:
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"request {self.request_id!r}: {name} must be a whole number >= 1, "
                                  f"got {value!r}")
+        if not 0 <= self.prefix_len <= self.prompt_len or (self.prefix_id is None) != (self.prefix_len == 0):
+            raise ValueError(f"request {self.request_id!r}: a shared prefix needs both a prefix_id and a "
+                             f"prefix_len between 1 and prompt_len={self.prompt_len}, got prefix_id="
+                             f"{self.prefix_id!r} and prefix_len={self.prefix_len!r}")
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], (int, np.integer)):
             if len(self.prompt) != self.prompt_len:
                 raise ValueError(f"request {self.request_id!r}: prompt has {len(self.prompt)} token ids "

@@ -5,6 +5,11 @@ requests between ``state.waiting`` and ``state.running``, takes blocks for them 
 ``state.blocks``, and returns a :class:`SchedulerOutput`: how many new tokens each chosen
 request computes this step, and whom it preempted. Whoever drives the scheduler then runs
 the step (a model or a cost model) and books it with :meth:`SchedulerState.complete_step`.
+
+With prefix caching, the state gives the head of the waiting queue its cached prefix before
+a policy looks at it (its ``num_computed_tokens`` starts past the cached blocks, which it
+holds), so a policy needs no change: it sees fewer missing tokens, and ``admit`` and
+``blocks.can_allocate`` count only the blocks for the tokens it schedules.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass, field
 
 from labkit.engine.request import Request, RequestStatus
 from labkit.kv.block_allocator import BlockAllocator
+from labkit.kv.prefix_cache import supports_prefix_caching
 from labkit.trace import StepRecord
 
 CHUNKED_TOKEN_BUDGET = 512    # default max_num_batched_tokens with chunked prefill (a CPU-sized chunk)
@@ -52,12 +58,17 @@ class SchedulerState:
     """The queues, the block pool and the limits a policy works with."""
 
     def __init__(self, blocks: BlockAllocator, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int):
+                 max_model_len: int, enable_prefix_caching: bool = False):
         for name, value in [("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
                             ("max_model_len", max_model_len)]:
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
+        if enable_prefix_caching and not supports_prefix_caching(blocks):
+            raise ValueError(f"enable_prefix_caching=True needs an allocator that can cache prefixes, and "
+                             f"{type(blocks).__name__} cannot (it lacks take_cached_prefix and cache_full_blocks); "
+                             "use labkit.kv.prefix_cache.PrefixCachingBlockAllocator or turn prefix caching off")
         self.blocks = blocks
+        self.enable_prefix_caching = enable_prefix_caching
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -66,6 +77,8 @@ class SchedulerState:
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.now = 0.0                          # set by the driver before each schedule()
         self.num_preemptions = 0
+        self.prefix_cache_queries = 0  # this step's: prompt tokens of admitted requests
+        self.prefix_cache_hits = 0     # ... of which found in the cache
 
     # --- arrivals --------------------------------------------------------------------
     def rejection(self, request: Request) -> str | None:
@@ -97,26 +110,54 @@ class SchedulerState:
         """Move the head of the waiting queue to running, with blocks for ``num_tokens`` tokens."""
         if not self.waiting or self.waiting[0] is not request:
             raise ValueError(f"only the head of the waiting queue can be admitted, not {request.request_id!r}")
-        self.blocks.allocate(request.request_id, num_tokens)
+        self.blocks.allocate(request.request_id, request.num_computed_tokens + num_tokens)
         self.waiting.popleft()
         self.running.append(request)
         request.mark_running(self.now)
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += request.num_computed_tokens
+            self.look_up_head()
+
+    def look_up_head(self) -> None:
+        """Give the head of the queue its longest cached prefix: it holds those blocks and starts past them.
+
+        Called before each schedule and after each admission, so a policy always sees the head's
+        real missing tokens. At least the last token is left to compute: its logits give the next token.
+        """
+        if not self.enable_prefix_caching or not self.waiting or self.waiting[0].num_computed_tokens:
+            return
+        head = self.waiting[0]
+        head.num_computed_tokens = self.blocks.take_cached_prefix(head.request_id, head.all_token_ids[:-1])
+
+    def _release_head_prefix(self) -> bool:
+        """The head lets go of its cached prefix (to be looked up again later); False if it held none."""
+        head = self.waiting[0] if self.waiting else None
+        if head is None or not head.num_computed_tokens:
+            return False
+        self.blocks.free(head.request_id)
+        head.num_computed_tokens = 0
+        return True
 
     def preempt(self, request: Request) -> None:
         """Recompute preemption: free its blocks and put it at the front of the queue."""
         self.running.remove(request)
         self.blocks.free(request.request_id)
         request.mark_preempted()
+        self._release_head_prefix()  # only the head holds a cached prefix
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
     def reserve(self, request: Request, num_new_tokens: int, output: SchedulerOutput) -> bool:
         """Make room for a running request's next tokens, preempting the newest if blocks run out.
 
-        Returns False if the request had to preempt itself (it was the newest).
+        Returns False if the request had to preempt itself (it was the newest). Running requests
+        come before the head's cached prefix: the head lets go of it before anyone is preempted.
         """
         needed = request.num_computed_tokens + num_new_tokens
         while not self.blocks.can_allocate(request.request_id, needed):
+            if self._release_head_prefix():
+                continue
             victim = self.running[-1]
             self.preempt(victim)
             output.preempted.append(victim.request_id)
@@ -147,11 +188,15 @@ class SchedulerState:
                             num_prefill_tokens=num_prefill, num_decode_tokens=plan.num_tokens - num_prefill,
                             slots_held=len(plan.scheduled) if plan.slots_held is None else plan.slots_held,
                             num_waiting=len(self.waiting), blocks_used=self.blocks.num_used_blocks,
-                            blocks_total=self.blocks.num_blocks, preempted=list(plan.preempted))
+                            blocks_total=self.blocks.num_blocks, preempted=list(plan.preempted),
+                            context_tokens=sum(request.num_computed_tokens for request, _ in work),
+                            prefix_cache_queries=self.prefix_cache_queries, prefix_cache_hits=self.prefix_cache_hits)
+        self.prefix_cache_queries = self.prefix_cache_hits = 0
         self.now = end
         progressed = []
         for request, num_new in work:
             request.num_computed_tokens += num_new
+            self._cache_full_blocks(request, num_new)
             if request.request_id not in new_tokens:
                 continue  # a prompt chunk: its first token comes with the last chunk
             request.append_token(new_tokens[request.request_id], end)
@@ -161,11 +206,19 @@ class SchedulerState:
             progressed.append(request)
         return record, progressed
 
+    def _cache_full_blocks(self, request: Request, num_new: int) -> None:
+        """If the step filled a block of the request, name it so later requests can find it."""
+        size, computed = self.blocks.block_size, request.num_computed_tokens
+        if self.enable_prefix_caching and computed // size > (computed - num_new) // size:
+            self.blocks.cache_full_blocks(request.request_id, request.all_token_ids[:computed])
+
     def abort(self, request: Request) -> None:
         """Drop an unfinished request wherever it is (its client went away): its blocks are freed now."""
         if request.status is RequestStatus.RUNNING:
             self.finish(request, "abort")
             return
+        if request is self.waiting[0]:
+            self._release_head_prefix()
         self.waiting.remove(request)
         del self.requests[request.request_id]
         request.mark_finished("abort", self.now)

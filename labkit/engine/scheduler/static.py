@@ -21,9 +21,9 @@ class StaticBatching(SchedulerPolicy):
         if not any(member.status is RequestStatus.RUNNING for member in self.batch):
             self.batch = []
             while (state.waiting and len(self.batch) < state.max_num_seqs
-                   and state.blocks.can_allocate(state.waiting[0].request_id, state.waiting[0].num_tokens)):
+                   and state.blocks.can_allocate(state.waiting[0].request_id, state.waiting[0].num_missing_tokens)):
                 request = state.waiting[0]
-                state.admit(request, request.num_tokens)
+                state.admit(request, request.num_missing_tokens)
                 self.batch.append(request)
         output = SchedulerOutput(slots_held=len(self.batch))
         schedule_running(state, output, state.max_num_batched_tokens, chunked=False)

@@ -1,0 +1,167 @@
+"""A block allocator that remembers what its full blocks hold, so a new request can skip a prefix it shares.
+
+Chat requests repeat themselves: the same system prompt, the same history. Each *full*
+block is named by a hash of (its parent block's hash, its token ids), so one hash stands for
+the whole prefix up to that block, and the same tokens at another position (another parent)
+get another name. A map from hash to block finds the longest run of blocks a new request
+can take instead of computing (vLLM V1's automatic prefix caching; our own code). The last,
+partial block of a sequence is never named: it is still being written.
+
+A block several sequences share is freed when the last one lets go (reference counts). A
+freed block that has a hash keeps it and waits on an LRU list of *evictable* blocks: it is
+free to reuse, yet still findable. Allocation takes blocks that hold nothing reusable first,
+then evicts the least recently freed cached block, which leaves the map.
+
+Plain Python, no tensors: the real engine and the simulator both use it, through the same
+interface as :class:`~labkit.kv.block_allocator.BlockAllocator` plus two calls the engine
+makes: :meth:`take_cached_prefix` when a request is about to be admitted, and
+:meth:`cache_full_blocks` after each step.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from labkit.kv.block_allocator import BlockAllocator, OutOfBlocksError
+
+NO_PARENT = 0  # the hash chain's start: the first block's parent
+
+
+def block_hash(parent: int, token_ids: Sequence[int]) -> int:
+    """The name of a full block: its tokens and, through the parent's hash, every token before them."""
+    return hash((parent, tuple(token_ids)))
+
+
+class PrefixCachingBlockAllocator(BlockAllocator):
+    """Blocks with reference counts, a hash map of full blocks, and an LRU list of evictable cached blocks."""
+
+    def __init__(self, num_blocks: int, block_size: int = 16):
+        super().__init__(num_blocks, block_size)  # self._free: blocks holding nothing reusable
+        self._refs = [0] * num_blocks
+        self._content: list[tuple[int, tuple[int, ...]] | None] = [None] * num_blocks  # (parent, tokens)
+        self._hash_of: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}  # hash -> block
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # free cached blocks, least recently freed first
+        self._chains: dict[str, list[int]] = {}  # seq -> hashes of its full blocks, in order
+        self._held: dict[str, list[int]] = {}  # seq -> cached blocks taken for it, not yet in its table
+        self.num_evictions = 0
+
+    # --- single blocks ---------------------------------------------------------------
+    def allocate_block(self) -> int:
+        """A block for new tokens: one holding nothing reusable, else the least recently freed cached one."""
+        if self._free:
+            block = self._free.popleft()
+        elif self._evictable:
+            block, _ = self._evictable.popitem(last=False)
+            del self._cached[self._hash_of[block]]
+            self._hash_of[block] = self._content[block] = None
+            self.num_evictions += 1
+        else:
+            raise OutOfBlocksError(f"all {self.num_blocks} blocks are in use; free some or preempt a sequence")
+        self._refs[block] = 1
+        return block
+
+    def free_block(self, block: int) -> None:
+        """Drop one reference; the last one makes the block evictable (if cached) or plainly free."""
+        if not (isinstance(block, int) and 0 <= block < self.num_blocks):
+            raise ValueError(f"block {block!r} does not belong to this pool (ids 0..{self.num_blocks - 1})")
+        if self._refs[block] == 0:
+            raise ValueError(f"block {block} is already free (double free)")
+        self._refs[block] -= 1
+        if self._refs[block]:
+            return
+        if self._hash_of[block] is None:
+            self._free.append(block)
+        else:
+            self._evictable[block] = None
+
+    def _take(self, block: int) -> None:
+        """One more reference to a cached block; a free one leaves the evictable list."""
+        if self._refs[block] == 0:
+            del self._evictable[block]
+        self._refs[block] += 1
+
+    # --- prefix caching ----------------------------------------------------------------
+    def take_cached_prefix(self, seq_id: str, token_ids: Sequence[int]) -> int:
+        """Hold for ``seq_id`` the longest run of cached full blocks that starts ``token_ids``; return its tokens.
+
+        The blocks go first into the table at the sequence's next :meth:`allocate`, so they are
+        not counted by :meth:`num_new_blocks` for it; :meth:`free` lets them go. The caller
+        leaves out the tokens it must compute (at least the last one, whose logits it needs).
+        """
+        if seq_id in self._tables or seq_id in self._held:
+            raise ValueError(f"sequence {seq_id!r} already holds blocks; look up its prefix before allocating")
+        size, parent, held, chain = self.block_size, NO_PARENT, [], []
+        for start in range(0, len(token_ids) - size + 1, size):
+            tokens = tuple(token_ids[start : start + size])
+            key = block_hash(parent, tokens)
+            block = self._cached.get(key)
+            if block is None or self._content[block] != (parent, tokens):  # a miss, or a hash collision
+                break
+            self._take(block)
+            held.append(block)
+            chain.append(key)
+            parent = key
+        if held:
+            self._held[seq_id] = held
+            self._chains[seq_id] = chain
+        return len(held) * size
+
+    def cache_full_blocks(self, seq_id: str, token_ids: Sequence[int]) -> None:
+        """Name the sequence's blocks that ``token_ids`` (its tokens now in the cache) fill, so others can find them.
+
+        A block whose name another block already has stays unnamed: the first copy is the one found.
+        """
+        chain = self._chains.setdefault(seq_id, [])
+        table, size = self._tables.get(seq_id, []), self.block_size
+        for index in range(len(chain), min(len(token_ids) // size, len(table))):
+            parent = chain[-1] if chain else NO_PARENT
+            tokens = tuple(token_ids[index * size : (index + 1) * size])
+            key = block_hash(parent, tokens)
+            chain.append(key)
+            block = table[index]
+            if key not in self._cached and self._hash_of[block] is None:
+                self._cached[key] = block
+                self._hash_of[block] = key
+                self._content[block] = (parent, tokens)
+
+    # --- sequences -------------------------------------------------------------------
+    def allocate(self, seq_id: str, num_tokens: int) -> list[int]:
+        """Grow the table to hold ``num_tokens`` tokens, blocks taken by :meth:`take_cached_prefix` first."""
+        held = self._held.get(seq_id, [])
+        if self.num_new_blocks(seq_id, num_tokens) - len(held) <= self.num_free_blocks:  # else all-or-nothing:
+            self._tables.setdefault(seq_id, []).extend(self._held.pop(seq_id, []))  # super() raises
+        return super().allocate(seq_id, num_tokens)
+
+    def free(self, seq_id: str) -> None:
+        """Let go of every block of a sequence, last block first: a prefix's tail is evicted before its head,
+        which more requests are likely to share."""
+        blocks = self._held.pop(seq_id, []) + self._tables.pop(seq_id, [])
+        self._chains.pop(seq_id, None)
+        for block in reversed(blocks):
+            self.free_block(block)
+
+    # --- usage ---------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no sequence references: never used, or cached and evictable."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks some sequence references (KV cache usage counts only these)."""
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks whose content the map can find (referenced or evictable)."""
+        return len(self._cached)
+
+    def ref_count(self, block: int) -> int:
+        return self._refs[block]
+
+
+def supports_prefix_caching(blocks: object) -> bool:
+    """True if an allocator has the two calls the engine makes for prefix caching."""
+    return all(callable(getattr(blocks, name, None)) for name in ("take_cached_prefix", "cache_full_blocks"))
