@@ -101,6 +101,13 @@ class Workload(Sequence[RequestSpec]):
     def output_lens(self) -> np.ndarray:
         return np.array([r.output_len for r in self.requests], dtype=np.int64)
 
+    def with_shared_prefix(self, prefix_len: int, prefix_id: str = "system") -> "Workload":
+        """The same requests, each prompt led by one shared prefix of ``prefix_len`` tokens (a long system
+        prompt), for the simulator: prompts become lengths only, and the prefix is declared shared."""
+        requests = [replace(r, prompt_len=r.prompt_len + prefix_len, prompt=None, prefix_id=prefix_id,
+                            prefix_len=prefix_len) for r in self.requests]
+        return replace(self, requests=tuple(requests), meta={**self.meta, "shared_prefix_len": prefix_len})
+
     def with_arrival_times(self, times: Sequence[float]) -> "Workload":
         """The same requests arriving at new times (for example from :func:`arrival_times`)."""
         times = np.asarray(times, dtype=float)
