@@ -32,8 +32,16 @@ def _cache_inputs(seed: int) -> tuple[list[list[tuple[torch.Tensor, ...]]]]:
     generator = torch_generator(seed)
     passes = []
     for length in PASS_LENGTHS:
-        passes.append([(torch.randn(length, 4, 8, generator=generator), torch.randn(length, 2, 8, generator=generator),
-                        torch.randn(length, 2, 8, generator=generator)) for _layer in range(2)])
+        passes.append(
+            [
+                (
+                    torch.randn(length, 4, 8, generator=generator),
+                    torch.randn(length, 2, 8, generator=generator),
+                    torch.randn(length, 2, 8, generator=generator),
+                )
+                for _layer in range(2)
+            ]
+        )
     return (passes,)
 
 
@@ -69,29 +77,33 @@ def _compare_cache(expected, got) -> Mismatch | None:
     if mismatch is not None:
         return Mismatch(mismatch.difference.replace("forward call", "pass"), mismatch.hint)
     outs = [record["out"] for call in got["calls"] for record in call["attention"]]
-    mismatch = compare_sequences(expected["outs"], outs, lambda e, g: compare_tensors(e, g, atol=1e-4, rtol=1e-4),
-                                 item="(pass, layer)")
+    mismatch = compare_sequences(
+        expected["outs"], outs, lambda e, g: compare_tensors(e, g, atol=1e-4, rtol=1e-4), item="(pass, layer)"
+    )
     if mismatch is not None:
         return mismatch
     if [int(n) for n in lengths] != expected["lengths"]:
-        return Mismatch(f"cache.length after passes of {list(PASS_LENGTHS)} tokens was {lengths}, "
-                        f"expected {expected['lengths']}",
-                        "length is the number of tokens cached so far (the size of dim 0 of a layer's keys).")
+        return Mismatch(
+            f"cache.length after passes of {list(PASS_LENGTHS)} tokens was {lengths}, expected {expected['lengths']}",
+            "length is the number of tokens cached so far (the size of dim 0 of a layer's keys).",
+        )
     return None
 
 
-register(Exercise(
-    id="lab2.kv_cache",
-    functions=("KVCache",),
-    make_inputs=_cache_inputs,
-    run=_run_cache,
-    oracle=_cache_oracle,
-    compare=_compare_cache,
-    tested="KVCache(2) fed a 3-token prefill then two 1-token steps (4 query heads, 2 KV heads): every attend "
-           "output equals attention over all keys cached so far (causal for the new queries), and length counts them",
-    hint="append: torch.cat the new k (and v) after what the layer already holds, along dim 0. attend: append first, "
-         "then attention(q, keys, values, causal_mask(len(q), len(keys))).",
-))
+register(
+    Exercise(
+        id="lab2.kv_cache",
+        functions=("KVCache",),
+        make_inputs=_cache_inputs,
+        run=_run_cache,
+        oracle=_cache_oracle,
+        compare=_compare_cache,
+        tested="KVCache(2) fed a 3-token prefill then two 1-token steps (4 query heads, 2 KV heads): every attend "
+        "output equals attention over all keys cached so far (causal for the new queries), and length counts them",
+        hint="append: torch.cat the new k (and v) after what the layer already holds, along dim 0. attend: append first, "
+        "then attention(q, keys, values, causal_mask(len(q), len(keys))).",
+    )
+)
 
 
 # --- lab2.generate_with_cache -------------------------------------------------------------
@@ -109,22 +121,31 @@ def _compare_generate(expected, got) -> Mismatch | None:
     tokens = got["tokens"]
     mine = [int(t) for t in tokens] if isinstance(tokens, list) else []
     if not calls:
-        return Mismatch("model.forward was never called", "Prefill the prompt once, then one forward pass per new token.")
+        return Mismatch(
+            "model.forward was never called", "Prefill the prompt once, then one forward pass per new token."
+        )
     if calls[0]["input_ids"].tolist() != prompt:
-        return Mismatch(f"the first forward pass got {calls[0]['input_ids'].tolist()}, expected the prompt {prompt}",
-                        "Start with one prefill pass over the whole prompt.")
+        return Mismatch(
+            f"the first forward pass got {calls[0]['input_ids'].tolist()}, expected the prompt {prompt}",
+            "Start with one prefill pass over the whole prompt.",
+        )
     mismatch = check_positions(calls[0]["positions"], list(range(len(prompt))), "the prefill pass")
     if mismatch:
         return mismatch
     for step, call in enumerate(calls[1:steps], start=1):
         sent = call["input_ids"].tolist()
         if len(sent) != 1:
-            return Mismatch(f"step {step}: model.forward got {len(sent)} tokens, expected only the newest one",
-                            "With a cache the earlier tokens' K and V are already stored: feed just the token you "
-                            "picked last, and let attention read the rest from the cache.")
+            return Mismatch(
+                f"step {step}: model.forward got {len(sent)} tokens, expected only the newest one",
+                "With a cache the earlier tokens' K and V are already stored: feed just the token you "
+                "picked last, and let attention read the rest from the cache.",
+            )
         if step <= len(mine) and sent[0] != mine[step - 1]:
-            return Mismatch(f"step {step}: model.forward got token {sent[0]}, expected the token picked at step "
-                            f"{step - 1}, {mine[step - 1]}", "Feed back the token you just chose.")
+            return Mismatch(
+                f"step {step}: model.forward got token {sent[0]}, expected the token picked at step "
+                f"{step - 1}, {mine[step - 1]}",
+                "Feed back the token you just chose.",
+            )
         mismatch = check_positions(call["positions"], [len(prompt) + step - 1], f"step {step}")
         if mismatch:  # a cache that forgets also miscounts: name the earlier cause when there is one
             return check_attention(calls[:step], keeps_history=True) or mismatch
@@ -133,33 +154,50 @@ def _compare_generate(expected, got) -> Mismatch | None:
         return mismatch
     if len(calls) < steps:
         return compare_tokens(expected["tokens"], mine) or Mismatch(
-            f"{len(calls)} forward passes for {steps} tokens", "Each new token after the first needs one decode pass.")
-    mismatch = compare_sequences(expected["logits"], [call["logits"][-1] for call in calls[:steps]],
-                                 lambda e, g: check_logits(e, g, "logits"), item="step")
+            f"{len(calls)} forward passes for {steps} tokens", "Each new token after the first needs one decode pass."
+        )
+    mismatch = compare_sequences(
+        expected["logits"],
+        [call["logits"][-1] for call in calls[:steps]],
+        lambda e, g: check_logits(e, g, "logits"),
+        item="step",
+    )
     return mismatch or compare_tokens(expected["tokens"], tokens)
 
 
-register(Exercise(
-    id="lab2.generate_with_cache",
-    functions=("generate_with_cache",),
-    make_inputs=prompt_and_steps,
-    run=_run_generate,
-    oracle=greedy_without_cache,
-    compare=_compare_generate,
-    tested="generate_with_cache(model, prompt, n) with the default model: one prefill pass, then one token per pass at "
-           "the right position, attention over the whole cache, and the logits at every step equal to the run "
-           "without a cache (transformers' own forward pass over the whole sequence)",
-    hint="cache = KVCache(num_layers); logits = model.forward(prompt ids, arange(T), cache.attend); then for each "
-         "new token: model.forward(tensor([token]), tensor([cache.length]), cache.attend).",
-))
+register(
+    Exercise(
+        id="lab2.generate_with_cache",
+        functions=("generate_with_cache",),
+        make_inputs=prompt_and_steps,
+        run=_run_generate,
+        oracle=greedy_without_cache,
+        compare=_compare_generate,
+        tested="generate_with_cache(model, prompt, n) with the default model: one prefill pass, then one token per pass at "
+        "the right position, attention over the whole cache, and the logits at every step equal to the run "
+        "without a cache (transformers' own forward pass over the whole sequence)",
+        hint="cache = KVCache(num_layers); logits = model.forward(prompt ids, arange(T), cache.attend); then for each "
+        "new token: model.forward(tensor([token]), tensor([cache.length]), cache.attend).",
+    )
+)
 
 # --- lab2.kv_bytes_per_token --------------------------------------------------------------
 
 
 def _config(name: str, layers: int, heads: int, kv_heads: int, head_dim: int) -> ModelConfig:
-    return ModelConfig(name=name, architecture="llama", num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
-                       head_dim=head_dim, hidden_size=heads * head_dim, intermediate_size=4 * heads * head_dim,
-                       vocab_size=1000, max_position_embeddings=8192, rms_norm_eps=1e-5)
+    return ModelConfig(
+        name=name,
+        architecture="llama",
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        hidden_size=heads * head_dim,
+        intermediate_size=4 * heads * head_dim,
+        vocab_size=1000,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+    )
 
 
 SHAPES = (
@@ -191,29 +229,40 @@ def _compare_bytes(expected, got) -> Mismatch | None:
         hints = {
             want / 2: "That is half: a token stores a key AND a value at every layer (the factor 2).",
             want * shape["heads"] / shape["kv_heads"]: "You counted query heads. Only the KV heads are cached "
-                                                       "(grouped-query attention): use num_kv_heads.",
+            "(grouped-query attention): use num_kv_heads.",
             want / shape["bytes"]: "That counts values, not bytes: multiply by the bytes per value of the dtype "
-                                   "(torch.empty((), dtype=dtype).element_size()).",
+            "(torch.empty((), dtype=dtype).element_size()).",
             want / shape["layers"]: "Every layer keeps its own K and V: multiply by num_layers.",
         }
         return Mismatch(where, hints.get(have))
     return None
 
 
-register(Exercise(
-    id="lab2.kv_bytes_per_token",
-    functions=("kv_bytes_per_token",),
-    make_inputs=_bytes_inputs,
-    run=lambda functions, inputs: [functions[0](config, dtype) for config, dtype in inputs[0]],
-    oracle=lambda inputs: {
-        "bytes": [config.kv_bytes_per_token(dtype) for config, dtype in inputs[0]],
-        "shapes": [{"name": config.name, "dtype": str(dtype).removeprefix("torch."), "heads": config.num_heads,
-                    "kv_heads": config.num_kv_heads, "layers": config.num_layers,
-                    "bytes": torch.empty((), dtype=dtype).element_size()} for config, dtype in inputs[0]]},
-    compare=_compare_bytes,
-    tested="kv_bytes_per_token(config, dtype) for SmolLM2-135M (fp32), Llama 3.1 8B (bf16) and one more model",
-    hint="2 (K and V) x num_layers x num_kv_heads x head_dim x bytes per value.",
-))
+register(
+    Exercise(
+        id="lab2.kv_bytes_per_token",
+        functions=("kv_bytes_per_token",),
+        make_inputs=_bytes_inputs,
+        run=lambda functions, inputs: [functions[0](config, dtype) for config, dtype in inputs[0]],
+        oracle=lambda inputs: {
+            "bytes": [config.kv_bytes_per_token(dtype) for config, dtype in inputs[0]],
+            "shapes": [
+                {
+                    "name": config.name,
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "heads": config.num_heads,
+                    "kv_heads": config.num_kv_heads,
+                    "layers": config.num_layers,
+                    "bytes": torch.empty((), dtype=dtype).element_size(),
+                }
+                for config, dtype in inputs[0]
+            ],
+        },
+        compare=_compare_bytes,
+        tested="kv_bytes_per_token(config, dtype) for SmolLM2-135M (fp32), Llama 3.1 8B (bf16) and one more model",
+        hint="2 (K and V) x num_layers x num_kv_heads x head_dim x bytes per value.",
+    )
+)
 
 # --- lab2.conversations_that_fit ----------------------------------------------------------
 
@@ -226,16 +275,23 @@ def _fit_inputs(seed: int) -> tuple[list[tuple[float, float, int, int, float]]]:
         (24 * GB, 16 * GB, 131072, 8192, 0.85),  # an 8B model in 16 bits on a 24 GB card, 8K-token chats
         (80 * GB, 16 * GB, 131072, 1300, 0.9),  # the same model on an 80 GB card, 1,300-token chats
         (24 * GB, 28 * GB, 131072, 1024, 0.9),  # weights bigger than the card
-        (pick.choice((40, 80, 141)) * GB, pick.choice((1, 16, 28)) * GB, pick.choice((61440, 131072, 163840)),
-         pick.choice((2048, 4096, 32768)), pick.choice((0.8, 0.9, 0.95))),
+        (
+            pick.choice((40, 80, 141)) * GB,
+            pick.choice((1, 16, 28)) * GB,
+            pick.choice((61440, 131072, 163840)),
+            pick.choice((2048, 4096, 32768)),
+            pick.choice((0.8, 0.9, 0.95)),
+        ),
     ]
     return (cases,)
 
 
 def _fit_oracle(inputs) -> dict[str, list]:
     cases = inputs[0]
-    right = [max(0, math.floor((memory * fraction - weights) / (per_token * context)))
-             for memory, weights, per_token, context, fraction in cases]
+    right = [
+        max(0, math.floor((memory * fraction - weights) / (per_token * context)))
+        for memory, weights, per_token, context, fraction in cases
+    ]
     return {"counts": right, "cases": [list(case) for case in cases]}
 
 
@@ -245,18 +301,20 @@ def _compare_fit(expected, got) -> Mismatch | None:
     for (memory, weights, per_token, context, fraction), want, have in zip(expected["cases"], expected["counts"], got):
         if have == want and isinstance(have, int):
             continue
-        where = (f"{memory / GB:.0f} GB card at {fraction:.0%}, {weights / GB:.0f} GB of weights, "
-                 f"{per_token:,} bytes per token, {context:,}-token conversations: expected {want}, got {have!r}")
+        where = (
+            f"{memory / GB:.0f} GB card at {fraction:.0%}, {weights / GB:.0f} GB of weights, "
+            f"{per_token:,} bytes per token, {context:,}-token conversations: expected {want}, got {have!r}"
+        )
         per_conversation = per_token * context
         hints = {
             max(0, math.floor((memory - weights) / per_conversation)): "Only memory_fraction of the card is "
-                "usable: multiply the memory by it before subtracting the weights.",
+            "usable: multiply the memory by it before subtracting the weights.",
             math.floor(memory * fraction / per_conversation): "Subtract the weights first: they take their share "
-                "of the memory before any KV cache does.",
+            "of the memory before any KV cache does.",
             math.ceil((memory * fraction - weights) / per_conversation): "Round down: a conversation that only "
-                "partly fits does not fit.",
+            "partly fits does not fit.",
             math.floor((memory * fraction - weights) / per_conversation): "When the weights alone do not fit, "
-                "no conversation does: the answer is 0, never negative.",
+            "no conversation does: the answer is 0, never negative.",
         }
         if isinstance(have, float) and have.is_integer() and int(have) == want:
             return Mismatch(where, "Return an int (a count of conversations), not a float.")
@@ -264,14 +322,16 @@ def _compare_fit(expected, got) -> Mismatch | None:
     return None
 
 
-register(Exercise(
-    id="lab2.conversations_that_fit",
-    functions=("conversations_that_fit",),
-    make_inputs=_fit_inputs,
-    run=lambda functions, inputs: [functions[0](*case) for case in inputs[0]],
-    oracle=_fit_oracle,
-    compare=_compare_fit,
-    tested="conversations_that_fit(gpu_memory_bytes, weight_bytes, kv_bytes_per_token, context_tokens, "
-           "memory_fraction) on four cards and models, one whose weights do not fit",
-    hint="floor((memory x fraction - weights) / (KV bytes per token x context tokens)), and 0 if that is negative.",
-))
+register(
+    Exercise(
+        id="lab2.conversations_that_fit",
+        functions=("conversations_that_fit",),
+        make_inputs=_fit_inputs,
+        run=lambda functions, inputs: [functions[0](*case) for case in inputs[0]],
+        oracle=_fit_oracle,
+        compare=_compare_fit,
+        tested="conversations_that_fit(gpu_memory_bytes, weight_bytes, kv_bytes_per_token, context_tokens, "
+        "memory_fraction) on four cards and models, one whose weights do not fit",
+        hint="floor((memory x fraction - weights) / (KV bytes per token x context tokens)), and 0 if that is negative.",
+    )
+)

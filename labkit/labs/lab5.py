@@ -38,8 +38,9 @@ def allocator_script(seed: int) -> list[tuple[str, str, int]]:
     for _ in range(40):
         name = r.choice(sorted(lengths))
         grown = lengths[name] + r.randint(1, 30)
-        blocks_after = 4 + sum(-(-n // BLOCK_SIZE) for other, n in lengths.items() if other != name) \
-            + -(-grown // BLOCK_SIZE)
+        blocks_after = (
+            4 + sum(-(-n // BLOCK_SIZE) for other, n in lengths.items() if other != name) + -(-grown // BLOCK_SIZE)
+        )
         if blocks_after > POOL_BLOCKS or r.random() < 0.15:  # a full pool (or chance) ends a sequence instead
             if lengths[name]:
                 calls.append(("free", name, 0))
@@ -68,8 +69,9 @@ def run_allocator_script(allocator_class, calls) -> list[dict[str, Any]]:
             log.append({"op": op, "seq": seq, "tokens": tokens, "error": describe_exception(error)})
             break
         tables = {name: [int(b) for b in allocator.block_table(name)] for name in sorted(live | {seq})}
-        log.append({"op": op, "seq": seq, "tokens": tokens, "tables": tables,
-                    "num_free": int(allocator.num_free_blocks)})
+        log.append(
+            {"op": op, "seq": seq, "tokens": tokens, "tables": tables, "num_free": int(allocator.num_free_blocks)}
+        )
     return log
 
 
@@ -87,33 +89,43 @@ def check_allocator_log(calls, log) -> Mismatch | None:
             lengths.pop(seq, None)
         tables = entry["tables"]
         if op == "free" and tables.get(seq):
-            return Mismatch(f"{where}: {seq!r} still has blocks {tables[seq]} after free",
-                            "free(seq) must give every block of the sequence back and forget its table.")
+            return Mismatch(
+                f"{where}: {seq!r} still has blocks {tables[seq]} after free",
+                "free(seq) must give every block of the sequence back and forget its table.",
+            )
         owner: dict[int, str] = {}
         for name, table in tables.items():
             want = math.ceil(lengths.get(name, 0) / BLOCK_SIZE)
             if len(table) != want:
-                return Mismatch(f"{where}: {name!r} holds {lengths.get(name, 0)} tokens and owns {len(table)} blocks, "
-                                f"expected {want}",
-                                "A sequence of n tokens needs ceil(n / block_size) blocks: take only the blocks it "
-                                "still lacks (needed minus len(table)), one at a time from the free list.")
-            if table[:len(previous.get(name, []))] != previous.get(name, []) and op == "allocate" and name == seq:
-                return Mismatch(f"{where}: {name!r}'s table changed from {previous[name]} to {table}",
-                                "Growing a sequence appends new blocks to its table; the blocks it has keep their "
-                                "place (its K/V already live there).")
+                return Mismatch(
+                    f"{where}: {name!r} holds {lengths.get(name, 0)} tokens and owns {len(table)} blocks, "
+                    f"expected {want}",
+                    "A sequence of n tokens needs ceil(n / block_size) blocks: take only the blocks it "
+                    "still lacks (needed minus len(table)), one at a time from the free list.",
+                )
+            if table[: len(previous.get(name, []))] != previous.get(name, []) and op == "allocate" and name == seq:
+                return Mismatch(
+                    f"{where}: {name!r}'s table changed from {previous[name]} to {table}",
+                    "Growing a sequence appends new blocks to its table; the blocks it has keep their "
+                    "place (its K/V already live there).",
+                )
             for block in table:
                 if not 0 <= block < POOL_BLOCKS:
                     return Mismatch(f"{where}: {name!r} owns block {block}, outside the pool 0..{POOL_BLOCKS - 1}")
                 if block in owner:
-                    return Mismatch(f"{where}: block {block} is owned by both {owner[block]!r} and {name!r}",
-                                    "Take a block off the free list when you hand it out, so it cannot be given twice.")
+                    return Mismatch(
+                        f"{where}: block {block} is owned by both {owner[block]!r} and {name!r}",
+                        "Take a block off the free list when you hand it out, so it cannot be given twice.",
+                    )
                 owner[block] = name
         if entry["num_free"] + len(owner) != POOL_BLOCKS:
             lost = POOL_BLOCKS - entry["num_free"] - len(owner)
-            return Mismatch(f"{where}: {entry['num_free']} blocks free + {len(owner)} owned = "
-                            f"{entry['num_free'] + len(owner)}, not {POOL_BLOCKS} ({lost:+d} unaccounted)",
-                            "A block must always be either on the free list or in exactly one table: put freed "
-                            "blocks back on the free list.")
+            return Mismatch(
+                f"{where}: {entry['num_free']} blocks free + {len(owner)} owned = "
+                f"{entry['num_free'] + len(owner)}, not {POOL_BLOCKS} ({lost:+d} unaccounted)",
+                "A block must always be either on the free list or in exactly one table: put freed "
+                "blocks back on the free list.",
+            )
         previous = {name: list(table) for name, table in tables.items()}
     return None
 
@@ -133,27 +145,32 @@ def _compare_allocator(expected, got) -> Mismatch | None:
     if failure is not None:
         return failure
     if got["engine"]["blocks_used_at_end"]:
-        return Mismatch(f"in the engine, {got['engine']['blocks_used_at_end']} blocks were still in use after every request "
-                        "finished", "free(seq) must return all of a sequence's blocks.")
+        return Mismatch(
+            f"in the engine, {got['engine']['blocks_used_at_end']} blocks were still in use after every request "
+            "finished",
+            "free(seq) must return all of a sequence's blocks.",
+        )
     mismatch = compare_with_solo(expected["solo"], got["engine"]["tokens"])
     return mismatch.within("in the engine (12 blocks of 4, so requests are preempted)") if mismatch else None
 
 
-register(Exercise(
-    id="lab5.block_allocator",
-    functions=("PagedBlockAllocator",),
-    make_inputs=lambda seed: {"calls": allocator_script(seed), "requests": random_requests(seed, 8)},
-    run=_run_allocator,
-    oracle=lambda inputs: {"calls": inputs["calls"], **solo_oracle(inputs)},
-    compare=_compare_allocator,
-    tested="a 62-token sequence owns 4 blocks of 16 (at most 15 empty slots); over a seeded script of allocate/free "
-           "calls on 64 blocks every table has ceil(tokens/16) blocks, keeps its old blocks, no block is owned twice "
-           "or lost; and the engine with your allocator (12 blocks of 4, so it must preempt) gives every request "
-           "its solo tokens and ends with no block in use",
-    hint="allocate: append free blocks until the table holds ceil(num_tokens / block_size); free: put every block "
-         "of the table back on the free list and delete the table.",
-    points=2.0,
-))
+register(
+    Exercise(
+        id="lab5.block_allocator",
+        functions=("PagedBlockAllocator",),
+        make_inputs=lambda seed: {"calls": allocator_script(seed), "requests": random_requests(seed, 8)},
+        run=_run_allocator,
+        oracle=lambda inputs: {"calls": inputs["calls"], **solo_oracle(inputs)},
+        compare=_compare_allocator,
+        tested="a 62-token sequence owns 4 blocks of 16 (at most 15 empty slots); over a seeded script of allocate/free "
+        "calls on 64 blocks every table has ceil(tokens/16) blocks, keeps its old blocks, no block is owned twice "
+        "or lost; and the engine with your allocator (12 blocks of 4, so it must preempt) gives every request "
+        "its solo tokens and ends with no block in use",
+        hint="allocate: append free blocks until the table holds ceil(num_tokens / block_size); free: put every block "
+        "of the table back on the free list and delete the table.",
+        points=2.0,
+    )
+)
 
 # --- lab5.slot_mapping ------------------------------------------------------------------------
 
@@ -178,8 +195,10 @@ def _compare_slots(expected, got) -> Mismatch | None:
             continue
         where = f"table {table}, block_size {block_size}, positions {start}..{end - 1}"
         if not isinstance(have, list) or len(have) != len(want):
-            return Mismatch(f"{where}: expected {len(want)} slots, got {have!r:.80}",
-                            "Return one slot (an int) per position in range(start, end).")
+            return Mismatch(
+                f"{where}: expected {len(want)} slots, got {have!r:.80}",
+                "Return one slot (an int) per position in range(start, end).",
+            )
         first = next(i for i, (w, h) in enumerate(zip(want, have)) if w != h)
         hint = "slot = table[pos // block_size] * block_size + pos % block_size."
         if have == [pos for pos in range(start, end)]:
@@ -190,16 +209,18 @@ def _compare_slots(expected, got) -> Mismatch | None:
     return None
 
 
-register(Exercise(
-    id="lab5.slot_mapping",
-    functions=("slot_mapping",),
-    make_inputs=_slot_cases,
-    run=lambda functions, cases: [[int(s) for s in functions[0](*case)] for case in cases],
-    oracle=lambda cases: (cases, [_slots(*case) for case in cases]),
-    compare=_compare_slots,
-    tested="slot_mapping(block_table, start, end, block_size) for 4 seeded tables: the slot of every position",
-    hint="slot = table[pos // block_size] * block_size + pos % block_size.",
-))
+register(
+    Exercise(
+        id="lab5.slot_mapping",
+        functions=("slot_mapping",),
+        make_inputs=_slot_cases,
+        run=lambda functions, cases: [[int(s) for s in functions[0](*case)] for case in cases],
+        oracle=lambda cases: (cases, [_slots(*case) for case in cases]),
+        compare=_compare_slots,
+        tested="slot_mapping(block_table, start, end, block_size) for 4 seeded tables: the slot of every position",
+        hint="slot = table[pos // block_size] * block_size + pos % block_size.",
+    )
+)
 
 # --- lab5.paged_attention ---------------------------------------------------------------------
 
@@ -223,7 +244,7 @@ def _dense(case, table=None, truncate=True, causal=True):
     keys = case["k_pool"][table].flatten(0, 1)
     values = case["v_pool"][table].flatten(0, 1)
     if truncate:
-        keys, values = keys[:case["context_len"]], values[:case["context_len"]]
+        keys, values = keys[: case["context_len"]], values[: case["context_len"]]
     num_query = case["q"].shape[0]
     mask = causal_mask(num_query, keys.shape[0]) if causal else None
     return attention(case["q"], keys, values, mask)
@@ -233,23 +254,34 @@ def _attention_oracle(inputs) -> dict[str, Any]:
     cases, requests = inputs["cases"], inputs["requests"]
     mistakes = []
     for case in cases:
-        known = {"The blocks were gathered in sorted order, not in block-table order: the table's i-th entry "
-                 "holds the sequence's tokens i*B..(i+1)*B-1, wherever that block sits in the pool.":
-                 _dense(case, sorted(case["block_table"])),
-                 "The keys include the unused slots at the end of the last block: keep only the first context_len "
-                 "gathered tokens.": _dense(case, truncate=False, causal=False),
-                 "The queries are not masked causally: query i (at position context_len - Tq + i) may only see "
-                 "keys up to its own position (causal_mask(Tq, context_len)).": _dense(case, causal=False)}
+        known = {
+            "The blocks were gathered in sorted order, not in block-table order: the table's i-th entry "
+            "holds the sequence's tokens i*B..(i+1)*B-1, wherever that block sits in the pool.": _dense(
+                case, sorted(case["block_table"])
+            ),
+            "The keys include the unused slots at the end of the last block: keep only the first context_len "
+            "gathered tokens.": _dense(case, truncate=False, causal=False),
+            "The queries are not masked causally: query i (at position context_len - Tq + i) may only see "
+            "keys up to its own position (causal_mask(Tq, context_len)).": _dense(case, causal=False),
+        }
         mistakes.append(known)
     return {"outs": [_dense(case) for case in cases], "mistakes": mistakes, **solo_oracle({"requests": requests})}
 
 
 def _run_attention(functions, inputs) -> dict[str, Any]:
     learner = functions[0]
-    outs = [learner(case["q"], case["k_pool"], case["v_pool"], case["block_table"], case["context_len"])
-            for case in inputs["cases"]]
-    engine = serve(inputs["requests"], "continuous", attention=engine_attention(learner), max_num_seqs=4,
-                   num_blocks=48, block_size=4)
+    outs = [
+        learner(case["q"], case["k_pool"], case["v_pool"], case["block_table"], case["context_len"])
+        for case in inputs["cases"]
+    ]
+    engine = serve(
+        inputs["requests"],
+        "continuous",
+        attention=engine_attention(learner),
+        max_num_seqs=4,
+        num_blocks=48,
+        block_size=4,
+    )
     return {"outs": outs, "engine": engine}
 
 
@@ -268,8 +300,9 @@ def engine_attention(per_sequence):
 
 def _compare_attention(expected, got) -> Mismatch | None:
     for index, (want, have, mistakes) in enumerate(zip(expected["outs"], got["outs"], expected["mistakes"])):
-        mismatch = compare_tensors(want, have, dims=("query", "head", "dim"), what="attention output",
-                                   atol=1e-4, rtol=1e-4)
+        mismatch = compare_tensors(
+            want, have, dims=("query", "head", "dim"), what="attention output", atol=1e-4, rtol=1e-4
+        )
         if mismatch is None:
             continue
         for hint, wrong in mistakes.items():
@@ -284,16 +317,18 @@ def _compare_attention(expected, got) -> Mismatch | None:
     return mismatch.within("in the engine with your attention") if mismatch else None
 
 
-register(Exercise(
-    id="lab5.paged_attention",
-    functions=("paged_attention",),
-    make_inputs=lambda seed: {"cases": _attention_cases(seed), "requests": random_requests(seed, 6)},
-    run=_run_attention,
-    oracle=_attention_oracle,
-    compare=_compare_attention,
-    tested="paged_attention on 4 seeded cases (pools of 12 blocks of 4, tables in random order; 1 to 16 queries) "
-           "equals dense attention over the same keys, and the engine using it gives every request its solo tokens",
-    hint="keys = k_pool[block_table] flattened to [blocks * B, Hkv, D], cut to context_len (same for values); the "
-         "queries are the last Tq positions, so mask with causal_mask(Tq, context_len); then attention(q, k, v, mask).",
-    points=2.0,
-))
+register(
+    Exercise(
+        id="lab5.paged_attention",
+        functions=("paged_attention",),
+        make_inputs=lambda seed: {"cases": _attention_cases(seed), "requests": random_requests(seed, 6)},
+        run=_run_attention,
+        oracle=_attention_oracle,
+        compare=_compare_attention,
+        tested="paged_attention on 4 seeded cases (pools of 12 blocks of 4, tables in random order; 1 to 16 queries) "
+        "equals dense attention over the same keys, and the engine using it gives every request its solo tokens",
+        hint="keys = k_pool[block_table] flattened to [blocks * B, Hkv, D], cut to context_len (same for values); the "
+        "queries are the last Tq positions, so mask with causal_mask(Tq, context_len); then attention(q, k, v, mask).",
+        points=2.0,
+    )
+)
