@@ -129,9 +129,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     # --- sequences -------------------------------------------------------------------
     def allocate(self, seq_id: str, num_tokens: int) -> list[int]:
         """Grow the table to hold ``num_tokens`` tokens, blocks taken by :meth:`take_cached_prefix` first."""
-        held = self._held.get(seq_id, [])
-        if self.num_new_blocks(seq_id, num_tokens) - len(held) <= self.num_free_blocks:  # else all-or-nothing:
-            self._tables.setdefault(seq_id, []).extend(self._held.pop(seq_id, []))  # super() raises
+        held = self._held.get(seq_id)
+        if held and self.num_new_blocks(seq_id, num_tokens) - len(held) <= self.num_free_blocks:  # else, all or
+            self._tables.setdefault(seq_id, []).extend(self._held.pop(seq_id))  # nothing: super() raises
         return super().allocate(seq_id, num_tokens)
 
     def free(self, seq_id: str) -> None:
