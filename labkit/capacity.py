@@ -12,7 +12,7 @@ sources, whose tables were not published, from the numbers the texts quote.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from labkit.sim.cost_model import MODELS, CostModel, ModelSpec, conversations_that_fit, get_model
 from labkit.sim.hardware import GB, TB, TFLOPS, Hardware, get_hardware
@@ -97,6 +97,12 @@ class CapacityPlan:
     promise_s: float | None
     promise_load_per_s: float | None
     promise_in_flight: float | None
+
+    def to_dict(self) -> dict:
+        """Every figure of the plan, the derived ones too, as plain data (what ``labkit plan --json`` prints)."""
+        return {**asdict(self), "kv_read_bytes": self.kv_read_bytes,
+                "speedup_over_single_stream": self.speedup_over_single_stream,
+                "promise_capacity_cost": self.promise_capacity_cost}
 
     @property
     def kv_read_bytes(self) -> float:

@@ -8,13 +8,16 @@ measured output throughput and median TTFT/TPOT::
     labkit calibrate                     # default model, sweep + check, a couple of minutes on a CPU
     labkit calibrate --skip-check        # fit and save only
     labkit calibrate --load --rate 3     # reuse the saved fit, check it on another workload
+    labkit calibrate --load --json       # the fit and the check as JSON
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import asdict
 
+from labkit.cli import print_json, say_for
 from labkit.sim.calibrate import (
     Calibration,
     calibrate_engine,
@@ -41,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load", action="store_true", help="reuse the saved calibration instead of timing")
     parser.add_argument("--path", help="calibration file to write, or to read with --load "
                                        "(default: one per machine, model and dtype in the labkit cache)")
+    parser.add_argument("--json", action="store_true", help="print the calibration and the check as JSON; "
+                                                            "progress goes to stderr")
 
 
 def _describe(calibration: Calibration) -> str:
@@ -57,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
     from labkit.models import load_model
 
     if args.requests < 2 or not args.rate > 0:
-        raise SystemExit("--requests must be at least 2 and --rate above 0")
+        raise ValueError(f"--requests {args.requests} --rate {args.rate:g}: need at least 2 requests and a rate "
+                         "above 0 requests/s")
+    say = say_for(args)
     model = load_model(args.model)
     llm = LLM(model, max_num_seqs=MAX_NUM_SEQS, max_model_len=MAX_MODEL_LEN,
               num_blocks=MAX_NUM_SEQS * MAX_MODEL_LEN // 16, block_size=16)
@@ -65,16 +72,20 @@ def run(args: argparse.Namespace) -> int:
     if args.load:
         path = args.path or calibration_path(machine_name(), model.config.name, dtype)
         calibration = load_calibration(path)
-        print(f"loaded {path}")
+        say(f"loaded {path}")
     else:
         started = time.perf_counter()
         calibration = calibrate_engine(llm, seed=args.seed)
         path = calibration.save(args.path)
-        print(f"timed and fitted in {time.perf_counter() - started:.0f} s; saved {path}")
-    print(_describe(calibration))
-    if args.skip_check:
-        return 0
-    workload = check_workload(model.config.vocab_size, args.requests, args.rate, args.check_seed)
-    rows, _, _ = check_prediction(llm, calibration.cost_model, workload)
-    print(format_report(rows, f"{workload.name}, {args.requests} requests: simulator vs engine"))
+        say(f"timed and fitted in {time.perf_counter() - started:.0f} s; saved {path}")
+    say(_describe(calibration))
+    result = {"path": str(path), "calibration": asdict(calibration)}
+    if not args.skip_check:
+        workload = check_workload(model.config.vocab_size, args.requests, args.rate, args.check_seed)
+        rows, _, _ = check_prediction(llm, calibration.cost_model, workload)
+        say(format_report(rows, f"{workload.name}, {args.requests} requests: simulator vs engine"))
+        result["check"] = {"workload": workload.name, "rows": [{**asdict(row), "error_pct": row.error_pct}
+                                                               for row in rows]}
+    if args.json:
+        print_json(result)
     return 0

@@ -5,15 +5,16 @@ override any figure, for example::
 
     labkit plan --gpu h100-sxm --model qwen3-8b --prompt 2000 --answer 400 --promise-ms 40 --price 3
     labkit plan --example sale --memory-fraction 0.95
+    labkit plan --example sale --json   # every figure, for a script or a notebook
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
 
 from labkit.capacity import FRIENDS_EXAMPLE, SALE_EXAMPLE, plan
+from labkit.cli import print_json
 from labkit.sim.cost_model import MODELS, get_model
 from labkit.sim.hardware import GB, PRESETS, TB, TFLOPS, get_hardware
 
@@ -41,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overhead-ms", type=float, help="fixed cost of every forward pass, ms (0)")
     parser.add_argument("--promise-ms", type=float, help="promised time between a user's tokens, ms")
     parser.add_argument("--price", type=float, help="price per GPU-hour, dollars")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of the table")
 
 
 def _inputs(args: argparse.Namespace) -> dict:
@@ -70,9 +72,9 @@ def _inputs(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        print(plan(**_inputs(args)))
-    except ValueError as err:
-        print(f"labkit plan: {err}", file=sys.stderr)
-        return 2
+    result = plan(**_inputs(args))
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print(result)
     return 0
