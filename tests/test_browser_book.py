@@ -25,7 +25,7 @@ def book_pages(root: Path) -> list[Path]:
 
 
 class LinksAndAnchors(HTMLParser):
-    """A page's link targets (<a href>, and a redirect's <meta http-equiv="refresh">) and its anchors (ids, names)."""
+    """A page's link targets (<a> and <link> hrefs, a redirect's <meta http-equiv="refresh">) and its anchors (ids, names)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -36,7 +36,7 @@ class LinksAndAnchors(HTMLParser):
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         attr = {key: value or "" for key, value in attrs}
         self.anchors.update(value for key, value in attr.items() if key in ("id", "name") and value)
-        if tag == "a" and attr.get("href"):
+        if tag in ("a", "link") and attr.get("href"):
             self.hrefs.append(attr["href"])
         if tag == "meta" and attr.get("http-equiv", "").lower() == "refresh":
             self.redirects = True
