@@ -8,6 +8,7 @@ session built (`html`, shared with test_book.py) in Debian's chromium through Pl
 
 from __future__ import annotations
 
+import functools
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -43,6 +44,7 @@ class LinksAndAnchors(HTMLParser):
             self.hrefs.append(attr.get("content", "").partition("url=")[2])
 
 
+@functools.cache  # each page is parsed once per session, however many tests and links look at it
 def read_links(page: Path) -> LinksAndAnchors:
     parsed = LinksAndAnchors()
     parsed.feed(page.read_text(encoding="utf-8"))
@@ -51,7 +53,7 @@ def read_links(page: Path) -> LinksAndAnchors:
 
 def broken_links(root: Path) -> list[str]:
     """'page -> target (why)' for every link inside the book whose file or anchor does not exist."""
-    broken, parsed = [], {}
+    broken = []
     for page in book_pages(root):
         for href in read_links(page).hrefs:
             url = urlsplit(href)
@@ -63,10 +65,8 @@ def broken_links(root: Path) -> list[str]:
             where = f"{page.relative_to(root)} -> {href}"
             if not target.is_file():
                 broken.append(f"{where} (no such file)")
-            elif url.fragment and target.suffix == ".html":
-                anchors = parsed.setdefault(target, read_links(target)).anchors
-                if unquote(url.fragment) not in anchors:
-                    broken.append(f"{where} (no such anchor)")
+            elif url.fragment and target.suffix == ".html" and unquote(url.fragment) not in read_links(target).anchors:
+                broken.append(f"{where} (no such anchor)")
     return broken
 
 

@@ -51,6 +51,11 @@ class Lab:
         """The notebook opened alone (`reset` forgets the tabs an earlier test left open)."""
         return f"http://127.0.0.1:{self.port}/lab/tree/{notebook}?reset&token={self.token}"
 
+    def code_cells(self, notebook: str, through: int | None = None) -> int:
+        """How many code cells a served notebook has (up to and including cell `through`)."""
+        cells = nbformat.read(self.folder / notebook, as_version=4).cells
+        return sum(cell.cell_type == "code" for cell in cells[: None if through is None else through + 1])
+
     def cells(self, notebook: str, kind: str) -> dict[int, str]:
         """Index -> exercise id of the cells tagged `kind:` ("check" or "exercise") in a served notebook."""
         cells = nbformat.read(self.folder / notebook, as_version=4).cells
@@ -68,17 +73,27 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def is_check(cell) -> bool:
+    return any(tag.startswith("check:") for tag in cell.metadata.get("tags", []))
+
+
+def clean_copy(source: Path, target: Path, unlock: str = "") -> None:
+    """Copy a notebook without outputs (a stored PASS must not stand in for a run); `unlock` its first check cell."""
+    notebook = nbformat.read(source, as_version=4)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    if unlock:
+        next(cell for cell in notebook.cells if is_check(cell)).metadata[unlock] = True
+    nbformat.write(notebook, target)
+
+
 def serve_copies(folder: Path) -> None:
-    """Solved and learner lab 2, and two learner copies with the first check cell unlocked (for the negative tests)."""
-    (folder / "solved.ipynb").write_bytes((REPO / "labs" / "source" / LAB).read_bytes())
-    (folder / "learner.ipynb").write_bytes((REPO / "labs" / LAB).read_bytes())
+    """Solved and learner lab 2, and learner copies whose first check cell is editable or deletable (negative tests)."""
+    clean_copy(REPO / "labs" / "source" / LAB, folder / "solved.ipynb")
+    clean_copy(REPO / "labs" / LAB, folder / "learner.ipynb")
     for key in ("editable", "deletable"):
-        notebook = nbformat.read(folder / "learner.ipynb", as_version=4)
-        first_check = next(
-            cell for cell in notebook.cells if any(t.startswith("check:") for t in cell.metadata.get("tags", []))
-        )
-        first_check.metadata[key] = True
-        nbformat.write(notebook, folder / f"unlocked-{key}.ipynb")
+        clean_copy(REPO / "labs" / LAB, folder / f"unlocked-{key}.ipynb", unlock=key)
 
 
 @pytest.fixture(scope="module")
@@ -220,10 +235,7 @@ def assert_locked(tab, index: int) -> None:
 def test_solved_lab_runs_from_the_menu_every_check_passes_and_the_sliders_answer(lab: Lab, browser) -> None:
     tab = open_notebook(browser, lab.url("solved.ipynb"))
     run_from_menu(tab, "Run All Cells")
-    code_cells = sum(
-        cell.cell_type == "code" for cell in nbformat.read(lab.folder / "solved.ipynb", as_version=4).cells
-    )
-    assert_first_cells_ran(tab, code_cells)
+    assert_first_cells_ran(tab, lab.code_cells("solved.ipynb"))
     screenshot(tab, "lab2-solved-run-all")
     checks = lab.cells("solved.ipynb", "check")
     assert len(checks) == 4, checks
@@ -257,11 +269,7 @@ def test_learner_lab_locks_checks_opens_exercises_and_a_check_says_not_done(lab:
     run_from_menu(tab, "Run All Above Selected Cell")
     cells(tab).nth(first_check).locator(".jp-InputPrompt").click()
     tab.keyboard.press("Shift+Enter")  # then the check itself
-    code_cells_so_far = sum(
-        cell.cell_type == "code"
-        for cell in nbformat.read(lab.folder / "learner.ipynb", as_version=4).cells[: first_check + 1]
-    )
-    assert_first_cells_ran(tab, code_cells_so_far)
+    assert_first_cells_ran(tab, lab.code_cells("learner.ipynb", through=first_check))
     verdict = output(cells(tab).nth(first_check))
     assert verdict.startswith(f"NOT DONE {checks[first_check]}"), f"the check before its exercise shows:\n{verdict}"
     assert "NotImplementedError" in verdict, f"the verdict does not say what to do next:\n{verdict}"
