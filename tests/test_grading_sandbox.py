@@ -89,7 +89,7 @@ def attacked_run(tmp_path_factory):
         "__OUT_DIR__": str(out),
         "__HONEST__": str(honest),
         "__LABKIT__": str(LABKIT),
-        "__SANDBOX_ROOT__": str(sandbox._sandboxes_root()),
+        "__SANDBOX_ROOT__": str(sandbox.sandboxes_root()),
     }
     attackers = sorted(path.stem for path in ATTACKS.glob("*.py"))
     paths = [honest]
@@ -183,4 +183,4 @@ def test_result_files_cannot_pin_or_exhaust_the_grader(attacked_run):
 
 def test_no_process_of_the_run_is_left(attacked_run):
     # Every kernel's command line names its folder under the run's sandbox root.
-    assert processes_with(str(sandbox._sandboxes_root())) == []
+    assert processes_with(str(sandbox.sandboxes_root())) == []

@@ -171,7 +171,7 @@ def unreadable_in_sandbox(folder: Path) -> list[Path]:
 
 
 @functools.cache
-def _sandboxes_root() -> Path:
+def sandboxes_root() -> Path:
     """One folder per run for the submissions' folders: others may pass through it but not list it."""
     root = Path(tempfile.mkdtemp(prefix="labkit-grade-"))
     root.chmod(0o711)
@@ -182,7 +182,7 @@ def _sandboxes_root() -> Path:
 @contextmanager
 def sandbox_folder(uid: int) -> Iterator[Path]:
     """A fresh private folder owned by `uid`; on exit every process of that user is killed and it is deleted."""
-    folder = Path(tempfile.mkdtemp(prefix="s-", dir=_sandboxes_root()))
+    folder = Path(tempfile.mkdtemp(prefix="s-", dir=sandboxes_root()))
     try:
         if switches_user():
             os.chown(folder, uid, uid)
