@@ -4,9 +4,13 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """``labkit.check`` for notebooks, imported on first use (it pulls in torch)."""
+    """``labkit.check`` and ``labkit.hint`` for notebooks, imported on first use (they pull in torch)."""
     if name == "check":
         from labkit.grading import check
 
         return check
+    if name == "hint":
+        from labkit.labs.hints import hint
+
+        return hint
     raise AttributeError(f"module 'labkit' has no attribute {name!r}")

@@ -182,7 +182,8 @@ def test_cache_not_appended_and_not_causal_are_named(lab2):
     assert_fails(evaluate("lab2.kv_cache", NotCausal), "pass 0, layer 0", "not causal")
 
 
-def _cached_generate(cache_class, position_shift: int = 0, feed_everything: bool = False):
+def _cached_generate(cache_class, position_shift: int = 0, feed_everything: bool = False, extra_pass: bool = False,
+                     with_prompt: bool = False):
     def generate(model, prompt, steps):
         cache = cache_class(model.config.num_layers)
         logits = model.forward(torch.tensor(prompt), torch.arange(len(prompt)), cache.attend)
@@ -190,7 +191,9 @@ def _cached_generate(cache_class, position_shift: int = 0, feed_everything: bool
         while True:
             tokens.append(int(logits[-1].argmax()))
             if len(tokens) == steps:
-                return tokens
+                if extra_pass:  # a wasted pass for a token nobody asked for
+                    model.forward(torch.tensor(tokens[-1:]), torch.tensor([cache.length]), cache.attend)
+                return prompt + tokens if with_prompt else tokens
             if feed_everything:
                 sequence = prompt + tokens
                 cache = cache_class(model.config.num_layers)
@@ -201,14 +204,48 @@ def _cached_generate(cache_class, position_shift: int = 0, feed_everything: bool
     return generate
 
 
+def _generate_verdict(cache_class, **mistake):
+    """The check of exercise 2 on a decoding loop with one mistake, using ``cache_class`` as its KVCache."""
+    return evaluate("lab2.generate_with_cache", _cached_generate(cache_class, **mistake), cache_class)
+
+
 @pytest.mark.lab2
 def test_decoding_with_cache_mistakes_are_named(lab2):
-    assert_fails(evaluate("lab2.generate_with_cache", _cached_generate(lab2["KVCache"], position_shift=1)),
+    assert_passes(_generate_verdict(lab2["KVCache"]))
+    assert_fails(_generate_verdict(lab2["KVCache"], position_shift=1),
                  "step 1", "off by +1", "number of tokens already cached")
-    assert_fails(evaluate("lab2.generate_with_cache", _cached_generate(_forgetful_cache(lab2))),
-                 "layer 0", "is the cache appended")
-    assert_fails(evaluate("lab2.generate_with_cache", _cached_generate(lab2["KVCache"], feed_everything=True)),
-                 "step 1", "only the newest")
+    assert_fails(_generate_verdict(lab2["KVCache"], feed_everything=True), "step 1", "only the newest")
+
+
+@pytest.mark.lab2
+def test_a_broken_cache_is_blamed_on_exercise_1_not_on_the_positions(lab2):
+    result = _generate_verdict(_forgetful_cache(lab2))
+    assert_fails(result, "does not pass exercise 1's check", "is the cache appended", "fix exercise 1 first")
+    assert "position expected" not in result.message
+
+
+@pytest.mark.lab2
+def test_returning_the_prompt_too_is_named_not_blamed_on_feeding_back(lab2):
+    result = _generate_verdict(lab2["KVCache"], with_prompt=True)
+    assert_fails(result, "the prompt's", "return only the new tokens")
+    assert "feed back" not in result.message.lower()
+
+
+@pytest.mark.lab2
+def test_a_wasted_forward_pass_fails_one_token_per_pass(lab2):
+    assert_fails(_generate_verdict(lab2["KVCache"], extra_pass=True), "4 forward passes for 3 new tokens",
+                 "needs no pass after it")
+
+
+@pytest.mark.lab2
+def test_a_square_mask_fails_on_a_step_of_several_tokens(lab2):
+    class SquareMask(lab2["KVCache"]):
+        def attend(self, layer, q, k, v):
+            keys, values = self.append(layer, k, v)
+            return labkit_attention(q, keys, values, labkit_causal_mask(len(q), len(q)))
+
+    result = evaluate("lab2.kv_cache", SquareMask)
+    assert_fails(result, "your function attend raised RuntimeError", "of your cell", "one row per new query")
 
 
 @pytest.mark.lab2

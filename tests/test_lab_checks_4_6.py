@@ -59,7 +59,7 @@ CASES = [
      (("    if output.preempted:\n", "    if output.preempted or state.running:\n"),), FAIL, "static batching takes 84"),
     ("lab5.block_allocator", "PagedBlockAllocator", (), PASS, "PASS"),
     ("lab5.block_allocator", "PagedBlockAllocator",
-     (("self.free_blocks.extend(self.tables.pop(seq_id, []))", "self.tables.pop(seq_id, [])"),), FAIL, "unaccounted"),
+     (("self.free_blocks.extend(self.tables.pop(seq_id, []))", "self.tables.pop(seq_id, [])"),), FAIL, " missing)"),
     ("lab5.block_allocator", "PagedBlockAllocator",
      (("for _ in range(needed):", "for _ in range(math.ceil(num_tokens / self.block_size)):"),), FAIL,
      "blocks, expected"),
@@ -67,6 +67,8 @@ CASES = [
      (("table.append(self.free_blocks.popleft())", "table.append(self.free_blocks[0])"),), FAIL, "owned by both"),
     ("lab5.slot_mapping", "slot_mapping", (), PASS, "PASS"),
     ("lab5.slot_mapping", "slot_mapping", (("+ pos % block_size", "+ pos % block_size + 1"),), FAIL, "off by one"),
+    ("lab5.slot_mapping", "slot_mapping", (("range(start, end)", "range(start, end + 1)"),), FAIL,
+     "range(start, end) stops before end"),
     ("lab5.slot_mapping", "slot_mapping",
      (("block_table[pos // block_size] * block_size + pos % block_size", "pos"),), FAIL, "positions themselves"),
     ("lab5.paged_attention", "paged_attention", (), PASS, "PASS"),
@@ -76,6 +78,8 @@ CASES = [
      (("[:context_len]", ""), ("causal_mask(q.shape[0], context_len, q.device)", "None")), FAIL, "unused slots"),
     ("lab5.paged_attention", "paged_attention",
      (("causal_mask(q.shape[0], context_len, q.device)", "None"),), FAIL, "not masked causally"),
+    ("lab5.paged_attention", "paged_attention", (("[:context_len]", ""),), FAIL,
+     "cut keys and values to context_len"),
     ("lab6.chunked_schedule", "chunked_schedule", (), PASS, "PASS"),
     ("lab6.chunked_schedule", "chunked_schedule",
      (("num_new = min(request.num_missing_tokens, budget)", "num_new = request.num_missing_tokens"),
@@ -96,6 +100,18 @@ def test_check_verdict(exercise_id, name, edits, status, words):
     result = verdict(exercise_id, name, *edits)
     assert result.status == status, result.message
     assert words in result.message
+
+
+@pytest.mark.lab5
+@pytest.mark.parametrize("exercise_id, name, old, new, error", [
+    ("lab5.slot_mapping", "slot_mapping", "range(start, end)", "range(start, end + 1)", "IndexError"),
+    ("lab5.paged_attention", "paged_attention", "[:context_len]", "", "RuntimeError"),
+])
+def test_an_exception_in_the_learners_code_names_their_function_and_line(exercise_id, name, old, new, error):
+    result = verdict(exercise_id, name, (old, new))
+    assert result.status == FAIL, result.message
+    assert f"your function {name} raised {error}" in result.message
+    assert "of your cell" in result.message and "Traceback" not in result.message
 
 
 @pytest.mark.lab4

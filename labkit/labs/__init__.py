@@ -7,6 +7,8 @@
 - :mod:`~labkit.labs.checking`: what the specs check with (the course model loaded once,
   seeded prompts, a model that records every forward pass, diagnoses of attention mistakes,
   runs of the engine with a learner's piece plugged in).
+- :mod:`~labkit.labs.hints`: ``labkit.hint(exercise_id)``, the next of an exercise's hints
+  (the idea, then the structure, then near-code), counted per kernel.
 - :mod:`~labkit.labs.aids`: teaching aids the notebooks show and no check needs (timing and
   this machine's roofline, the capacity sliders, the padded cache of lab 3).
 

@@ -19,13 +19,17 @@ from labkit.grading.compare import compare_sequences, compare_tensors, compare_t
 from labkit.grading.result import Mismatch
 from labkit.kv.attention import attention, causal_mask
 from labkit.labs.checking.diagnose import check_attention, check_logits, check_positions
+from labkit.labs.checking.learner_errors import capture, diagnosed, raised_in, raised_mismatch
 from labkit.labs.checking.recording import RecordingModel
 from labkit.labs.checking.shared import greedy_without_cache, prompt_and_steps, rng, torch_generator
+from labkit.labs.hints import register_hints
 from labkit.models.config import ModelConfig
 
 # --- lab2.kv_cache ------------------------------------------------------------------------
 
-PASS_LENGTHS = (3, 1, 1)  # a prefill of 3 tokens, then two decode steps
+# A prefill of 3 tokens, a decode step, a 2-token step (as a chunk of a prompt would be), a decode step.
+# The 2-token step is what tells a [new queries x all keys] mask from a square one.
+PASS_LENGTHS = (3, 1, 2, 1)
 
 
 def _cache_inputs(seed: int) -> tuple[list[list[tuple[torch.Tensor, ...]]]]:
@@ -90,18 +94,33 @@ def _compare_cache(expected, got) -> Mismatch | None:
     return None
 
 
+def _cache_error_hint(record: dict[str, Any]) -> str | None:
+    """A size error in attend is, in practice, a mask that is not [new queries x all keys]."""
+    if "size" in record["message"]:
+        return (
+            "With tokens already cached, a pass's queries see more keys than there are queries: the mask must "
+            "have one row per new query and one column per key, cached ones included (a square mask only works "
+            "for the first pass, and a 1-token step hides the mistake by broadcasting)."
+        )
+    return None
+
+
 register(
-    Exercise(
-        id="lab2.kv_cache",
-        functions=("KVCache",),
-        make_inputs=_cache_inputs,
-        run=_run_cache,
-        oracle=_cache_oracle,
-        compare=_compare_cache,
-        tested="KVCache(2) fed a 3-token prefill then two 1-token steps (4 query heads, 2 KV heads): every attend "
-        "output equals attention over all keys cached so far (causal for the new queries), and length counts them",
-        hint="append: torch.cat the new k (and v) after what the layer already holds, along dim 0. attend: append first, "
-        "then attention(q, keys, values, causal_mask(len(q), len(keys))).",
+    diagnosed(
+        Exercise(
+            id="lab2.kv_cache",
+            functions=("KVCache",),
+            make_inputs=_cache_inputs,
+            run=_run_cache,
+            oracle=_cache_oracle,
+            compare=_compare_cache,
+            tested="KVCache(2) fed passes of 3, 1, 2 and 1 tokens (4 query heads, 2 KV heads): every attend output "
+            "equals attention over all keys cached so far (causal for the new queries), and length counts them",
+            hint="A layer's cache grows by this pass's rows, after the ones it holds; attention then reads all of them, "
+            "with a mask that lets each new query see the cached keys and the new keys up to itself. "
+            'labkit.hint("lab2.kv_cache") shows more.',
+        ),
+        known=_cache_error_hint,
     )
 )
 
@@ -109,21 +128,34 @@ register(
 # --- lab2.generate_with_cache -------------------------------------------------------------
 
 
+def _generate_inputs(seed: int) -> dict[str, Any]:
+    """The course model, a prompt and a token count; and exercise 1's inputs, to check the cache it uses."""
+    return {"generate": prompt_and_steps(seed), "cache": _cache_inputs(seed)}
+
+
 def _run_generate(functions, inputs) -> dict[str, Any]:
-    model, ids, steps = inputs
+    model, ids, steps = inputs["generate"]
     recording = RecordingModel(model)
-    tokens = functions[0](recording, list(ids), steps)
-    return {"tokens": tokens, "calls": recording.calls}
+    tokens = capture(functions, lambda: functions[0](recording, list(ids), steps))
+    return {
+        "tokens": tokens,
+        "calls": recording.calls,
+        "cache": capture(functions[1:], lambda: _run_cache(functions[1:], inputs["cache"])),
+    }
 
 
-def _compare_generate(expected, got) -> Mismatch | None:
-    prompt, calls, steps = expected["prompt"], got["calls"], len(expected["tokens"])
-    tokens = got["tokens"]
-    mine = [int(t) for t in tokens] if isinstance(tokens, list) else []
+def _generate_oracle(inputs) -> dict[str, Any]:
+    return {**greedy_without_cache(inputs["generate"]), "cache": _cache_oracle(inputs["cache"])}
+
+
+def _decoding_problem(expected, got) -> Mismatch | None:
+    """The first thing wrong with the decoding itself: its passes, positions, attention, logits, tokens."""
+    prompt, calls, steps, tokens = expected["prompt"], got["calls"], len(expected["tokens"]), got["tokens"]
+    record = raised_in(tokens)
+    if record is not None:
+        return raised_mismatch(record, None)
     if not calls:
-        return Mismatch(
-            "model.forward was never called", "Prefill the prompt once, then one forward pass per new token."
-        )
+        return Mismatch("model.forward was never called", "Prefill the prompt once, then one pass per new token.")
     if calls[0]["input_ids"].tolist() != prompt:
         return Mismatch(
             f"the first forward pass got {calls[0]['input_ids'].tolist()}, expected the prompt {prompt}",
@@ -132,7 +164,7 @@ def _compare_generate(expected, got) -> Mismatch | None:
     mismatch = check_positions(calls[0]["positions"], list(range(len(prompt))), "the prefill pass")
     if mismatch:
         return mismatch
-    for step, call in enumerate(calls[1:steps], start=1):
+    for step, call in enumerate(calls[1:], start=1):
         sent = call["input_ids"].tolist()
         if len(sent) != 1:
             return Mismatch(
@@ -140,44 +172,72 @@ def _compare_generate(expected, got) -> Mismatch | None:
                 "With a cache the earlier tokens' K and V are already stored: feed just the token you "
                 "picked last, and let attention read the rest from the cache.",
             )
-        if step <= len(mine) and sent[0] != mine[step - 1]:
+        picked = int(calls[step - 1]["logits"][-1].argmax())  # what the pass before chose, whatever was returned
+        if sent[0] != picked:
             return Mismatch(
-                f"step {step}: model.forward got token {sent[0]}, expected the token picked at step "
-                f"{step - 1}, {mine[step - 1]}",
+                f"step {step}: model.forward got token {sent[0]}, but the pass before picked {picked}",
                 "Feed back the token you just chose.",
             )
         mismatch = check_positions(call["positions"], [len(prompt) + step - 1], f"step {step}")
         if mismatch:  # a cache that forgets also miscounts: name the earlier cause when there is one
             return check_attention(calls[:step], keeps_history=True) or mismatch
-    mismatch = check_attention(calls[:steps], keeps_history=True)
+    mismatch = check_attention(calls, keeps_history=True)
     if mismatch:
         return mismatch
-    if len(calls) < steps:
-        return compare_tokens(expected["tokens"], mine) or Mismatch(
-            f"{len(calls)} forward passes for {steps} tokens", "Each new token after the first needs one decode pass."
+    if len(calls) != steps:
+        return Mismatch(
+            f"{len(calls)} forward passes for {steps} new tokens, expected {steps}: one token per pass",
+            "The prefill's logits already give the first new token, and each later pass gives one more, so the "
+            "last token needs no pass after it."
+            if len(calls) > steps
+            else "Each new token after the first needs one decode pass.",
         )
     mismatch = compare_sequences(
         expected["logits"],
-        [call["logits"][-1] for call in calls[:steps]],
+        [call["logits"][-1] for call in calls],
         lambda e, g: check_logits(e, g, "logits"),
         item="step",
     )
-    return mismatch or compare_tokens(expected["tokens"], tokens)
+    if mismatch:
+        return mismatch
+    if isinstance(tokens, list) and len(tokens) == len(prompt) + steps and tokens[: len(prompt)] == prompt:
+        return Mismatch(
+            f"you returned {len(tokens)} tokens: the prompt's {len(prompt)} and then the {steps} new ones",
+            "Return only the new tokens (the caller already has the prompt).",
+        )
+    return compare_tokens(expected["tokens"], tokens)
+
+
+def _compare_generate(expected, got) -> Mismatch | None:
+    """Decoding first; when it is wrong and exercise 1's cache is wrong too, the cache is named as the cause."""
+    problem = _decoding_problem(expected, got)
+    if problem is None:
+        return None
+    record = raised_in(got["cache"])
+    cache_problem = raised_mismatch(record, None) if record else _compare_cache(expected["cache"], got["cache"])
+    if cache_problem is None:
+        return problem
+    return Mismatch(
+        f"your KVCache does not pass exercise 1's check yet ({cache_problem.difference}), and this decoding uses it",
+        "Fix exercise 1 first, then run this check again. "
+        + (cache_problem.hint or "Run exercise 1's check: it says where the cache goes wrong."),
+    )
 
 
 register(
     Exercise(
         id="lab2.generate_with_cache",
-        functions=("generate_with_cache",),
-        make_inputs=prompt_and_steps,
+        functions=("generate_with_cache", "KVCache"),
+        make_inputs=_generate_inputs,
         run=_run_generate,
-        oracle=greedy_without_cache,
+        oracle=_generate_oracle,
         compare=_compare_generate,
         tested="generate_with_cache(model, prompt, n) with the default model: one prefill pass, then one token per pass at "
-        "the right position, attention over the whole cache, and the logits at every step equal to the run "
-        "without a cache (transformers' own forward pass over the whole sequence)",
-        hint="cache = KVCache(num_layers); logits = model.forward(prompt ids, arange(T), cache.attend); then for each "
-        "new token: model.forward(tensor([token]), tensor([cache.length]), cache.attend).",
+        "the right position (n passes in all), attention over the whole cache, the logits at every step equal to the "
+        "run without a cache (transformers' own forward pass over the whole sequence), and only the n new tokens "
+        "returned",
+        hint="Prefill the whole prompt once through a fresh cache; then feed only the newest token, at the position "
+        'that counts the tokens already cached. labkit.hint("lab2.generate_with_cache") shows more.',
     )
 )
 
@@ -334,4 +394,45 @@ register(
         "memory_fraction) on four cards and models, one whose weights do not fit",
         hint="floor((memory x fraction - weights) / (KV bytes per token x context tokens)), and 0 if that is negative.",
     )
+)
+
+# --- hints, from the idea to near-code (labkit.hint) ------------------------------------------
+
+register_hints(
+    "lab2.kv_cache",
+    "Each layer keeps the keys and values of every token seen so far, in token order. A pass adds its own rows "
+    "after them; attention then reads everything the layer holds, since a new token may look at every earlier one.",
+    "append: the first time a layer is seen, store k and v as they are; later, join the new rows after the stored "
+    "ones along the token axis, and return all of the layer's keys and values. attend: append first, then attend "
+    "from q over everything append returned.",
+    "torch.cat([old, new]) joins along dim 0, the token axis. The mask is causal_mask(len(q), len(keys), q.device): "
+    "one row per new query and one column per key, the cached keys included.",
+)
+register_hints(
+    "lab2.generate_with_cache",
+    "Only the first pass needs the whole prompt; after it, the cache remembers every earlier token, so each pass "
+    "feeds only the token picked last. The prefill's logits already give the first new token, so n new tokens take "
+    "n passes.",
+    "Make one KVCache for the sequence. Prefill: the prompt at positions 0 .. T-1, with the cache's attend as the "
+    "callback. Then repeat: pick the argmax of the last row of logits; stop once you have n tokens; otherwise run "
+    "a pass on that one token, at the position that counts the tokens already cached (cache.length).",
+    "model.forward(torch.tensor(prompt_ids, device=model.device), torch.arange(T, device=model.device), "
+    "cache.attend); then model.forward(torch.tensor([token], device=model.device), "
+    "torch.tensor([cache.length], device=model.device), cache.attend). Return the new tokens only.",
+)
+register_hints(
+    "lab2.kv_bytes_per_token",
+    "Count what one token leaves at every layer: a key and a value, each one vector per KV head (not per query "
+    "head), each number stored in the cache's dtype.",
+    "Multiply 2 (key and value) by the layers, the KV heads and head_dim, then by the bytes one number takes.",
+    "config.num_layers, config.num_kv_heads, config.head_dim; torch.empty((), dtype=dtype).element_size() is the "
+    "bytes per number.",
+)
+register_hints(
+    "lab2.conversations_that_fit",
+    "The engine may use only a fraction of the card. The weights take their share of that first, and what remains "
+    "holds the KV caches, one per conversation.",
+    "usable = memory x fraction; left for caches = usable - weights; one conversation needs KV bytes per token x "
+    "context tokens; count only whole conversations, and never fewer than none.",
+    "Floor division (//) counts whole conversations; max(0, ...) turns weights that do not fit into 0; return an int.",
 )

@@ -15,14 +15,15 @@ from typing import Any
 
 import torch
 
-from labkit.grading.attempt import describe_exception
 from labkit.grading.checks import Exercise, register
 from labkit.grading.compare import compare_tensors
 from labkit.grading.result import Mismatch
 from labkit.kv.attention import attention, causal_mask
 from labkit.kv.paged import PagedBatch
 from labkit.labs.checking.engine_runs import compare_with_solo, random_requests, run_failure, serve, solo_oracle
+from labkit.labs.checking.learner_errors import diagnosed, raised_mismatch, raised_record
 from labkit.labs.checking.shared import rng, torch_generator
+from labkit.labs.hints import register_hints
 
 BLOCK_SIZE = 16
 POOL_BLOCKS = 64
@@ -66,7 +67,7 @@ def run_allocator_script(allocator_class, calls) -> list[dict[str, Any]]:
                 allocator.free(seq)
                 live.discard(seq)
         except Exception as error:  # judged after the calls before it, which may show the cause
-            log.append({"op": op, "seq": seq, "tokens": tokens, "error": describe_exception(error)})
+            log.append({"op": op, "seq": seq, "tokens": tokens, "error": raised_record(error, [allocator_class])})
             break
         tables = {name: [int(b) for b in allocator.block_table(name)] for name in sorted(live | {seq})}
         log.append(
@@ -82,7 +83,7 @@ def check_allocator_log(calls, log) -> Mismatch | None:
     for index, ((op, seq, tokens), entry) in enumerate(zip(calls, log)):
         where = f"call {index}, {op}({seq!r}{', ' + str(tokens) if op == 'allocate' else ''})"
         if "error" in entry:
-            return Mismatch(f"{where}: your code raised {entry['error']}")
+            return raised_mismatch(entry["error"], None).within(where)
         if op == "allocate":
             lengths[seq] = tokens
         else:
@@ -120,9 +121,10 @@ def check_allocator_log(calls, log) -> Mismatch | None:
                 owner[block] = name
         if entry["num_free"] + len(owner) != POOL_BLOCKS:
             lost = POOL_BLOCKS - entry["num_free"] - len(owner)
+            gap = f"{lost} missing" if lost > 0 else f"{-lost} counted twice"
             return Mismatch(
                 f"{where}: {entry['num_free']} blocks free + {len(owner)} owned = "
-                f"{entry['num_free'] + len(owner)}, not {POOL_BLOCKS} ({lost:+d} unaccounted)",
+                f"{entry['num_free'] + len(owner)}, not {POOL_BLOCKS} ({gap})",
                 "A block must always be either on the free list or in exactly one table: put freed "
                 "blocks back on the free list.",
             )
@@ -155,20 +157,23 @@ def _compare_allocator(expected, got) -> Mismatch | None:
 
 
 register(
-    Exercise(
-        id="lab5.block_allocator",
-        functions=("PagedBlockAllocator",),
-        make_inputs=lambda seed: {"calls": allocator_script(seed), "requests": random_requests(seed, 8)},
-        run=_run_allocator,
-        oracle=lambda inputs: {"calls": inputs["calls"], **solo_oracle(inputs)},
-        compare=_compare_allocator,
-        tested="a 62-token sequence owns 4 blocks of 16 (at most 15 empty slots); over a seeded script of allocate/free "
-        "calls on 64 blocks every table has ceil(tokens/16) blocks, keeps its old blocks, no block is owned twice "
-        "or lost; and the engine with your allocator (12 blocks of 4, so it must preempt) gives every request "
-        "its solo tokens and ends with no block in use",
-        hint="allocate: append free blocks until the table holds ceil(num_tokens / block_size); free: put every block "
-        "of the table back on the free list and delete the table.",
-        points=2.0,
+    diagnosed(
+        Exercise(
+            id="lab5.block_allocator",
+            functions=("PagedBlockAllocator",),
+            make_inputs=lambda seed: {"calls": allocator_script(seed), "requests": random_requests(seed, 8)},
+            run=_run_allocator,
+            oracle=lambda inputs: {"calls": inputs["calls"], **solo_oracle(inputs)},
+            compare=_compare_allocator,
+            tested="a 62-token sequence owns 4 blocks of 16 (at most 15 empty slots); over a seeded script of allocate/free "
+            "calls on 64 blocks every table has ceil(tokens/16) blocks, keeps its old blocks, no block is owned twice "
+            "or lost; and the engine with your allocator (12 blocks of 4, so it must preempt) gives every request "
+            "its solo tokens and ends with no block in use",
+            hint="A sequence's table grows at its end, one block from the free list at a time, until it can hold all its "
+            "tokens; freeing gives every block back. At every moment a block is either free or in exactly one table. "
+            'labkit.hint("lab5.block_allocator") shows more.',
+            points=2.0,
+        )
     )
 )
 
@@ -209,16 +214,30 @@ def _compare_slots(expected, got) -> Mismatch | None:
     return None
 
 
+def _slot_error_hint(record: dict[str, Any]) -> str | None:
+    """An IndexError here means a block was asked of the table beyond the ones the positions need."""
+    if record["error"] == "IndexError":
+        return (
+            "Your code looked up a block the table does not have. The new tokens are positions start .. end - 1 "
+            "(range(start, end) stops before end), and position pos lives in the table's entry pos // block_size."
+        )
+    return None
+
+
 register(
-    Exercise(
-        id="lab5.slot_mapping",
-        functions=("slot_mapping",),
-        make_inputs=_slot_cases,
-        run=lambda functions, cases: [[int(s) for s in functions[0](*case)] for case in cases],
-        oracle=lambda cases: (cases, [_slots(*case) for case in cases]),
-        compare=_compare_slots,
-        tested="slot_mapping(block_table, start, end, block_size) for 4 seeded tables: the slot of every position",
-        hint="slot = table[pos // block_size] * block_size + pos % block_size.",
+    diagnosed(
+        Exercise(
+            id="lab5.slot_mapping",
+            functions=("slot_mapping",),
+            make_inputs=_slot_cases,
+            run=lambda functions, cases: [[int(s) for s in functions[0](*case)] for case in cases],
+            oracle=lambda cases: (cases, [_slots(*case) for case in cases]),
+            compare=_compare_slots,
+            tested="slot_mapping(block_table, start, end, block_size) for 4 seeded tables: the slot of every position",
+            hint="A position picks an entry of the block table (which block) and an offset inside that block; the slot "
+            'counts whole blocks before it, then the offset. labkit.hint("lab5.slot_mapping") shows more.',
+        ),
+        known=_slot_error_hint,
     )
 )
 
@@ -262,7 +281,7 @@ def _attention_oracle(inputs) -> dict[str, Any]:
             "The keys include the unused slots at the end of the last block: keep only the first context_len "
             "gathered tokens.": _dense(case, truncate=False, causal=False),
             "The queries are not masked causally: query i (at position context_len - Tq + i) may only see "
-            "keys up to its own position (causal_mask(Tq, context_len)).": _dense(case, causal=False),
+            "keys up to its own position (causal_mask(Tq, context_len, q.device)).": _dense(case, causal=False),
         }
         mistakes.append(known)
     return {"outs": [_dense(case) for case in cases], "mistakes": mistakes, **solo_oracle({"requests": requests})}
@@ -317,18 +336,63 @@ def _compare_attention(expected, got) -> Mismatch | None:
     return mismatch.within("in the engine with your attention") if mismatch else None
 
 
+def _attention_error_hint(record: dict[str, Any]) -> str | None:
+    """A size error means the gathered keys and the mask disagree about how many tokens there are."""
+    if "size" in record["message"]:
+        return (
+            "The keys and the mask disagree in length. The gathered blocks hold blocks x block_size slots, but only "
+            "the first context_len of them are the sequence's tokens: cut keys and values to context_len, and mask "
+            "with Tq rows and context_len columns."
+        )
+    return None
+
+
 register(
-    Exercise(
-        id="lab5.paged_attention",
-        functions=("paged_attention",),
-        make_inputs=lambda seed: {"cases": _attention_cases(seed), "requests": random_requests(seed, 6)},
-        run=_run_attention,
-        oracle=_attention_oracle,
-        compare=_compare_attention,
-        tested="paged_attention on 4 seeded cases (pools of 12 blocks of 4, tables in random order; 1 to 16 queries) "
-        "equals dense attention over the same keys, and the engine using it gives every request its solo tokens",
-        hint="keys = k_pool[block_table] flattened to [blocks * B, Hkv, D], cut to context_len (same for values); the "
-        "queries are the last Tq positions, so mask with causal_mask(Tq, context_len); then attention(q, k, v, mask).",
-        points=2.0,
+    diagnosed(
+        Exercise(
+            id="lab5.paged_attention",
+            functions=("paged_attention",),
+            make_inputs=lambda seed: {"cases": _attention_cases(seed), "requests": random_requests(seed, 6)},
+            run=_run_attention,
+            oracle=_attention_oracle,
+            compare=_compare_attention,
+            tested="paged_attention on 4 seeded cases (pools of 12 blocks of 4, tables in random order; 1 to 16 queries) "
+            "equals dense attention over the same keys, and the engine using it gives every request its solo tokens",
+            hint="Gather the sequence's blocks in table order into one run of slots, keep only its context_len tokens, "
+            "and mask so that each of the last Tq positions sees the keys up to itself. "
+            'labkit.hint("lab5.paged_attention") shows more.',
+            points=2.0,
+        ),
+        known=_attention_error_hint,
     )
+)
+
+# --- hints, from the idea to near-code (labkit.hint) ------------------------------------------
+
+register_hints(
+    "lab5.block_allocator",
+    "Blocks are handed out only when a sequence needs them, from wherever the free list points. The table records "
+    "where the sequence's 1st, 2nd, ... block live, so a block it holds never moves; freeing gives all of them back.",
+    "allocate: ask blocks_needed how many blocks the sequence still lacks, take that many off the free list one at "
+    "a time, append each to the sequence's table (made the first time), and return the table. free: drop the table "
+    "and put its blocks back on the free list.",
+    "self.tables.setdefault(seq_id, []) is the table; self.free_blocks.popleft() takes a block off the free list; "
+    "self.free_blocks.extend(self.tables.pop(seq_id, [])) frees.",
+)
+register_hints(
+    "lab5.slot_mapping",
+    "The pool is one long row of slots, block after block. A token's slot is where its block starts in that row, "
+    "plus its offset inside the block.",
+    "For each position from start up to, not including, end: its entry in the table is pos // block_size, that "
+    "entry names the block, and the offset inside the block is pos % block_size.",
+    "[block_table[pos // block_size] * block_size + pos % block_size for pos in range(start, end)]",
+)
+register_hints(
+    "lab5.paged_attention",
+    "The sequence's keys lie in blocks scattered over the pool; its block table lists them in order. Gathered in "
+    "table order they are exactly a dense cache, followed by the unused slots of the last block.",
+    "Index the pools with the table ([blocks, block_size, Hkv, D]), flatten the first two axes, keep the first "
+    "context_len rows; the Tq queries are the last Tq positions, so the mask has Tq rows and context_len columns.",
+    "blocks = torch.tensor(block_table, device=k_pool.device); keys = k_pool[blocks].flatten(0, 1)[:context_len], "
+    "the same for values; attention(q, keys, values, causal_mask(q.shape[0], context_len, q.device)).",
 )

@@ -4,6 +4,10 @@
   prompts, seeds, the transformers oracle, ``after_exercise`` for cells that wait on a blank;
 - :mod:`~labkit.labs.checking.recording`: a stand-in model that writes down every forward pass;
 - :mod:`~labkit.labs.checking.diagnose`: turns such a recording into "layer 0, position 3: not causal";
+- :mod:`~labkit.labs.checking.learner_errors`: an exception in the learner's code reported as "your
+  function f raised X at line N of your cell", with the exercise's hint;
+- :mod:`~labkit.labs.checking.gate`: ``passed(exercise_id)``, so a demo cell runs only once its
+  exercise passes its check;
 - :mod:`~labkit.labs.checking.engine_runs`: the engine run with a learner's scheduler, allocator
   or attention plugged in, on a ticking clock, and judged against solo decoding (labs 4-6).
 """

@@ -1,0 +1,55 @@
+"""Cells that build on an exercise run only once that exercise passes its check.
+
+A demo cell written as ``if passed("lab2.generate_with_cache"): ...`` runs its body when the
+learner's function passes the check, and otherwise prints that it is skipped until that exercise
+passes. A function that is merely attempted is not enough: a wrong one would print garbage or
+crash the demo, far from the mistake. The verdict is kept per function object, so a cell that
+asks again costs nothing, and redefining the function (running its cell again) asks afresh.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from labkit.grading.attempt import OK, attempt_exercise
+from labkit.grading.checks import Exercise, exercises_for_lab, get_exercise
+from labkit.grading.judge import expected_outputs, judge
+
+_verdicts: dict[tuple[Any, ...], bool] = {}
+
+
+def exercise_number(exercise: Exercise) -> int:
+    """The exercise's number in its lab: checks of the same function (a second check) share one."""
+    first_functions = list(dict.fromkeys(other.functions[0] for other in exercises_for_lab(exercise.lab)))
+    return first_functions.index(exercise.functions[0]) + 1
+
+
+def passes(exercise_id: str, namespace: dict[str, Any], seed: int = 0) -> bool:
+    """Whether the functions named in ``namespace`` pass the exercise's check (the oracle runs only if needed)."""
+    exercise = get_exercise(exercise_id)
+    functions = tuple(namespace.get(name) for name in exercise.functions)
+    if not all(callable(function) for function in functions):
+        return False
+    key = (exercise_id, seed, *functions)
+    if key not in _verdicts:
+        attempt = attempt_exercise(exercise, functions, seed)
+        _verdicts[key] = attempt.status == OK and judge(exercise, attempt, expected_outputs(exercise, seed)).passed
+    return _verdicts[key]
+
+
+def passed(*exercise_ids: str) -> bool:
+    """True if every named exercise passes its check; otherwise say which one the cell waits for.
+
+    The learner's functions are looked up among the caller's globals (the notebook's variables).
+    """
+    namespace = sys._getframe(1).f_globals
+    for exercise_id in exercise_ids:
+        if not passes(exercise_id, namespace):
+            exercise = get_exercise(exercise_id)
+            print(
+                f"(skipped until exercise {exercise_number(exercise)} passes: this cell uses your "
+                f"{', '.join(exercise.functions)}; its check says what to fix)"
+            )
+            return False
+    return True

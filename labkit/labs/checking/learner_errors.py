@@ -1,0 +1,93 @@
+"""An exception inside a learner's code, turned into a diagnosis instead of a traceback.
+
+``diagnosed(exercise)`` wraps an exercise's two halves: its ``run`` catches what the learner's
+functions raise and hands back a plain record (what was raised, in which of their functions, at
+which line of their cell); its ``compare`` turns that record into "your function f raised X at line
+N of your cell", with a hint. A lab may pass ``known(record) -> hint or None`` to name a typical
+mistake from the error (a size error in attention: keys not cut to the context length); otherwise
+the exercise's own hint is shown. The record is plain data, so the grader can judge it in its own
+process like any other output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from labkit.grading.checks import Exercise
+from labkit.grading.result import Mismatch
+
+RAISED = "raised"  # the key of the record in place of the learner's outputs
+
+
+def learner_files(functions: Sequence[Any]) -> set[str]:
+    """The files (notebook cells) where the learner's functions, or their classes' methods, were written."""
+    files = set()
+    for function in functions:
+        members = vars(function).values() if isinstance(function, type) else [function]
+        for member in members:
+            member = getattr(member, "fget", member)  # a property's code is its getter's
+            code = getattr(member, "__code__", None)
+            if code is not None:
+                files.add(code.co_filename)
+    return files
+
+
+def raised_record(error: BaseException, functions: Sequence[Any]) -> dict[str, Any]:
+    """What the learner's code raised and where: the innermost frame in one of their cells."""
+    frames = traceback.extract_tb(error.__traceback__)
+    files = learner_files(functions)
+    theirs = [frame for frame in frames if frame.filename in files]
+    frame = theirs[-1] if theirs else None
+    named = [other.name for other in theirs if not other.name.startswith("<")]  # not <listcomp>, <lambda>
+    return {
+        "error": type(error).__name__,
+        "message": str(error),
+        "function": named[-1] if named else frame.name if frame else "",
+        "line": frame.lineno if frame else 0,
+        "code": (frame.line or "").strip() if frame else "",
+    }
+
+
+def raised_mismatch(record: dict[str, Any], hint: str | None) -> Mismatch:
+    """The one-line report of an exception, pointing at the learner's own line when there is one."""
+    what = f"{record['error']}: {record['message']}".rstrip(": ")
+    if not record["function"]:
+        return Mismatch(f"your code raised {what}", hint)
+    code = f" (`{record['code']}`)" if record["code"] else ""
+    return Mismatch(
+        f"your function {record['function']} raised {what} at line {record['line']} of your cell{code}", hint
+    )
+
+
+def capture(functions: Sequence[Any], work: Callable[[], Any]) -> Any:
+    """``work()``, or the record of what the learner's code raised in it (NotImplementedError escapes:
+    it is the blank an exercise starts as, and reads "not done")."""
+    try:
+        return work()
+    except NotImplementedError:
+        raise
+    except Exception as error:  # any bug of the learner's becomes a diagnosis
+        return {RAISED: raised_record(error, functions)}
+
+
+def raised_in(got: Any) -> dict[str, Any] | None:
+    """The record of an exception if ``got`` is one, else None."""
+    return got[RAISED] if isinstance(got, dict) and RAISED in got else None
+
+
+def diagnosed(exercise: Exercise, known: Callable[[dict[str, Any]], str | None] | None = None) -> Exercise:
+    """The exercise with the learner's exceptions caught in ``run`` and reported by ``compare``."""
+    run, compare = exercise.run, exercise.compare
+
+    def judged(expected, got):
+        record = raised_in(got)
+        if record is not None:
+            return raised_mismatch(record, known(record) if known else None)
+        return compare(expected, got)
+
+    return dataclasses.replace(
+        exercise, run=lambda functions, inputs: capture(functions, lambda: run(functions, inputs)), compare=judged
+    )

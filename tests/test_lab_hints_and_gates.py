@@ -1,0 +1,84 @@
+"""Hints in tiers (labkit.hint) and the gate of demo cells (passed), on cheap exercises of labs 2 and 5."""
+
+from __future__ import annotations
+
+import pytest
+
+import labkit
+from labkit.labs import hints
+from labkit.labs.checking.gate import passed
+
+pytestmark = [pytest.mark.lab2, pytest.mark.lab5]
+
+
+@pytest.fixture(autouse=True)
+def fresh_hint_counts(monkeypatch):
+    monkeypatch.setattr(hints, "_shown", {})
+
+
+@pytest.mark.parametrize(
+    "exercise_id",
+    [
+        "lab2.kv_cache",
+        "lab2.generate_with_cache",
+        "lab2.kv_bytes_per_token",
+        "lab2.conversations_that_fit",
+        "lab5.block_allocator",
+        "lab5.slot_mapping",
+        "lab5.paged_attention",
+    ],
+)
+def test_every_exercise_of_labs_2_and_5_has_at_least_two_tiers(exercise_id):
+    assert len(hints.tiers(exercise_id)) >= 2
+
+
+def test_each_call_shows_the_next_tier_and_the_kernel_counts_them(capsys):
+    first, second, *_ = hints.tiers("lab5.slot_mapping")
+    labkit.hint("lab5.slot_mapping")
+    assert "Hint 1 of" in capsys.readouterr().out
+    labkit.hint("lab5.slot_mapping")
+    shown = capsys.readouterr().out
+    assert "Hint 2 of" in shown and second in shown and first not in shown
+    assert hints.hints_shown() == {"lab5.slot_mapping": 2}
+
+
+def test_the_last_tier_repeats_and_is_counted_once(capsys):
+    count = len(hints.tiers("lab2.kv_bytes_per_token"))
+    for _ in range(count + 2):
+        labkit.hint("lab2.kv_bytes_per_token")
+    assert "that is the last one" in capsys.readouterr().out.splitlines()[-2]
+    assert hints.hints_shown() == {"lab2.kv_bytes_per_token": count}
+
+
+def test_an_exercise_without_tiers_has_its_checks_hint_as_the_only_one():
+    from labkit.grading import get_exercise
+
+    assert hints.tiers("lab1.causal_mask") == (get_exercise("lab1.causal_mask").hint,)
+
+
+def test_fewer_than_two_tiers_are_refused():
+    with pytest.raises(ValueError, match="at least two"):
+        hints.register_hints("lab2.kv_cache", "only one")
+
+
+def _gate(namespace: dict) -> bool:
+    """``passed("lab5.slot_mapping")`` called from a cell whose globals are ``namespace``."""
+    exec("result = passed('lab5.slot_mapping')", namespace)
+    return namespace["result"]
+
+
+def test_a_demo_cell_runs_only_once_its_exercise_passes(capsys):
+    def slot_mapping(block_table, start, end, block_size):
+        return [block_table[pos // block_size] * block_size + pos % block_size for pos in range(start, end)]
+
+    def off_by_one(block_table, start, end, block_size):
+        return [block_table[pos // block_size] * block_size + pos % block_size + 1 for pos in range(start, end)]
+
+    def blank(block_table, start, end, block_size):
+        raise NotImplementedError
+
+    assert _gate({"passed": passed, "slot_mapping": slot_mapping})
+    assert capsys.readouterr().out == ""
+    for wrong in (off_by_one, blank):
+        assert not _gate({"passed": passed, "slot_mapping": wrong})
+        assert "skipped until exercise 2 passes" in capsys.readouterr().out
