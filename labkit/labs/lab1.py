@@ -23,6 +23,7 @@ from labkit.labs.checking.diagnose import (
     check_positions,
     known_attention_mistakes,
 )
+from labkit.labs.checking.learner_errors import diagnosed
 from labkit.labs.checking.recording import RecordingModel
 from labkit.labs.checking.shared import (
     course_model,
@@ -65,7 +66,7 @@ def _compare_masks(expected, got) -> Mismatch | None:
                              item="case")
 
 
-register(Exercise(
+register(diagnosed(Exercise(
     id="lab1.causal_mask",
     functions=("causal_mask",),
     make_inputs=_mask_sizes,
@@ -74,7 +75,7 @@ register(Exercise(
     compare=_compare_masks,
     tested="causal_mask(n) for n = 1, 2, 5 and one more: a bool [n, n] tensor, True where query i may see key j",
     hint="Query i may look at keys 0..i and no further: True on and below the diagonal (torch.tril of ones, dtype bool).",
-))
+)))
 
 # --- lab1.attention -----------------------------------------------------------------------
 
@@ -118,7 +119,7 @@ def _compare_attention(expected, got) -> Mismatch | None:
     return None
 
 
-register(Exercise(
+register(diagnosed(Exercise(
     id="lab1.attention",
     functions=("attention",),
     make_inputs=_attention_inputs,
@@ -129,7 +130,7 @@ register(Exercise(
            "5x5, 1x6 and 3x7 queries x keys) against softmax(q·kᵀ/√D + mask)·v",
     hint="Per query head h use KV head h // (Hq // Hkv); scores = q·kᵀ / √D; set masked scores to -inf; "
          "softmax over the keys; weighted sum of v. Return [Tq, Hq, D].",
-))
+)))
 
 # --- lab1.prefill -------------------------------------------------------------------------
 
@@ -160,7 +161,7 @@ def _compare_prefill(expected, got) -> Mismatch | None:
     return mismatch or check_logits(expected["logits"], got["logits"], "logits")
 
 
-register(Exercise(
+register(diagnosed(Exercise(
     id="lab1.prefill",
     functions=("prefill",),
     make_inputs=_one_prompt,
@@ -171,7 +172,7 @@ register(Exercise(
            "0..T-1, causal attention at every layer, logits [T, vocab] equal to transformers' own forward pass",
     hint="ids = torch.tensor(prompt); positions = torch.arange(T); attend = your attention with causal_mask(T); "
          "return model.forward(ids, positions, attend).",
-))
+)))
 
 # --- lab1.generate_without_cache ------------------------------------------------------------
 
@@ -213,7 +214,7 @@ def _compare_generate(expected, got) -> Mismatch | None:
     return mismatch
 
 
-register(Exercise(
+register(diagnosed(Exercise(
     id="lab1.generate_without_cache",
     functions=("generate_without_cache",),
     make_inputs=prompt_and_steps,
@@ -224,4 +225,4 @@ register(Exercise(
            "(positions from 0) and the n greedy tokens equal transformers' greedy choice",
     hint="Loop n times: logits = prefill(model, sequence); next = int(logits[-1].argmax()); append it to the "
          "sequence and to the output.",
-))
+)))

@@ -18,6 +18,7 @@ from labkit.grading.compare import compare_tensors, compare_tokens
 from labkit.grading.result import Mismatch
 from labkit.kv.attention import causal_mask
 from labkit.labs.checking.diagnose import check_logits, check_positions
+from labkit.labs.checking.learner_errors import diagnosed
 from labkit.labs.checking.recording import RecordingModel
 from labkit.labs.checking.shared import course_model, pick_prompts, rng
 from labkit.viz.timeline import batch_spans
@@ -79,7 +80,7 @@ def _compare_pad(expected, got) -> Mismatch | None:
     return mismatch
 
 
-register(Exercise(
+register(diagnosed(Exercise(
     id="lab3.left_pad",
     functions=("left_pad",),
     make_inputs=_pad_inputs,
@@ -90,7 +91,7 @@ register(Exercise(
            "[B, L] (positions of pads are not checked)",
     hint="L = the longest prompt; row b = (L - len(prompt b)) pads, then the prompt; positions 0..len-1 on the "
          "real tokens.",
-))
+)))
 
 # --- lab3.padded_causal_mask --------------------------------------------------------------
 
@@ -136,7 +137,7 @@ def _compare_masks(expected, got) -> Mismatch | None:
     return None
 
 
-register(Exercise(
+register(diagnosed(Exercise(
     id="lab3.padded_causal_mask",
     functions=("padded_causal_mask",),
     make_inputs=_mask_inputs,
@@ -147,7 +148,7 @@ register(Exercise(
            "passes (1 and 2 new columns): bool [B, Tq, Tk]",
     hint="causal_mask(num_queries, num_keys)[None] & key_is_real[:, None, :]: a query sees a key when the key is real "
          "and not after it.",
-))
+)))
 
 # --- lab3.generate_static_batch -----------------------------------------------------------
 
@@ -255,7 +256,7 @@ def _row_problem(row: int, expected, got) -> Mismatch | None:
     return compare_tokens(expected["outputs"][row], got["outputs"][row])
 
 
-register(Exercise(
+register(diagnosed(Exercise(
     id="lab3.generate_static_batch",
     functions=("generate_static_batch",),
     make_inputs=_batch_inputs,
@@ -267,7 +268,7 @@ register(Exercise(
            "sequence equal to its solo greedy run",
     hint="left_pad, cache.add_columns(is_real), prefill with logits_indices at each row's last column; then each "
          "step: argmax per row, add_columns(all True), forward the B new tokens at positions = tokens so far.",
-))
+)))
 
 # --- lab3.padding_waste -------------------------------------------------------------------
 
@@ -316,7 +317,7 @@ def _compare_waste(expected, got) -> Mismatch | None:
     return None
 
 
-register(Exercise(
+register(diagnosed(Exercise(
     id="lab3.padding_waste",
     functions=("padding_waste",),
     make_inputs=_waste_inputs,
@@ -327,4 +328,4 @@ register(Exercise(
            "partial last batch, and 24 skewed lengths",
     hint="Batch in order, batch_size at a time; a batch runs max(its lengths) steps; padded = sum over members of "
          "(max - length); utilisation = useful / (useful + padded).",
-))
+)))
