@@ -73,3 +73,11 @@ def test_python_m_labkit_cli_and_top_level_help():
     usage = subprocess.run(run + ["--help"], capture_output=True, text=True, timeout=120)
     for name in ("info", "plan", "bench", "calibrate", "make-labs", "grade", "serve", "loadtest"):
         assert name in usage.stdout
+def test_bench_json(course_model, capsys):
+    argv = ["bench", "--num-prompts", "2", "--max-prompt-tokens", "48", "--max-output-tokens", "3", "--json"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    results = json.loads(out)
+    assert len(results["serving"]) == 5 and all(row["completed"] == 2 for row in results["serving"].values())
+    assert "running (a)" in err
+

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from labkit.device import synchronize
 from labkit.sampling import SamplingParams
 
 
@@ -39,7 +40,7 @@ def hf_decode_ms(model, batch_size: int, context: int, repeats: int) -> float:
         for _ in range(repeats):
             start = time.perf_counter()
             out = model.hf(token, past_key_values=past, use_cache=True)
-            _synchronize(model.device)
+            synchronize(model.device)
             times.append(time.perf_counter() - start)
             past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
     return 1e3 * statistics.median(times)
@@ -87,8 +88,3 @@ def format_sweep(points: list[SweepPoint]) -> str:
 def _random_prompts(model, batch_size: int, context: int) -> torch.Tensor:
     """The same seeded token ids for HF and labkit, drawn from the model's vocabulary."""
     return torch.randint(0, model.config.vocab_size, (batch_size, context), generator=torch.Generator().manual_seed(0))
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

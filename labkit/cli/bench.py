@@ -1,5 +1,77 @@
-"""`labkit bench`: for now the benchmark's options live in :mod:`labkit.bench`; this only plugs it in."""
+"""Benchmark labkit's engine against Hugging Face generate on real ShareGPT prompts.
 
-from labkit.cli._delegate import delegate
+Five ways to serve the same seeded workload, in one process: (a) HF ``generate`` one
+request at a time, (b) HF ``generate`` in static batches of 8, (c) labkit static
+batching, (d) labkit continuous batching, (e) labkit continuous batching with chunked
+prefill. One table compares them, each relative to (a). ``--sweep`` adds the decode-step
+time against batch size, beside the roofline bound of this machine; ``--busy N`` runs it all
+while N other cores spin, as on a machine that is not idle. ``--json`` prints the results
+as JSON (progress and tables go to stderr); ``--out`` writes the same JSON to a file.
+"""
 
-add_arguments, run = delegate("labkit.bench")
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from labkit.cli import print_json, say_for
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16")
+    parser.add_argument("--num-prompts", type=int, default=64, help="fewer for a quick run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-prompt-tokens", type=int, default=512)
+    parser.add_argument("--max-output-tokens", type=int, default=128)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--sweep", action="store_true", help="also time decode steps at batch 1..64")
+    parser.add_argument("--skip-serving", action="store_true", help="only the decode sweep")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="keep N cores busy with spin loops during the run (a machine that is not idle)")
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON; tables go to stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from labkit.bench.busy import busy_cores
+    from labkit.models import load_model
+
+    say = say_for(args)
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    say(f"model {model.config.name} on {model.device}, {model.dtype}")
+    results: dict = {"model": model.config.name, "device": str(model.device), "dtype": str(model.dtype),
+                     "torch threads": torch.get_num_threads(), "matmuls": model.matmul.describe(),
+                     "busy cores": args.busy}
+    say(f"torch threads {torch.get_num_threads()}, matmuls {model.matmul.describe()}, "
+        f"{args.busy} other core(s) kept busy")
+    with busy_cores(args.busy):
+        _serve_and_sweep(model, args, results, say)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1, default=float))
+    if args.json:
+        print_json(results)
+    return 0
+
+
+def _serve_and_sweep(model, args: argparse.Namespace, results: dict, say) -> None:
+    from labkit.bench import format_table, run_bench
+
+    if not args.skip_serving:
+        rows = run_bench(model, args.num_prompts, args.seed, args.max_prompt_tokens, args.max_output_tokens,
+                         args.max_num_seqs, progress=say)
+        say(format_table(rows))
+        results["serving"] = {row.name: row.summary.to_dict() for row in rows}
+    if args.sweep or args.skip_serving:
+        from labkit.bench.decode_sweep import decode_sweep, format_sweep
+        from labkit.sim.hardware import probe_this_machine
+
+        hardware = probe_this_machine(model.device)
+        say(f"\ndecode step sweep, context 128 tokens; bound from {hardware}")
+        points = decode_sweep(model, hardware)
+        say(format_sweep(points))
+        results["sweep"] = [vars(p) for p in points]
