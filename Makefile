@@ -5,7 +5,7 @@ PY    := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.labkit-installed
 
-.PHONY: all setup model book test labs lab clean
+.PHONY: all setup model book test lint labs lab clean
 
 all: book
 
@@ -28,8 +28,13 @@ book: model
 	$(VENV)/bin/jupyter-book build . -W --keep-going
 	@echo "Book: $(CURDIR)/_build/html/index.html"
 
-test: setup
+test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Lint and format check first: seconds, and a failure there needs no model to explain it.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 labs: setup
 	$(VENV)/bin/jupyter lab labs/

@@ -22,13 +22,24 @@ from labkit.sim.hardware import GB, TB, TFLOPS, Hardware, get_hardware
 LESSON_LLAMA_8B = replace(MODELS["llama-3.1-8b"], name="Llama 3.1 8B (round 8e9 parameters)", parameters=8e9)
 
 SALE_GPU = Hardware(
-    "the sale's GPU (A100-class, round figures)", 80 * GB, 2 * TB, 150 * TFLOPS,
+    "the sale's GPU (A100-class, round figures)",
+    80 * GB,
+    2 * TB,
+    150 * TFLOPS,
     "reconstructed from seed 000: 2 TB/s is quoted; 150 TFLOP/s gives both its critical batch of 75 "
-    "and its 35.0 ms arithmetic term; about half the A100's 312 TFLOP/s peak, a rate kernels reach")
+    "and its 35.0 ms arithmetic term; about half the A100's 312 TFLOP/s peak, a rate kernels reach",
+)
 
 SALE_EXAMPLE: dict = dict(
-    hardware=SALE_GPU, model=LESSON_LLAMA_8B, prompt_len=1000, answer_len=300,
-    memory_fraction=0.9, overhead_s=0.003, promise_s=0.050, price_per_gpu_hour=2.0)
+    hardware=SALE_GPU,
+    model=LESSON_LLAMA_8B,
+    prompt_len=1000,
+    answer_len=300,
+    memory_fraction=0.9,
+    overhead_s=0.003,
+    promise_s=0.050,
+    price_per_gpu_hour=2.0,
+)
 """The festival-sale plan of seed 000 ("Capacity planning, by hand"), rebuilt from its quotes.
 
 Inputs and the quotes that pin them: 80 GB card at 90% (72 GB, less 16 GB of weights,
@@ -43,11 +54,16 @@ The price, $2.00 per GPU-hour, is our assumption: the source quotes no price.
 """
 
 FRIENDS_GPU = Hardware(
-    "the post's 24 GB card (close to an RTX 4090)", 24 * GB, 1 * TB, 165 * TFLOPS,
-    "seed 002: 'about 1 TB/s of memory bandwidth and 165 TFLOPS'")
+    "the post's 24 GB card (close to an RTX 4090)",
+    24 * GB,
+    1 * TB,
+    165 * TFLOPS,
+    "seed 002: 'about 1 TB/s of memory bandwidth and 165 TFLOPS'",
+)
 
 FRIENDS_EXAMPLE: dict = dict(
-    hardware=FRIENDS_GPU, model=LESSON_LLAMA_8B, prompt_len=6144, answer_len=2048, memory_fraction=0.85)
+    hardware=FRIENDS_GPU, model=LESSON_LLAMA_8B, prompt_len=6144, answer_len=2048, memory_fraction=0.85
+)
 """Seed 002's Llama 3.1 8B on a 24 GB card, friends chatting at 8K tokens each.
 
 Quoted: 16 GB of weights; 128 KiB of KV per token, about 1 GB for an 8K chat; four friends
@@ -100,9 +116,12 @@ class CapacityPlan:
 
     def to_dict(self) -> dict:
         """Every figure of the plan, the derived ones too, as plain data (what ``labkit plan --json`` prints)."""
-        return {**asdict(self), "kv_read_bytes": self.kv_read_bytes,
-                "speedup_over_single_stream": self.speedup_over_single_stream,
-                "promise_capacity_cost": self.promise_capacity_cost}
+        return {
+            **asdict(self),
+            "kv_read_bytes": self.kv_read_bytes,
+            "speedup_over_single_stream": self.speedup_over_single_stream,
+            "promise_capacity_cost": self.promise_capacity_cost,
+        }
 
     @property
     def kv_read_bytes(self) -> float:
@@ -128,44 +147,81 @@ class CapacityPlan:
             "(napkin estimate from the four-constant cost model, not a measurement)",
             "",
             "Part 1: how many conversations fit",
-            _row(1, "usable memory", f"{self.gpu_memory_bytes / GB:,.0f} GB x {self.memory_fraction:.2f}",
-                 f"{self.gpu_memory_bytes * self.memory_fraction / GB:,.1f} GB"),
-            _row(2, "left for KV caches", f"minus {m.weight_bytes / GB:,.1f} GB of weights",
-                 f"{self.kv_budget_bytes / GB:,.1f} GB"),
-            _row(3, "KV per token", f"2 x {m.layers} x {m.kv_heads} x {m.head_dim} x {m.kv_bytes_per_value:g} B",
-                 f"{m.kv_bytes_per_token / 1024:,.0f} KiB"),
+            _row(
+                1,
+                "usable memory",
+                f"{self.gpu_memory_bytes / GB:,.0f} GB x {self.memory_fraction:.2f}",
+                f"{self.gpu_memory_bytes * self.memory_fraction / GB:,.1f} GB",
+            ),
+            _row(
+                2,
+                "left for KV caches",
+                f"minus {m.weight_bytes / GB:,.1f} GB of weights",
+                f"{self.kv_budget_bytes / GB:,.1f} GB",
+            ),
+            _row(
+                3,
+                "KV per token",
+                f"2 x {m.layers} x {m.kv_heads} x {m.head_dim} x {m.kv_bytes_per_value:g} B",
+                f"{m.kv_bytes_per_token / 1024:,.0f} KiB",
+            ),
             _row(4, "KV per conversation", f"{tokens:,} tokens", f"{self.kv_bytes_per_conversation / 1e6:,.0f} MB"),
             _row(5, "conversations that fit", "row 2 / row 4, rounded down", f"{self.conversations:,}"),
             "",
             "Part 2: how fast, and how much",
             _row(6, "decode step, all on board", f"mean context {self.mean_context:,.0f} tokens", ""),
-            _row("", "  memory term", f"({m.weight_bytes / GB:,.1f} + {self.kv_read_bytes / GB:,.1f} GB KV) / "
-                 f"{self.hardware.bandwidth / TB:.3g} TB/s", f"{self.decode_memory_s * ms:.1f} ms"),
-            _row("", "  arithmetic term", f"{self.conversations:,} x 2 x {m.parameters / 1e9:.3g}e9 / "
-                 f"{self.hardware.flops / TFLOPS:.3g} TFLOP/s", f"{self.decode_compute_s * ms:.1f} ms"),
-            _row("", "  step", f"the larger + {self.overhead_s * ms:.1f} ms overhead",
-                 f"{self.decode_step_s * ms:.1f} ms"),
+            _row(
+                "",
+                "  memory term",
+                f"({m.weight_bytes / GB:,.1f} + {self.kv_read_bytes / GB:,.1f} GB KV) / "
+                f"{self.hardware.bandwidth / TB:.3g} TB/s",
+                f"{self.decode_memory_s * ms:.1f} ms",
+            ),
+            _row(
+                "",
+                "  arithmetic term",
+                f"{self.conversations:,} x 2 x {m.parameters / 1e9:.3g}e9 / {self.hardware.flops / TFLOPS:.3g} TFLOP/s",
+                f"{self.decode_compute_s * ms:.1f} ms",
+            ),
+            _row(
+                "",
+                "  step",
+                f"the larger + {self.overhead_s * ms:.1f} ms overhead",
+                f"{self.decode_step_s * ms:.1f} ms",
+            ),
             _row(7, "prefill", f"{self.prompt_len:,} tokens", f"{self.prefill_s * ms:.1f} ms"),
-            _row(8, "GPU time per request", f"prefill + {self.answer_len:,} x step / {self.conversations:,}",
-                 f"{self.gpu_s_per_request * ms:.1f} ms"),
+            _row(
+                8,
+                "GPU time per request",
+                f"prefill + {self.answer_len:,} x step / {self.conversations:,}",
+                f"{self.gpu_s_per_request * ms:.1f} ms",
+            ),
             _row(9, "request ceiling", "1 / row 8", f"{_rate(self.request_ceiling_per_s)} req/s"),
             _row(10, "output tokens/s", f"row 9 x {self.answer_len:,}", f"{self.tokens_per_s:,.0f}"),
             _row(11, "cost per million tokens", self._price_formula(), self._price_value()),
-            _row("", "single-stream bound", "bandwidth / weight bytes",
-                 f"{self.single_stream_tokens_per_s:,.1f} tok/s"),
+            _row(
+                "", "single-stream bound", "bandwidth / weight bytes", f"{self.single_stream_tokens_per_s:,.1f} tok/s"
+            ),
             _row("", "batching buys", "row 10 / single stream", f"{self.speedup_over_single_stream:.1f}x"),
-            _row("", "critical batch", "flops / bandwidth x bytes per param / 2",
-                 f"{self.critical_batch:,.0f} tokens"),
+            _row("", "critical batch", "flops / bandwidth x bytes per param / 2", f"{self.critical_batch:,.0f} tokens"),
             "",
             "Part 3: the promise to users",
-            _row("", "decode share of GPU time", f"{self.decode_s_per_request * ms:.1f} / "
-                 f"{self.gpu_s_per_request * ms:.1f} ms", f"{self.decode_share:.0%}"),
+            _row(
+                "",
+                "decode share of GPU time",
+                f"{self.decode_s_per_request * ms:.1f} / {self.gpu_s_per_request * ms:.1f} ms",
+                f"{self.decode_share:.0%}",
+            ),
             _row("", "time between a user's tokens", "step / decode share", f"{self.token_interval_s * ms:.0f} ms"),
         ]
         if self.promise_s is not None:
             rows += [
-                _row("", "load that keeps the promise", f"a token every {self.promise_s * ms:.0f} ms or sooner",
-                     f"{_rate(self.promise_load_per_s)} req/s"),
+                _row(
+                    "",
+                    "load that keeps the promise",
+                    f"a token every {self.promise_s * ms:.0f} ms or sooner",
+                    f"{_rate(self.promise_load_per_s)} req/s",
+                ),
                 _row("", "conversations in flight", "load x answer x promise", f"{self.promise_in_flight:,.0f}"),
                 _row("", "capacity the promise costs", "1 - load / ceiling", f"{self.promise_capacity_cost:.0%}"),
             ]
@@ -188,8 +244,9 @@ def _row(number: int | str, label: str, formula: str, value: str) -> str:
     return f"{number!s:>3}  {label:<30} {formula:<46} {value:>14}"
 
 
-def load_within_promise(cost: CostModel, prefill_s: float, answer_len: int, mean_context: float,
-                        promise_s: float) -> tuple[float, float]:
+def load_within_promise(
+    cost: CostModel, prefill_s: float, answer_len: int, mean_context: float, promise_s: float
+) -> tuple[float, float]:
     """Requests/s, and conversations in flight, at which users get a token every ``promise_s``.
 
     The fixed point. At a load of λ requests/s, prefills take the share λ·p of GPU time
@@ -214,22 +271,35 @@ def load_within_promise(cost: CostModel, prefill_s: float, answer_len: int, mean
         raise ValueError(f"promise_s must be positive, got {promise_s!r}; for 50 ms between tokens pass 0.050")
     weight_read_s = cost.weight_bytes / cost.bandwidth
     if promise_s <= weight_read_s + cost.overhead_s:
-        raise ValueError(f"no load keeps a promise of {promise_s * 1e3:.1f} ms per token: a decode step already "
-                         f"takes {(weight_read_s + cost.overhead_s) * 1e3:.1f} ms to read the weights; promise "
-                         "more, or use more bandwidth or fewer bytes per parameter")
+        raise ValueError(
+            f"no load keeps a promise of {promise_s * 1e3:.1f} ms per token: a decode step already "
+            f"takes {(weight_read_s + cost.overhead_s) * 1e3:.1f} ms to read the weights; promise "
+            "more, or use more bandwidth or fewer bytes per parameter"
+        )
     kv_s_per_sequence = mean_context * cost.kv_bytes_per_token / cost.bandwidth
     compute_s_per_sequence = cost.flops_per_token / cost.flops
     memory_bound = (promise_s - weight_read_s - cost.overhead_s) / (
-        answer_len * promise_s * kv_s_per_sequence + promise_s * prefill_s)
-    compute_bound = (promise_s - cost.overhead_s) / (answer_len * promise_s * compute_s_per_sequence
-                                                     + promise_s * prefill_s)
+        answer_len * promise_s * kv_s_per_sequence + promise_s * prefill_s
+    )
+    compute_bound = (promise_s - cost.overhead_s) / (
+        answer_len * promise_s * compute_s_per_sequence + promise_s * prefill_s
+    )
     load = min(memory_bound, compute_bound)
     return load, load * answer_len * promise_s
 
 
-def plan(hardware: Hardware | str, model: ModelSpec | str, prompt_len: int, answer_len: int, *,
-         memory_fraction: float = 0.9, gpu_memory_bytes: float | None = None, overhead_s: float = 0.0,
-         promise_s: float | None = None, price_per_gpu_hour: float | None = None) -> CapacityPlan:
+def plan(
+    hardware: Hardware | str,
+    model: ModelSpec | str,
+    prompt_len: int,
+    answer_len: int,
+    *,
+    memory_fraction: float = 0.9,
+    gpu_memory_bytes: float | None = None,
+    overhead_s: float = 0.0,
+    promise_s: float | None = None,
+    price_per_gpu_hour: float | None = None,
+) -> CapacityPlan:
     """Plan one GPU serving conversations of ``prompt_len`` + ``answer_len`` tokens.
 
     ``hardware`` and ``model`` are presets or their names; ``gpu_memory_bytes`` overrides the
@@ -249,8 +319,10 @@ def plan(hardware: Hardware | str, model: ModelSpec | str, prompt_len: int, answ
 
     conversations = conversations_that_fit(gpu_memory, memory_fraction, model, prompt_len + answer_len)
     if conversations < 1:
-        raise ValueError(f"not one conversation of {prompt_len + answer_len:,} tokens fits beside the weights; "
-                         "shorten the prompt or answer, raise memory_fraction, or use a GPU with more memory")
+        raise ValueError(
+            f"not one conversation of {prompt_len + answer_len:,} tokens fits beside the weights; "
+            "shorten the prompt or answer, raise memory_fraction, or use a GPU with more memory"
+        )
     mean_context = prompt_len + answer_len / 2
     step = cost.pass_breakdown(conversations, conversations * mean_context)
     prefill_s = cost.prefill_time(prompt_len)
@@ -267,17 +339,32 @@ def plan(hardware: Hardware | str, model: ModelSpec | str, prompt_len: int, answ
             promise_load, in_flight = ceiling, float(conversations)
 
     return CapacityPlan(
-        hardware=hardware, model=model, prompt_len=prompt_len, answer_len=answer_len,
-        memory_fraction=memory_fraction, gpu_memory_bytes=gpu_memory,
+        hardware=hardware,
+        model=model,
+        prompt_len=prompt_len,
+        answer_len=answer_len,
+        memory_fraction=memory_fraction,
+        gpu_memory_bytes=gpu_memory,
         kv_budget_bytes=gpu_memory * memory_fraction - model.weight_bytes,
         kv_bytes_per_conversation=(prompt_len + answer_len) * model.kv_bytes_per_token,
         conversations=conversations,
-        single_stream_tokens_per_s=cost.single_stream_bound, critical_batch=cost.critical_batch,
-        mean_context=mean_context, decode_memory_s=step.memory_s, decode_compute_s=step.compute_s,
-        overhead_s=overhead_s, decode_step_s=step.total_s, prefill_s=prefill_s,
-        decode_s_per_request=decode_s_per_request, gpu_s_per_request=gpu_s_per_request,
-        request_ceiling_per_s=ceiling, tokens_per_s=tokens_per_s,
+        single_stream_tokens_per_s=cost.single_stream_bound,
+        critical_batch=cost.critical_batch,
+        mean_context=mean_context,
+        decode_memory_s=step.memory_s,
+        decode_compute_s=step.compute_s,
+        overhead_s=overhead_s,
+        decode_step_s=step.total_s,
+        prefill_s=prefill_s,
+        decode_s_per_request=decode_s_per_request,
+        gpu_s_per_request=gpu_s_per_request,
+        request_ceiling_per_s=ceiling,
+        tokens_per_s=tokens_per_s,
         cost_per_million_tokens=None if price_per_gpu_hour is None else price_per_gpu_hour / 3600 / tokens_per_s * 1e6,
-        price_per_gpu_hour=price_per_gpu_hour, decode_share=decode_share,
-        token_interval_s=step.total_s / decode_share, promise_s=promise_s,
-        promise_load_per_s=promise_load, promise_in_flight=in_flight)
+        price_per_gpu_hour=price_per_gpu_hour,
+        decode_share=decode_share,
+        token_interval_s=step.total_s / decode_share,
+        promise_s=promise_s,
+        promise_load_per_s=promise_load,
+        promise_in_flight=in_flight,
+    )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Iterator
 
-
 from labkit.models.llama import LlamaModel
 from labkit.models.tokens import Prompt, encode_prompt
 from labkit.sampling import SamplingParams, make_generator, sample
@@ -14,8 +13,10 @@ def stream_tokens(model: LlamaModel, prompt: Prompt, params: SamplingParams = Sa
     """Yield each new token id as soon as it is chosen; stop on EOS, a stop id or max_tokens."""
     ids = encode_prompt(model.tokenizer, prompt)
     if len(ids) + params.max_tokens > model.config.max_position_embeddings:
-        raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                         f"model's context of {model.config.max_position_embeddings}; shorten one")
+        raise ValueError(
+            f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+            f"model's context of {model.config.max_position_embeddings}; shorten one"
+        )
     generator = make_generator(params, model.device)
     stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(model.config.eos_token_ids))
     logits, cache = model.prefill(ids)
@@ -33,8 +34,9 @@ def generate(model: LlamaModel, prompt: Prompt, params: SamplingParams = Samplin
     return list(stream_tokens(model, prompt, params))
 
 
-def chat(model: LlamaModel, messages: list[dict] | str, params: SamplingParams = SamplingParams(),
-         stream: bool = False) -> str | Iterator[str]:
+def chat(
+    model: LlamaModel, messages: list[dict] | str, params: SamplingParams = SamplingParams(), stream: bool = False
+) -> str | Iterator[str]:
     """Reply to chat messages with text, either whole or as a stream of text pieces."""
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
@@ -53,5 +55,5 @@ def _text_pieces(model: LlamaModel, tokens: Iterator[int]) -> Iterator[str]:
         text = model.tokenizer.decode(seen, skip_special_tokens=True)
         if text.endswith("\ufffd"):
             continue  # half of a multi-byte character: wait for the rest
-        yield text[len(printed):]
+        yield text[len(printed) :]
         printed = text

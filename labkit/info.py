@@ -15,7 +15,7 @@ def model_facts(model, bandwidth: float) -> dict:
         "parameters": model.num_parameters(),
         "weight bytes": weight_bytes,
         "layers / heads / kv heads / head dim": f"{cfg.num_layers} / {cfg.num_heads} / "
-                                                f"{cfg.num_kv_heads} / {cfg.head_dim}",
+        f"{cfg.num_kv_heads} / {cfg.head_dim}",
         "KV bytes per token": cfg.kv_bytes_per_token(model.dtype),
         "bandwidth (GB/s)": bandwidth / 1e9,
         "single-stream decode bound (tokens/s)": bandwidth / weight_bytes,

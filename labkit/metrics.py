@@ -90,8 +90,9 @@ def parse_slo(slo: str | Iterable[str] | Mapping[str, float]) -> dict[str, float
         for part in parts:
             name, sep, value = part.partition(":")
             if not sep:
-                raise ValueError(f"SLO item {part!r} has no ':'; write it as name:milliseconds, "
-                                 f"for example 'ttft:500 tpot:50'")
+                raise ValueError(
+                    f"SLO item {part!r} has no ':'; write it as name:milliseconds, for example 'ttft:500 tpot:50'"
+                )
             items.append((name, value))
     if not items:
         raise ValueError("the SLO is empty; give at least one limit, for example 'ttft:500 tpot:50'")
@@ -99,15 +100,18 @@ def parse_slo(slo: str | Iterable[str] | Mapping[str, float]) -> dict[str, float
     for name, value in items:
         name = name.strip().lower()
         if name not in SLO_METRICS:
-            raise ValueError(f"unknown SLO metric {name!r}; use one of {', '.join(SLO_METRICS)} "
-                             f"(limits in ms, for example 'ttft:500 tpot:50')")
+            raise ValueError(
+                f"unknown SLO metric {name!r}; use one of {', '.join(SLO_METRICS)} "
+                f"(limits in ms, for example 'ttft:500 tpot:50')"
+            )
         if name in limits:
             raise ValueError(f"SLO metric {name!r} is given twice; give each limit once")
         try:
             limit = float(value)
         except (TypeError, ValueError):
-            raise ValueError(f"SLO limit for {name!r} is {value!r}, not a number; "
-                             f"write milliseconds, for example '{name}:500'") from None
+            raise ValueError(
+                f"SLO limit for {name!r} is {value!r}, not a number; write milliseconds, for example '{name}:500'"
+            ) from None
         if not math.isfinite(limit) or limit <= 0:
             raise ValueError(f"SLO limit for {name!r} must be a positive number of ms, got {value!r}")
         limits[name] = limit
@@ -160,16 +164,25 @@ class Summary:
     def to_dict(self) -> dict[str, float | int | None]:
         """Flat numbers under vLLM ``bench serve``'s result names (mean_ttft_ms, p99_tpot_ms, ...)."""
         out: dict[str, float | int | None] = {
-            "num_requests": self.num_requests, "completed": self.num_completed,
-            "rejected": self.num_rejected, "unfinished": self.num_unfinished,
-            "duration": self.duration_s, "total_input_tokens": self.total_input_tokens,
+            "num_requests": self.num_requests,
+            "completed": self.num_completed,
+            "rejected": self.num_rejected,
+            "unfinished": self.num_unfinished,
+            "duration": self.duration_s,
+            "total_input_tokens": self.total_input_tokens,
             "total_output_tokens": self.total_output_tokens,
-            "request_throughput": self.request_throughput, "output_throughput": self.output_throughput,
-            "total_token_throughput": self.total_token_throughput, "request_goodput": self.goodput,
-            "num_preemptions": self.num_preemptions, "num_steps": self.num_steps,
-            "slot_utilization": self.slot_utilization, "padded_slot_steps": self.padded_slot_steps,
-            "mean_batch_size": self.mean_batch_size, "prefix_cache_queries": self.prefix_cache_queries,
-            "prefix_cache_hits": self.prefix_cache_hits, "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "request_throughput": self.request_throughput,
+            "output_throughput": self.output_throughput,
+            "total_token_throughput": self.total_token_throughput,
+            "request_goodput": self.goodput,
+            "num_preemptions": self.num_preemptions,
+            "num_steps": self.num_steps,
+            "slot_utilization": self.slot_utilization,
+            "padded_slot_steps": self.padded_slot_steps,
+            "mean_batch_size": self.mean_batch_size,
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits,
+            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
         }
         for name, dist in self.distributions().items():
             out[f"mean_{name}_ms"] = dist.mean
@@ -181,8 +194,13 @@ class Summary:
 
     def distributions(self) -> dict[str, Distribution]:
         """The latency distributions by short name: ttft, tpot, itl, e2el, queue."""
-        return {"ttft": self.ttft_ms, "tpot": self.tpot_ms, "itl": self.itl_ms,
-                "e2el": self.e2el_ms, "queue": self.queue_ms}
+        return {
+            "ttft": self.ttft_ms,
+            "tpot": self.tpot_ms,
+            "itl": self.itl_ms,
+            "e2el": self.e2el_ms,
+            "queue": self.queue_ms,
+        }
 
 
 def _is_rejected(record: RequestRecord) -> bool:
@@ -254,8 +272,7 @@ def summarize(trace: Trace, slo: str | Iterable[str] | Mapping[str, float] | Non
         tpot_ms=_ms(t for t in map(_tpot, done) if t is not None),
         itl_ms=Distribution(_token_gaps(done) * 1000.0),
         e2el_ms=_ms(r.finish_time - r.arrival_time for r in done),
-        queue_ms=_ms(r.first_scheduled_time - r.arrival_time
-                     for r in done if r.first_scheduled_time is not None),
+        queue_ms=_ms(r.first_scheduled_time - r.arrival_time for r in done if r.first_scheduled_time is not None),
         num_preemptions=sum(r.num_preemptions for r in trace.requests),
         num_steps=len(trace.steps),
         slot_utilization=active / slots_held if slots_held else math.nan,
@@ -298,14 +315,20 @@ def format_summary(summary: Summary) -> str:
     if s.slo is not None:
         limits = ", ".join(f"{name} <= {limit:g} ms" for name, limit in s.slo.items())
         share = s.num_good / s.num_requests
-        lines.append(f"goodput      {_number(s.goodput, 2)} req/s under {limits} "
-                     f"({s.num_good} of {s.num_requests} requests, {share:.0%})")
+        lines.append(
+            f"goodput      {_number(s.goodput, 2)} req/s under {limits} "
+            f"({s.num_good} of {s.num_requests} requests, {share:.0%})"
+        )
     if s.num_steps:
-        lines.append(f"batching     {s.num_steps} steps, slot utilisation {s.slot_utilization:.1%}, "
-                     f"{s.padded_slot_steps:,} padded slot-steps, mean batch {_number(s.mean_batch_size)}")
+        lines.append(
+            f"batching     {s.num_steps} steps, slot utilisation {s.slot_utilization:.1%}, "
+            f"{s.padded_slot_steps:,} padded slot-steps, mean batch {_number(s.mean_batch_size)}"
+        )
     if s.prefix_cache_queries:
-        lines.append(f"prefix cache {s.prefix_cache_hit_rate:.1%} hit rate: {s.prefix_cache_hits:,} of "
-                     f"{s.prefix_cache_queries:,} prompt tokens found cached")
+        lines.append(
+            f"prefix cache {s.prefix_cache_hit_rate:.1%} hit rate: {s.prefix_cache_hits:,} of "
+            f"{s.prefix_cache_queries:,} prompt tokens found cached"
+        )
     header = f"{'latency (ms)':<14}{'mean':>10}{'median':>10}{'p90':>10}{'p99':>10}{'std':>10}{'n':>8}"
     lines += ["", header, "-" * len(header)]
     names = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency", "queue": "queueing"}

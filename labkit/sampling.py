@@ -22,12 +22,15 @@ def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -
     return generator
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> torch.Tensor:
     """One token per row of ``logits`` [N, V], each row with its own params and generator."""
     if not (len(params) == len(generators) == logits.shape[0]):
-        raise ValueError(f"{logits.shape[0]} rows of logits need as many params and generators, "
-                         f"got {len(params)} and {len(generators)}")
+        raise ValueError(
+            f"{logits.shape[0]} rows of logits need as many params and generators, "
+            f"got {len(params)} and {len(generators)}"
+        )
     chosen = logits.argmax(dim=-1)
     for row, (p, generator) in enumerate(zip(params, generators)):
         if not p.greedy:
@@ -42,7 +45,7 @@ def filtered_probabilities(logits: torch.Tensor, p: SamplingParams) -> torch.Ten
     sorted_probs, order = probs.sort(descending=True)
     keep = torch.ones_like(sorted_probs, dtype=torch.bool)
     if p.top_k:
-        keep[p.top_k:] = False
+        keep[p.top_k :] = False
     if p.top_p < 1.0:
         mass_before = sorted_probs.cumsum(0) - sorted_probs
         keep &= mass_before < p.top_p  # the token that crosses top_p is still kept

@@ -8,8 +8,8 @@ from labkit.kv.block_allocator import BlockAllocator, OutOfBlocksError
 def test_tables_grow_one_block_per_block_size_tokens():
     blocks = BlockAllocator(num_blocks=8, block_size=4)
     assert blocks.allocate("a", 1) == blocks.block_table("a") and len(blocks.block_table("a")) == 1
-    assert len(blocks.allocate("a", 4)) == 1          # still fits in the first block
-    assert len(blocks.allocate("a", 5)) == 2          # the fifth token opens a second block
+    assert len(blocks.allocate("a", 4)) == 1  # still fits in the first block
+    assert len(blocks.allocate("a", 5)) == 2  # the fifth token opens a second block
     assert blocks.num_new_blocks("a", 12) == 1
     assert blocks.num_used_blocks == 2 and blocks.num_free_blocks == 6 and blocks.usage == 0.25
 

@@ -4,8 +4,15 @@ from dataclasses import replace
 
 import pytest
 
-from labkit.capacity import (FRIENDS_EXAMPLE, FRIENDS_GPU, LESSON_LLAMA_8B, SALE_EXAMPLE, SALE_GPU,
-                             conversations_that_fit, plan)
+from labkit.capacity import (
+    FRIENDS_EXAMPLE,
+    FRIENDS_GPU,
+    LESSON_LLAMA_8B,
+    SALE_EXAMPLE,
+    SALE_GPU,
+    conversations_that_fit,
+    plan,
+)
 from labkit.cli import main
 from labkit.sim import MODELS, CostModel, Hardware
 
@@ -69,8 +76,9 @@ class TestSeed002Friends:
     def test_four_friends_at_8k_fit_and_ten_do_not(self):
         friends = plan(**FRIENDS_EXAMPLE)
         assert friends.conversations == 4
-        at_2k = conversations_that_fit(FRIENDS_GPU.memory_bytes, FRIENDS_EXAMPLE["memory_fraction"],
-                                       LESSON_LLAMA_8B, 2048)
+        at_2k = conversations_that_fit(
+            FRIENDS_GPU.memory_bytes, FRIENDS_EXAMPLE["memory_fraction"], LESSON_LLAMA_8B, 2048
+        )
         assert at_2k >= 10  # with pages, ten 2K chats fit where four 8K reservations did
 
     def test_one_person_gets_about_60_tokens_per_second(self):

@@ -29,7 +29,9 @@ def test_bad_input_is_one_message_with_its_fix_on_stderr_and_exit_2(capsys):
     assert "Traceback" not in err and "--debug" in err
 
 
-@pytest.mark.parametrize("argv", [["--debug", "plan", "--gpu", "no-such-gpu"], ["plan", "--gpu", "no-such-gpu", "--debug"]])
+@pytest.mark.parametrize(
+    "argv", [["--debug", "plan", "--gpu", "no-such-gpu"], ["plan", "--gpu", "no-such-gpu", "--debug"]]
+)
 def test_debug_shows_the_traceback(argv):
     with pytest.raises(ValueError, match="unknown hardware"):
         main(argv)
@@ -51,8 +53,9 @@ def test_info_json(course_model, capsys):
 
 
 def test_calibrate_json_and_its_input_errors(course_model, tmp_path, capsys):
-    cost = CostModel(bandwidth=10e9, flops=50e9, weight_bytes=5e8, overhead_s=0.002, kv_bytes_per_token=46080,
-                     flops_per_token=2.7e8)
+    cost = CostModel(
+        bandwidth=10e9, flops=50e9, weight_bytes=5e8, overhead_s=0.002, kv_bytes_per_token=46080, flops_per_token=2.7e8
+    )
     path = Calibration("here", "cpu", "SmolLM2", "float32", vars(cost), 40, 3.0).save(tmp_path / "fit.json")
     assert main(["calibrate", "--load", "--path", str(path), "--skip-check", "--json"]) == 0
     out, err = capsys.readouterr()
@@ -65,7 +68,6 @@ def test_calibrate_json_and_its_input_errors(course_model, tmp_path, capsys):
     assert "run `labkit calibrate` on this machine first" in capsys.readouterr().err
 
 
-
 def test_python_m_labkit_cli_and_top_level_help():
     run = [sys.executable, "-m", "labkit.cli"]
     plan = subprocess.run(run + ["plan", "--example", "sale", "--json"], capture_output=True, text=True, timeout=120)
@@ -73,6 +75,8 @@ def test_python_m_labkit_cli_and_top_level_help():
     usage = subprocess.run(run + ["--help"], capture_output=True, text=True, timeout=120)
     for name in ("info", "plan", "bench", "calibrate", "make-labs", "grade", "serve", "loadtest"):
         assert name in usage.stdout
+
+
 def test_bench_json(course_model, capsys):
     argv = ["bench", "--num-prompts", "2", "--max-prompt-tokens", "48", "--max-output-tokens", "3", "--json"]
     assert main(argv) == 0
@@ -80,4 +84,3 @@ def test_bench_json(course_model, capsys):
     results = json.loads(out)
     assert len(results["serving"]) == 5 and all(row["completed"] == 2 for row in results["serving"].values())
     assert "running (a)" in err
-

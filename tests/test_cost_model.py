@@ -63,8 +63,7 @@ def test_zero_rates_are_refused_with_the_fix():
     with pytest.raises(ValueError, match="bandwidth must be positive.*published figure"):
         Hardware("broken", 80e9, 0, 1e12)
     with pytest.raises(ValueError, match="flops must be positive"):
-        CostModel(bandwidth=1e12, flops=0, weight_bytes=1e9, overhead_s=0, kv_bytes_per_token=1,
-                  flops_per_token=2)
+        CostModel(bandwidth=1e12, flops=0, weight_bytes=1e9, overhead_s=0, kv_bytes_per_token=1, flops_per_token=2)
     with pytest.raises(ValueError, match="overhead_s"):
         CostModel.from_parts(PRESETS["h100-sxm"], LLAMA, overhead_s=-1)
     with pytest.raises(ValueError, match="layers must be positive.*config.json"):

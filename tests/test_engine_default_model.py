@@ -39,8 +39,14 @@ def solo_runs(default_model_on_path):
 @pytest.mark.parametrize("policy, budget", [("continuous", None), ("chunked", 64)])
 def test_chat_prompts_match_solo_decoding(default_model_on_path, solo_runs, policy, budget):
     prompts, solos = solo_runs
-    llm = LLM(default_model_on_path, policy=policy, max_num_seqs=8, max_num_batched_tokens=budget,
-              num_blocks=128, max_model_len=512)
+    llm = LLM(
+        default_model_on_path,
+        policy=policy,
+        max_num_seqs=8,
+        max_num_batched_tokens=budget,
+        num_blocks=128,
+        max_model_len=512,
+    )
     outputs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS), use_tqdm=False)
     near_ties = 0
     for output, solo in zip(outputs, solos):

@@ -40,8 +40,9 @@ def model(matmul_path):
 @pytest.fixture(scope="module")
 def workload(model):
     rng = random.Random(7)
-    prompts = [[rng.randrange(2, 256) for _ in range(rng.choice([1, 3, 9, 17, 33, 60, 120]))]
-               for _ in range(NUM_REQUESTS)]
+    prompts = [
+        [rng.randrange(2, 256) for _ in range(rng.choice([1, 3, 9, 17, 33, 60, 120]))] for _ in range(NUM_REQUESTS)
+    ]
     params = [SamplingParams(max_tokens=rng.randrange(1, 25)) for _ in range(NUM_REQUESTS)]
     arrivals = sorted(rng.uniform(0, 0.3) for _ in range(NUM_REQUESTS))
     solos = [solo_greedy(model, p, sp.max_tokens) for p, sp in zip(prompts, params)]
@@ -57,11 +58,14 @@ def check_against_solo(outputs, solos):
     return near_ties
 
 
-@pytest.mark.parametrize("policy, dials", [
-    ("static", dict(max_num_seqs=8)),
-    ("continuous", dict(max_num_seqs=16)),
-    ("chunked", dict(max_num_seqs=16, max_num_batched_tokens=40)),
-])
+@pytest.mark.parametrize(
+    "policy, dials",
+    [
+        ("static", dict(max_num_seqs=8)),
+        ("continuous", dict(max_num_seqs=16)),
+        ("chunked", dict(max_num_seqs=16, max_num_batched_tokens=40)),
+    ],
+)
 def test_every_policy_matches_solo_decoding(model, workload, policy, dials):
     prompts, params, arrivals, solos = workload
     llm = LLM(model, policy=policy, num_blocks=200, **dials)
@@ -70,8 +74,7 @@ def test_every_policy_matches_solo_decoding(model, workload, policy, dials):
     print(f"{policy}: {near_ties} request(s) parted from solo at a near-tie (top-2 gap < 1e-4)")
     assert llm.state.blocks.num_free_blocks == llm.state.blocks.num_blocks, "blocks leaked"
     trace = llm.trace
-    assert all(r.arrival_time <= r.first_scheduled_time <= r.first_token_time <= r.finish_time
-               for r in trace.requests)
+    assert all(r.arrival_time <= r.first_scheduled_time <= r.first_token_time <= r.finish_time for r in trace.requests)
     assert [r.output_len for r in trace.requests] == [len(o.token_ids) for o in outputs]
     assert all(s.slots_held >= s.num_active and s.blocks_used <= s.blocks_total for s in trace.steps)
     assert sum(s.num_prefill_tokens for s in trace.steps) == sum(len(p) for p in prompts)
@@ -134,8 +137,13 @@ def test_step_api_streams_tokens_and_takes_plugged_in_parts(model):
         layers_seen.append(layer)
         return paged_attention(layer, q, k_pool, v_pool, batch)
 
-    llm = LLM(model, policy="chunked", block_allocator=BlockAllocator(10, block_size=8),
-              attention=counting_attention, max_num_batched_tokens=16)
+    llm = LLM(
+        model,
+        policy="chunked",
+        block_allocator=BlockAllocator(10, block_size=8),
+        attention=counting_attention,
+        max_num_batched_tokens=16,
+    )
     assert llm.describe()["num_blocks"] == 10 and llm.describe()["block_size"] == 8
     llm.add_request([7] * 30, SamplingParams(max_tokens=3, ignore_eos=True), request_id="a")
     seen = []
@@ -166,7 +174,8 @@ def test_other_architectures_match_solo_too(architecture):
     prompts = [[rng.randrange(2, 256) for _ in range(rng.randrange(1, 50))] for _ in range(10)]
     params = SamplingParams(max_tokens=12)
     outputs = LLM(model, policy="chunked", num_blocks=40, max_num_batched_tokens=32).generate(
-        prompts, params, use_tqdm=False)
+        prompts, params, use_tqdm=False
+    )
     for output, prompt in zip(outputs, prompts):
         problem = compare_to_solo(output.token_ids, solo_greedy(model, prompt, params.max_tokens))
         assert problem is None, f"{architecture} request {output.request_id}: {problem}"

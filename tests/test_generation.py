@@ -23,17 +23,20 @@ def test_greedy_equals_hf_generate(default_model_on_path, question):
     ids = encode_prompt(model.tokenizer, [{"role": "user", "content": question}])
     ours = generate(model, ids, SamplingParams(max_tokens=24))
     with torch.inference_mode():
-        out = model.hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
-                                eos_token_id=list(model.config.eos_token_ids),
-                                pad_token_id=model.config.eos_token_ids[0])
-    assert ours == out[0, len(ids):].tolist()
+        out = model.hf.generate(
+            torch.tensor([ids]),
+            max_new_tokens=24,
+            do_sample=False,
+            eos_token_id=list(model.config.eos_token_ids),
+            pad_token_id=model.config.eos_token_ids[0],
+        )
+    assert ours == out[0, len(ids) :].tolist()
 
 
 def test_chat_uses_the_models_template_and_streams(default_model):
     text = chat(default_model, "What is the capital of France?", SamplingParams(max_tokens=12))
     assert "Paris" in text
-    pieces = list(chat(default_model, "What is the capital of France?", SamplingParams(max_tokens=12),
-                       stream=True))
+    pieces = list(chat(default_model, "What is the capital of France?", SamplingParams(max_tokens=12), stream=True))
     assert len(pieces) > 1 and "".join(pieces).strip() == text.strip()
 
 
@@ -42,9 +45,8 @@ def test_stops_at_eos_and_max_tokens():
     free = generate(model, [3, 4, 5], SamplingParams(max_tokens=40, ignore_eos=True))
     assert len(free) == 40
     stop_at = free[7]
-    stopped = generate(model, [3, 4, 5], SamplingParams(max_tokens=40, ignore_eos=True,
-                                                        stop_token_ids=(stop_at,)))
-    assert stopped == free[:free.index(stop_at) + 1]
+    stopped = generate(model, [3, 4, 5], SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=(stop_at,)))
+    assert stopped == free[: free.index(stop_at) + 1]
 
 
 def test_sampling_is_reproducible_with_a_seed():
@@ -66,10 +68,15 @@ def test_top_k_and_top_p_keep_only_the_head_of_the_distribution():
     assert draws == {0, 1}
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(max_tokens=0), "max_tokens"), (dict(temperature=-1), "temperature"),
-    (dict(top_p=0), "top_p"), (dict(top_k=-2), "top_k"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(temperature=-1), "temperature"),
+        (dict(top_p=0), "top_p"),
+        (dict(top_k=-2), "top_k"),
+    ],
+)
 def test_bad_sampling_params_are_named(bad, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**bad)

@@ -63,13 +63,20 @@ def assert_passes(result) -> None:
 # --- every solution passes, and a blank says "not done" ------------------------------------
 
 
-@pytest.mark.parametrize("lab, exercises", [
-    pytest.param("lab1", ["causal_mask", "attention", "prefill", "generate_without_cache"], marks=pytest.mark.lab1),
-    pytest.param("lab2", ["kv_cache", "generate_with_cache", "kv_bytes_per_token", "conversations_that_fit"],
-                 marks=pytest.mark.lab2),
-    pytest.param("lab3", ["left_pad", "padded_causal_mask", "generate_static_batch", "padding_waste"],
-                 marks=pytest.mark.lab3),
-])
+@pytest.mark.parametrize(
+    "lab, exercises",
+    [
+        pytest.param("lab1", ["causal_mask", "attention", "prefill", "generate_without_cache"], marks=pytest.mark.lab1),
+        pytest.param(
+            "lab2",
+            ["kv_cache", "generate_with_cache", "kv_bytes_per_token", "conversations_that_fit"],
+            marks=pytest.mark.lab2,
+        ),
+        pytest.param(
+            "lab3", ["left_pad", "padded_causal_mask", "generate_static_batch", "padding_waste"], marks=pytest.mark.lab3
+        ),
+    ],
+)
 def test_solutions_pass(lab, exercises, request):
     namespace = request.getfixturevalue(lab)
     for name in exercises:
@@ -92,8 +99,11 @@ def test_a_blank_exercise_reads_not_done(lab1):
 @pytest.mark.lab1
 def test_mask_of_the_future_and_mask_without_diagonal_are_named():
     assert_fails(evaluate("lab1.causal_mask", lambda n: torch.triu(torch.ones(n, n, dtype=torch.bool))), "j <= i")
-    assert_fails(evaluate("lab1.causal_mask", lambda n: torch.tril(torch.ones(n, n, dtype=torch.bool), -1)),
-                 "diagonal", "look at itself")
+    assert_fails(
+        evaluate("lab1.causal_mask", lambda n: torch.tril(torch.ones(n, n, dtype=torch.bool), -1)),
+        "diagonal",
+        "look at itself",
+    )
 
 
 @pytest.mark.lab1
@@ -120,18 +130,23 @@ def test_prefill_mistakes_are_named(lab1):
     def not_causal(model, prompt):
         n = len(prompt)
         everything = torch.ones(n, n, dtype=torch.bool)
-        return model.forward(torch.tensor(prompt), torch.arange(n), lambda layer, q, k, v: attention(q, k, v, everything))
+        return model.forward(
+            torch.tensor(prompt), torch.arange(n), lambda layer, q, k, v: attention(q, k, v, everything)
+        )
 
     def positions_from_one(model, prompt):
         n = len(prompt)
         mask = lab1["causal_mask"](n)
-        return model.forward(torch.tensor(prompt), torch.arange(1, n + 1), lambda layer, q, k, v: attention(q, k, v, mask))
+        return model.forward(
+            torch.tensor(prompt), torch.arange(1, n + 1), lambda layer, q, k, v: attention(q, k, v, mask)
+        )
 
     def heads_first(model, prompt):
         n = len(prompt)
         mask = lab1["causal_mask"](n)
-        return model.forward(torch.tensor(prompt), torch.arange(n),
-                             lambda layer, q, k, v: attention(q, k, v, mask).transpose(0, 1))
+        return model.forward(
+            torch.tensor(prompt), torch.arange(n), lambda layer, q, k, v: attention(q, k, v, mask).transpose(0, 1)
+        )
 
     assert_fails(evaluate("lab1.prefill", not_causal), "layer 0", "not causal")
     assert_fails(evaluate("lab1.prefill", positions_from_one), "position expected 0, got 1", "off by +1")
@@ -153,7 +168,7 @@ def test_decoding_without_cache_mistakes_are_named(lab1):
         sequence = list(prompt)
         for _ in range(steps):
             sequence.append(int(prefill(model, sequence)[0].argmax()))
-        return sequence[len(prompt):]
+        return sequence[len(prompt) :]
 
     assert_fails(evaluate("lab1.generate_without_cache", only_new_token), "step 1", "whole sequence")
     assert_fails(evaluate("lab1.generate_without_cache", first_row), "last row")
@@ -164,10 +179,12 @@ def test_decoding_without_cache_mistakes_are_named(lab1):
 
 def _forgetful_cache(lab2):
     """A KVCache whose append keeps only the newest pass: the cache is never appended to."""
+
     class Forgetful(lab2["KVCache"]):
         def append(self, layer, k, v):
             self.keys[layer], self.values[layer] = k, v
             return k, v
+
     return Forgetful
 
 
@@ -182,8 +199,13 @@ def test_cache_not_appended_and_not_causal_are_named(lab2):
     assert_fails(evaluate("lab2.kv_cache", NotCausal), "pass 0, layer 0", "not causal")
 
 
-def _cached_generate(cache_class, position_shift: int = 0, feed_everything: bool = False, extra_pass: bool = False,
-                     with_prompt: bool = False):
+def _cached_generate(
+    cache_class,
+    position_shift: int = 0,
+    feed_everything: bool = False,
+    extra_pass: bool = False,
+    with_prompt: bool = False,
+):
     def generate(model, prompt, steps):
         cache = cache_class(model.config.num_layers)
         logits = model.forward(torch.tensor(prompt), torch.arange(len(prompt)), cache.attend)
@@ -201,6 +223,7 @@ def _cached_generate(cache_class, position_shift: int = 0, feed_everything: bool
             else:
                 position = torch.tensor([cache.length + position_shift])
                 logits = model.forward(torch.tensor(tokens[-1:]), position, cache.attend)
+
     return generate
 
 
@@ -212,8 +235,9 @@ def _generate_verdict(cache_class, **mistake):
 @pytest.mark.lab2
 def test_decoding_with_cache_mistakes_are_named(lab2):
     assert_passes(_generate_verdict(lab2["KVCache"]))
-    assert_fails(_generate_verdict(lab2["KVCache"], position_shift=1),
-                 "step 1", "off by +1", "number of tokens already cached")
+    assert_fails(
+        _generate_verdict(lab2["KVCache"], position_shift=1), "step 1", "off by +1", "number of tokens already cached"
+    )
     assert_fails(_generate_verdict(lab2["KVCache"], feed_everything=True), "step 1", "only the newest")
 
 
@@ -233,8 +257,11 @@ def test_returning_the_prompt_too_is_named_not_blamed_on_feeding_back(lab2):
 
 @pytest.mark.lab2
 def test_a_wasted_forward_pass_fails_one_token_per_pass(lab2):
-    assert_fails(_generate_verdict(lab2["KVCache"], extra_pass=True), "4 forward passes for 3 new tokens",
-                 "needs no pass after it")
+    assert_fails(
+        _generate_verdict(lab2["KVCache"], extra_pass=True),
+        "4 forward passes for 3 new tokens",
+        "needs no pass after it",
+    )
 
 
 @pytest.mark.lab2
@@ -281,9 +308,9 @@ def _right_pad(prompts, pad_id):
     is_real = torch.zeros(len(prompts), width, dtype=torch.bool)
     positions = torch.zeros(len(prompts), width, dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        ids[row, :len(prompt)] = torch.tensor(prompt)
-        is_real[row, :len(prompt)] = True
-        positions[row, :len(prompt)] = torch.arange(len(prompt))
+        ids[row, : len(prompt)] = torch.tensor(prompt)
+        is_real[row, : len(prompt)] = True
+        positions[row, : len(prompt)] = torch.arange(len(prompt))
     return ids, is_real, positions
 
 
@@ -321,7 +348,8 @@ def test_static_batch_mistakes_are_named(lab3):
         assert_fails(evaluate("lab3.generate_static_batch", generate), "right padding")
         lab3["left_pad"] = original_pad
         lab3["padded_causal_mask"] = lambda key_is_real, n: labkit_causal_mask(n, key_is_real.shape[1])[None].expand(
-            key_is_real.shape[0], -1, -1)
+            key_is_real.shape[0], -1, -1
+        )
         assert_fails(evaluate("lab3.generate_static_batch", generate), "pads leak")
     finally:
         lab3["left_pad"], lab3["padded_causal_mask"] = original_pad, original_mask

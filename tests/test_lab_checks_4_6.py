@@ -13,16 +13,23 @@ from labkit.grading import evaluate
 from labkit.grading.result import FAIL, NOT_DONE, PASS
 
 SOURCES = Path(__file__).resolve().parents[1] / "labs" / "source"
-NOTEBOOKS = {"lab4": "lab4_continuous_batching.ipynb", "lab5": "lab5_paged_attention.ipynb",
-             "lab6": "lab6_chunked_prefill.ipynb"}
+NOTEBOOKS = {
+    "lab4": "lab4_continuous_batching.ipynb",
+    "lab5": "lab5_paged_attention.ipynb",
+    "lab6": "lab6_chunked_prefill.ipynb",
+}
 
 
 def exercise_code(lab: str, name: str) -> tuple[str, str]:
     """The lab's import cell and the solved exercise cell that defines ``name``."""
     cells = nbformat.read(SOURCES / NOTEBOOKS[lab], as_version=4).cells
     imports = next(c.source for c in cells if c.cell_type == "code")
-    code = next(c.source for c in cells if any(t.startswith("exercise:") for t in c.metadata.get("tags", []))
-                and (f"def {name}(" in c.source or f"class {name}:" in c.source))
+    code = next(
+        c.source
+        for c in cells
+        if any(t.startswith("exercise:") for t in c.metadata.get("tags", []))
+        and (f"def {name}(" in c.source or f"class {name}:" in c.source)
+    )
     return imports, code
 
 
@@ -46,56 +53,140 @@ def verdict(exercise_id: str, name: str, *edits: tuple[str, str]):
 CASES = [
     # (exercise, learner name, edits, expected status, words the message must contain)
     ("lab4.continuous_schedule", "continuous_schedule", (), PASS, "PASS"),
-    ("lab4.continuous_schedule", "continuous_schedule",
-     (("while state.waiting and len(state.running) < state.max_num_seqs:", "while state.waiting:"),),
-     FAIL, "but max_num_seqs is 4"),
-    ("lab4.continuous_schedule", "continuous_schedule",
-     (("    if output.preempted:\n", "    if output.preempted or state.running:\n"),), FAIL, "slots were in use while"),
-    ("lab4.continuous_schedule", "continuous_schedule",
-     (("if num_new > budget or not state.blocks.can_allocate(head.request_id, num_new):", "if num_new > budget:"),),
-     FAIL, "the run stopped: OutOfBlocksError"),
+    (
+        "lab4.continuous_schedule",
+        "continuous_schedule",
+        (("while state.waiting and len(state.running) < state.max_num_seqs:", "while state.waiting:"),),
+        FAIL,
+        "but max_num_seqs is 4",
+    ),
+    (
+        "lab4.continuous_schedule",
+        "continuous_schedule",
+        (("    if output.preempted:\n", "    if output.preempted or state.running:\n"),),
+        FAIL,
+        "slots were in use while",
+    ),
+    (
+        "lab4.continuous_schedule",
+        "continuous_schedule",
+        (("if num_new > budget or not state.blocks.can_allocate(head.request_id, num_new):", "if num_new > budget:"),),
+        FAIL,
+        "the run stopped: OutOfBlocksError",
+    ),
     ("lab4.ten_replies", "continuous_schedule", (), PASS, "PASS"),
-    ("lab4.ten_replies", "continuous_schedule",
-     (("    if output.preempted:\n", "    if output.preempted or state.running:\n"),), FAIL, "static batching takes 84"),
+    (
+        "lab4.ten_replies",
+        "continuous_schedule",
+        (("    if output.preempted:\n", "    if output.preempted or state.running:\n"),),
+        FAIL,
+        "static batching takes 84",
+    ),
     ("lab5.block_allocator", "PagedBlockAllocator", (), PASS, "PASS"),
-    ("lab5.block_allocator", "PagedBlockAllocator",
-     (("self.free_blocks.extend(self.tables.pop(seq_id, []))", "self.tables.pop(seq_id, [])"),), FAIL, " missing)"),
-    ("lab5.block_allocator", "PagedBlockAllocator",
-     (("for _ in range(needed):", "for _ in range(math.ceil(num_tokens / self.block_size)):"),), FAIL,
-     "blocks, expected"),
-    ("lab5.block_allocator", "PagedBlockAllocator",
-     (("table.append(self.free_blocks.popleft())", "table.append(self.free_blocks[0])"),), FAIL, "owned by both"),
+    (
+        "lab5.block_allocator",
+        "PagedBlockAllocator",
+        (("self.free_blocks.extend(self.tables.pop(seq_id, []))", "self.tables.pop(seq_id, [])"),),
+        FAIL,
+        " missing)",
+    ),
+    (
+        "lab5.block_allocator",
+        "PagedBlockAllocator",
+        (("for _ in range(needed):", "for _ in range(math.ceil(num_tokens / self.block_size)):"),),
+        FAIL,
+        "blocks, expected",
+    ),
+    (
+        "lab5.block_allocator",
+        "PagedBlockAllocator",
+        (("table.append(self.free_blocks.popleft())", "table.append(self.free_blocks[0])"),),
+        FAIL,
+        "owned by both",
+    ),
     ("lab5.slot_mapping", "slot_mapping", (), PASS, "PASS"),
     ("lab5.slot_mapping", "slot_mapping", (("+ pos % block_size", "+ pos % block_size + 1"),), FAIL, "off by one"),
-    ("lab5.slot_mapping", "slot_mapping", (("range(start, end)", "range(start, end + 1)"),), FAIL,
-     "range(start, end) stops before end"),
-    ("lab5.slot_mapping", "slot_mapping",
-     (("block_table[pos // block_size] * block_size + pos % block_size", "pos"),), FAIL, "positions themselves"),
+    (
+        "lab5.slot_mapping",
+        "slot_mapping",
+        (("range(start, end)", "range(start, end + 1)"),),
+        FAIL,
+        "range(start, end) stops before end",
+    ),
+    (
+        "lab5.slot_mapping",
+        "slot_mapping",
+        (("block_table[pos // block_size] * block_size + pos % block_size", "pos"),),
+        FAIL,
+        "positions themselves",
+    ),
     ("lab5.paged_attention", "paged_attention", (), PASS, "PASS"),
-    ("lab5.paged_attention", "paged_attention",
-     (("torch.tensor(block_table,", "torch.tensor(sorted(block_table),"),), FAIL, "sorted order"),
-    ("lab5.paged_attention", "paged_attention",
-     (("[:context_len]", ""), ("causal_mask(q.shape[0], context_len, q.device)", "None")), FAIL, "unused slots"),
-    ("lab5.paged_attention", "paged_attention",
-     (("causal_mask(q.shape[0], context_len, q.device)", "None"),), FAIL, "not masked causally"),
-    ("lab5.paged_attention", "paged_attention", (("[:context_len]", ""),), FAIL,
-     "cut keys and values to context_len"),
+    (
+        "lab5.paged_attention",
+        "paged_attention",
+        (("torch.tensor(block_table,", "torch.tensor(sorted(block_table),"),),
+        FAIL,
+        "sorted order",
+    ),
+    (
+        "lab5.paged_attention",
+        "paged_attention",
+        (("[:context_len]", ""), ("causal_mask(q.shape[0], context_len, q.device)", "None")),
+        FAIL,
+        "unused slots",
+    ),
+    (
+        "lab5.paged_attention",
+        "paged_attention",
+        (("causal_mask(q.shape[0], context_len, q.device)", "None"),),
+        FAIL,
+        "not masked causally",
+    ),
+    ("lab5.paged_attention", "paged_attention", (("[:context_len]", ""),), FAIL, "cut keys and values to context_len"),
     ("lab6.chunked_schedule", "chunked_schedule", (), PASS, "PASS"),
-    ("lab6.chunked_schedule", "chunked_schedule",
-     (("num_new = min(request.num_missing_tokens, budget)", "num_new = request.num_missing_tokens"),
-      ("num_new = min(head.num_missing_tokens, budget)", "num_new = head.num_missing_tokens")), FAIL, "over the budget"),
-    ("lab6.chunked_schedule", "chunked_schedule", (("decoding + prompts", "prompts + decoding"),), FAIL,
-     "were decoding but got no token"),
-    ("lab6.chunked_schedule", "chunked_schedule",
-     (("        if not state.blocks.can_allocate(head.request_id, num_new):",
-       "        if num_new < head.num_missing_tokens or not state.blocks.can_allocate(head.request_id, num_new):"),),
-     FAIL, "a chunk of its prompt had blocks and budget"),
+    (
+        "lab6.chunked_schedule",
+        "chunked_schedule",
+        (
+            ("num_new = min(request.num_missing_tokens, budget)", "num_new = request.num_missing_tokens"),
+            ("num_new = min(head.num_missing_tokens, budget)", "num_new = head.num_missing_tokens"),
+        ),
+        FAIL,
+        "over the budget",
+    ),
+    (
+        "lab6.chunked_schedule",
+        "chunked_schedule",
+        (("decoding + prompts", "prompts + decoding"),),
+        FAIL,
+        "were decoding but got no token",
+    ),
+    (
+        "lab6.chunked_schedule",
+        "chunked_schedule",
+        (
+            (
+                "        if not state.blocks.can_allocate(head.request_id, num_new):",
+                "        if num_new < head.num_missing_tokens or not state.blocks.can_allocate(head.request_id, num_new):",
+            ),
+        ),
+        FAIL,
+        "a chunk of its prompt had blocks and budget",
+    ),
 ]
 
 
-@pytest.mark.parametrize("exercise_id, name, edits, status, words", [
-    pytest.param(*case, marks=getattr(pytest.mark, case[0].split(".")[0]),
-                 id=f"{case[0]}-{'solved' if not case[2] else case[4][:24]}") for case in CASES])
+@pytest.mark.parametrize(
+    "exercise_id, name, edits, status, words",
+    [
+        pytest.param(
+            *case,
+            marks=getattr(pytest.mark, case[0].split(".")[0]),
+            id=f"{case[0]}-{'solved' if not case[2] else case[4][:24]}",
+        )
+        for case in CASES
+    ],
+)
 def test_check_verdict(exercise_id, name, edits, status, words):
     result = verdict(exercise_id, name, *edits)
     assert result.status == status, result.message
@@ -103,10 +194,13 @@ def test_check_verdict(exercise_id, name, edits, status, words):
 
 
 @pytest.mark.lab5
-@pytest.mark.parametrize("exercise_id, name, old, new, error", [
-    ("lab5.slot_mapping", "slot_mapping", "range(start, end)", "range(start, end + 1)", "IndexError"),
-    ("lab5.paged_attention", "paged_attention", "[:context_len]", "", "RuntimeError"),
-])
+@pytest.mark.parametrize(
+    "exercise_id, name, old, new, error",
+    [
+        ("lab5.slot_mapping", "slot_mapping", "range(start, end)", "range(start, end + 1)", "IndexError"),
+        ("lab5.paged_attention", "paged_attention", "[:context_len]", "", "RuntimeError"),
+    ],
+)
 def test_an_exception_in_the_learners_code_names_their_function_and_line(exercise_id, name, old, new, error):
     result = verdict(exercise_id, name, (old, new))
     assert result.status == FAIL, result.message

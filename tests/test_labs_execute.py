@@ -16,9 +16,14 @@ import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
-LABS = {"lab1": "lab1_prefill_decode.ipynb", "lab2": "lab2_kv_cache.ipynb", "lab3": "lab3_static_batching.ipynb",
-        "lab4": "lab4_continuous_batching.ipynb", "lab5": "lab5_paged_attention.ipynb",
-        "lab6": "lab6_chunked_prefill.ipynb"}
+LABS = {
+    "lab1": "lab1_prefill_decode.ipynb",
+    "lab2": "lab2_kv_cache.ipynb",
+    "lab3": "lab3_static_batching.ipynb",
+    "lab4": "lab4_continuous_batching.ipynb",
+    "lab5": "lab5_paged_attention.ipynb",
+    "lab6": "lab6_chunked_prefill.ipynb",
+}
 CELL_TIMEOUT_S = 600
 EACH_LAB = [pytest.param(name, marks=getattr(pytest.mark, lab), id=lab) for lab, name in LABS.items()]
 
@@ -38,14 +43,16 @@ def kernel_environment(monkeypatch):
 def execute(path: Path) -> nbformat.NotebookNode:
     """Run every cell of the notebook in a fresh kernel started in labs/."""
     notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "labs")}}).execute()
+    NotebookClient(
+        notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "labs")}}
+    ).execute()
     return notebook
 
 
 def outputs(cell) -> str:
-    return "".join(output.get("data", {}).get("text/plain", "") or output.get("text", "")
-                   for output in cell.get("outputs", []))
+    return "".join(
+        output.get("data", {}).get("text/plain", "") or output.get("text", "") for output in cell.get("outputs", [])
+    )
 
 
 def check_verdicts(notebook: nbformat.NotebookNode) -> dict[str, str]:
@@ -62,8 +69,13 @@ def check_verdicts(notebook: nbformat.NotebookNode) -> dict[str, str]:
 
 
 def errors(notebook: nbformat.NotebookNode) -> list[str]:
-    return [f"{output.ename}: {output.evalue}" for cell in notebook.cells if cell.cell_type == "code"
-            for output in cell.get("outputs", []) if output.output_type == "error"]
+    return [
+        f"{output.ename}: {output.evalue}"
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.get("outputs", [])
+        if output.output_type == "error"
+    ]
 
 
 @pytest.mark.parametrize("name", EACH_LAB)

@@ -16,9 +16,20 @@ import pytest
 import labkit
 
 PACKAGE = Path(labkit.__file__).parent
-PLAIN_PYTHON = ["labkit.engine.scheduler", "labkit.engine.core", "labkit.kv.block_allocator", "labkit.sim",
-                "labkit.sim.cost_model", "labkit.sim.simulator", "labkit.sim.calibrate", "labkit.capacity",
-                "labkit.metrics", "labkit.workloads", "labkit.trace", "labkit.sampling_params"]
+PLAIN_PYTHON = [
+    "labkit.engine.scheduler",
+    "labkit.engine.core",
+    "labkit.kv.block_allocator",
+    "labkit.sim",
+    "labkit.sim.cost_model",
+    "labkit.sim.simulator",
+    "labkit.sim.calibrate",
+    "labkit.capacity",
+    "labkit.metrics",
+    "labkit.workloads",
+    "labkit.trace",
+    "labkit.sampling_params",
+]
 
 
 def modules_loaded_by(code: str) -> set[str]:
@@ -48,9 +59,11 @@ def test_the_model_code_loads_nothing_of_engine_sim_or_grading():
 
 @pytest.mark.parametrize("argv", [["plan", "--example", "sale"], ["plan", "--help"], ["--help"]])
 def test_labkit_plan_and_help_answer_without_torch(argv):
-    loaded = modules_loaded_by("import contextlib, io\nfrom labkit.cli import main\n"
-                               f"with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
-                               f"    main({argv!r})")
+    loaded = modules_loaded_by(
+        "import contextlib, io\nfrom labkit.cli import main\n"
+        f"with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        f"    main({argv!r})"
+    )
     assert "labkit.cli" in loaded and not of("torch", loaded)
 
 

@@ -12,8 +12,16 @@ from labkit.trace import RequestRecord, StepRecord, Trace
 def record(rid, arrival, tokens, finish=None, scheduled=None, prompt_len=10, reason="stop", preemptions=0):
     """A finished request; it finishes with its last token unless ``finish`` says otherwise."""
     finish = tokens[-1] if finish is None else finish
-    return RequestRecord(rid, arrival, prompt_len, first_scheduled_time=scheduled, token_times=list(tokens),
-                         finish_time=finish, num_preemptions=preemptions, finish_reason=reason)
+    return RequestRecord(
+        rid,
+        arrival,
+        prompt_len,
+        first_scheduled_time=scheduled,
+        token_times=list(tokens),
+        finish_time=finish,
+        num_preemptions=preemptions,
+        finish_reason=reason,
+    )
 
 
 def step(index, active, slots_held, start=0.0, end=0.1):
@@ -25,11 +33,14 @@ def trace():
     # a: arrives 0, scheduled 0.1, tokens at 0.5, 0.7, 1.0, 1.2 -> TTFT 0.5, TPOT (1.2-0.5)/3, ITL .2 .3 .2
     # b: arrives 1, scheduled 1.0, tokens at 1.5, 2.0            -> TTFT 0.5, TPOT 0.5, ITL .5
     # c: arrives 2, scheduled 2.5, one token at 4.0               -> TTFT 2.0, no TPOT, no ITL
-    return Trace(requests=[
-        record("a", 0.0, [0.5, 0.7, 1.0, 1.2], scheduled=0.1, prompt_len=10),
-        record("b", 1.0, [1.5, 2.0], scheduled=1.0, prompt_len=20, preemptions=2),
-        record("c", 2.0, [4.0], scheduled=2.5, prompt_len=30),
-    ], steps=[step(0, 2, 4), step(1, 3, 4), step(2, 1, 4)])
+    return Trace(
+        requests=[
+            record("a", 0.0, [0.5, 0.7, 1.0, 1.2], scheduled=0.1, prompt_len=10),
+            record("b", 1.0, [1.5, 2.0], scheduled=1.0, prompt_len=20, preemptions=2),
+            record("c", 2.0, [4.0], scheduled=2.5, prompt_len=30),
+        ],
+        steps=[step(0, 2, 4), step(1, 3, 4), step(2, 1, 4)],
+    )
 
 
 def test_latencies_match_vllm_definitions(trace):
@@ -49,7 +60,7 @@ def test_percentiles_are_numpy_linear_and_std_is_population(trace):
     assert ttft.median == pytest.approx(500)
     assert ttft.p90 == pytest.approx(500 + 0.8 * 1500)  # rank 1.8 between 500 and 2000
     assert ttft.p99 == pytest.approx(500 + 0.98 * 1500)
-    assert ttft.std == pytest.approx(np.sqrt(((500 - 1000) ** 2 * 2 + 1000 ** 2) / 3))
+    assert ttft.std == pytest.approx(np.sqrt(((500 - 1000) ** 2 * 2 + 1000**2) / 3))
 
 
 def test_throughput_over_first_arrival_to_last_finish(trace):
@@ -114,15 +125,18 @@ def test_empty_trace_is_a_clear_error():
         summarize(Trace())
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("ttft=500", "no ':'"),
-    ("latency:500", "unknown SLO metric"),
-    ("ttft:fast", "not a number"),
-    ("ttft:-5", "positive"),
-    ("ttft:0", "positive"),
-    ("ttft:500 ttft:400", "twice"),
-    ("", "empty"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("ttft=500", "no ':'"),
+        ("latency:500", "unknown SLO metric"),
+        ("ttft:fast", "not a number"),
+        ("ttft:-5", "positive"),
+        ("ttft:0", "positive"),
+        ("ttft:500 ttft:400", "twice"),
+        ("", "empty"),
+    ],
+)
 def test_bad_slo_strings_are_clear_errors(bad, message):
     with pytest.raises(ValueError, match=message):
         parse_slo(bad)

@@ -22,15 +22,21 @@ def run_step(seqs, num_blocks=32, device="cpu"):
     for round_ in range(1, 20):
         for name, cached, new in seqs:
             blocks.allocate(name, min(cached + new, round_ * BLOCK))
-    history = {name: (torch.randn(cached + new, KV_HEADS, DIM, device=device),
-                      torch.randn(cached + new, KV_HEADS, DIM, device=device)) for name, cached, new in seqs}
+    history = {
+        name: (
+            torch.randn(cached + new, KV_HEADS, DIM, device=device),
+            torch.randn(cached + new, KV_HEADS, DIM, device=device),
+        )
+        for name, cached, new in seqs
+    }
     ordered = sorted(seqs, key=lambda s: s[2] != 1)
     slices, start, queries, ks, vs = [], 0, [], [], []
     for name, cached, new in ordered:
         k, v = history[name]
         if cached:  # earlier steps wrote these
-            prior = PagedBatch.build([SequenceSlice(0, cached, cached, blocks.block_table(name))], BLOCK,
-                                     torch.device(device), torch.float32)
+            prior = PagedBatch.build(
+                [SequenceSlice(0, cached, cached, blocks.block_table(name))], BLOCK, torch.device(device), torch.float32
+            )
             cache.write(0, k[:cached], v[:cached], prior.slot_mapping)
         slices.append(SequenceSlice(start, new, cached + new, blocks.block_table(name)))
         start += new
@@ -46,13 +52,16 @@ def run_step(seqs, num_blocks=32, device="cpu"):
     return out, torch.cat(expected)
 
 
-@pytest.mark.parametrize("seqs", [
-    [("a", 0, 1)],                                         # a one-token prompt
-    [("a", 5, 1), ("b", 16, 1), ("c", 0, 1), ("d", 30, 1)],  # decodes of different lengths
-    [("a", 0, 9)],                                         # a fresh prompt
-    [("a", 7, 6)],                                         # a prompt chunk after earlier chunks
-    [("p", 0, 13), ("d1", 9, 1), ("c", 8, 5), ("d2", 3, 1)],  # everything mixed
-])
+@pytest.mark.parametrize(
+    "seqs",
+    [
+        [("a", 0, 1)],  # a one-token prompt
+        [("a", 5, 1), ("b", 16, 1), ("c", 0, 1), ("d", 30, 1)],  # decodes of different lengths
+        [("a", 0, 9)],  # a fresh prompt
+        [("a", 7, 6)],  # a prompt chunk after earlier chunks
+        [("p", 0, 13), ("d1", 9, 1), ("c", 8, 5), ("d2", 3, 1)],  # everything mixed
+    ],
+)
 def test_paged_equals_dense(seqs):
     out, expected = run_step(seqs)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
@@ -61,7 +70,7 @@ def test_paged_equals_dense(seqs):
 def test_new_tokens_land_in_their_slots():
     cache = PagedKVCache(2, num_blocks=4, block_size=BLOCK, num_kv_heads=KV_HEADS, head_dim=DIM)
     k, v = torch.randn(3, KV_HEADS, DIM), torch.randn(3, KV_HEADS, DIM)
-    cache.write(1, k, v, torch.tensor([13, 2, 7]))   # slot 13 = block 3, offset 1
+    cache.write(1, k, v, torch.tensor([13, 2, 7]))  # slot 13 = block 3, offset 1
     assert torch.equal(cache.k[1][3, 1], k[0]) and torch.equal(cache.v[1][0, 2], v[1])
     assert torch.equal(cache.k[1][1, 3], k[2]) and cache.k[0].abs().sum() == 0
 
@@ -98,14 +107,16 @@ def test_a_failed_pass_leaves_no_batch_behind():
         llm.step()
     assert not hasattr(llm.runner.cache, "batch")
     with pytest.raises(TypeError):  # no step in flight: attend cannot run without its batch
-        llm.runner.cache.attend(0, torch.randn(1, HEADS, DIM), torch.randn(1, KV_HEADS, DIM),
-                                torch.randn(1, KV_HEADS, DIM))
+        llm.runner.cache.attend(
+            0, torch.randn(1, HEADS, DIM), torch.randn(1, KV_HEADS, DIM), torch.randn(1, KV_HEADS, DIM)
+        )
 
 
 def test_decodes_must_come_first():
     with pytest.raises(ValueError, match="single-token sequences before"):
-        PagedBatch.build([SequenceSlice(0, 3, 3, [0]), SequenceSlice(3, 1, 4, [1])], BLOCK,
-                         torch.device("cpu"), torch.float32)
+        PagedBatch.build(
+            [SequenceSlice(0, 3, 3, [0]), SequenceSlice(3, 1, 4, [1])], BLOCK, torch.device("cpu"), torch.float32
+        )
 
 
 def test_sizing_from_memory_is_capped_by_what_can_be_used():

@@ -24,7 +24,7 @@ def test_static_padding_is_the_sum_of_batch_max_minus_own_length():
     outputs = [3, 10, 1, 7, 5, 5, 12, 2, 9, 4]
     workload = all_at_once([20 + i for i in range(len(outputs))], outputs)
     trace = simulate(workload, COST, "static", num_blocks=BLOCKS, max_num_seqs=4)
-    batches = [outputs[i:i + 4] for i in range(0, len(outputs), 4)]  # first come, first served
+    batches = [outputs[i : i + 4] for i in range(0, len(outputs), 4)]  # first come, first served
     expected = sum(max(batch) - own for batch in batches for own in batch)
     assert summarize(trace).padded_slot_steps == expected
     assert sum(step.slots_held - step.num_active for step in trace.steps) == expected
@@ -126,8 +126,13 @@ def test_engine_and_simulator_decide_alike_given_the_same_step_times(policy):
     output_lens = rng.integers(1, 30, size=12).tolist()
     arrivals = [0.002 * i for i in range(12)]  # steps take 11 ms or more, so the engine is never idle
     # 80 token slots for four sequences: every policy preempts; chunked prefill cuts prompts at 32.
-    dials = dict(num_blocks=10, block_size=8, max_num_seqs=4, max_model_len=128,
-                 max_num_batched_tokens=32 if policy == "chunked" else 128)
+    dials = dict(
+        num_blocks=10,
+        block_size=8,
+        max_num_seqs=4,
+        max_model_len=128,
+        max_num_batched_tokens=32 if policy == "chunked" else 128,
+    )
 
     now = [0.0]
     engine = LLM(tiny_model(), policy=policy, clock=lambda: now[0], **dials)
@@ -144,8 +149,16 @@ def test_engine_and_simulator_decide_alike_given_the_same_step_times(policy):
     simulated = simulate(replay_workload(arrivals, prompt_lens, output_lens), COST, policy, **dials)
 
     def decisions(trace, prefix):
-        return [({rid.removeprefix(prefix): n for rid, n in s.scheduled.items()}, s.slots_held,
-                 [rid.removeprefix(prefix) for rid in s.preempted], s.start, s.end) for s in trace.steps]
+        return [
+            (
+                {rid.removeprefix(prefix): n for rid, n in s.scheduled.items()},
+                s.slots_held,
+                [rid.removeprefix(prefix) for rid in s.preempted],
+                s.start,
+                s.end,
+            )
+            for s in trace.steps
+        ]
 
     assert decisions(engine.trace, "") == decisions(simulated, "req-")
     assert summarize(simulated).num_preemptions == summarize(engine.trace).num_preemptions > 0

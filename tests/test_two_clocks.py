@@ -51,9 +51,12 @@ def engine_run(workload, policy, budget):
     """The real engine on the tiny model: every request's tokens computed and sampled for real."""
     llm = LLM(tiny_model(), policy=policy, max_num_batched_tokens=budget, **DIALS)
     for spec in workload:
-        llm.add_request(spec.prompt, SamplingParams(max_tokens=spec.output_len,
-                                                                            ignore_eos=True),
-                        request_id=spec.request_id, arrival_time=0.0)
+        llm.add_request(
+            spec.prompt,
+            SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
+            request_id=spec.request_id,
+            arrival_time=0.0,
+        )
     while llm.has_unfinished():
         llm.step()
     return llm.trace
@@ -70,8 +73,11 @@ def test_a_good_policy_plans_the_same_steps_on_both_clocks(workload, policy, bud
     assert schedule(engine) == schedule(simulated)
     assert sum(len(step.preempted) for step in engine.steps) > 0
     assert sum(step.prefix_cache_hits for step in engine.steps) > 0
-    assert [r.output_len for r in engine.requests] == [r.output_len for r in simulated.requests] \
+    assert (
+        [r.output_len for r in engine.requests]
+        == [r.output_len for r in simulated.requests]
         == workload.output_lens.tolist()
+    )
 
 
 def test_a_buggy_policy_fails_the_same_way_on_both_clocks(workload):

@@ -28,8 +28,17 @@ from labkit.viz import (
 
 def step(index, scheduled, prefill=0, preempted=(), slots=None, waiting=0):
     decode = sum(scheduled.values()) - prefill
-    return StepRecord(index, float(index), index + 1.0, dict(scheduled), prefill, decode,
-                      slots if slots is not None else len(scheduled), waiting, preempted=list(preempted))
+    return StepRecord(
+        index,
+        float(index),
+        index + 1.0,
+        dict(scheduled),
+        prefill,
+        decode,
+        slots if slots is not None else len(scheduled),
+        waiting,
+        preempted=list(preempted),
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -67,8 +76,12 @@ def test_preempted_request_waits_then_recomputes_prompt_and_output():
     # 'b' makes one token, is preempted at step 2, then recomputes its 2 + 1 tokens in step 3.
     a = RequestRecord("a", 0.0, 2, 0.0, token_times=[1.0, 2.0, 3.0, 4.0], finish_time=4.0)
     b = RequestRecord("b", 0.0, 2, 0.0, token_times=[1.0, 4.0], finish_time=4.0, num_preemptions=1)
-    steps = [step(0, {"a": 2, "b": 2}, prefill=4), step(1, {"a": 1, "b": 1}), step(2, {"a": 1}, preempted=["b"]),
-             step(3, {"a": 1, "b": 3}, prefill=3)]
+    steps = [
+        step(0, {"a": 2, "b": 2}, prefill=4),
+        step(1, {"a": 1, "b": 1}),
+        step(2, {"a": 1}, preempted=["b"]),
+        step(3, {"a": 1, "b": 3}, prefill=3),
+    ]
     segments = request_segments(Trace([a, b], steps), x="step")
     assert kinds(segments, "b") == [("prefill", 0, 1), ("decode", 1, 2), ("preempted", 2, 3), ("prefill", 3, 4)]
 
@@ -115,19 +128,24 @@ def test_snapshot_fills_only_the_last_block_partly():
     assert snap.owners[53] == "s" and snap.owners[0] is None
 
 
-@pytest.mark.parametrize("tables, lengths, message", [
-    ({"a": [1], "b": [1]}, None, "owned by both"),
-    ({"a": [99]}, None, "outside the pool"),
-    ({"a": [1]}, {"a": 17}, "only 1 blocks"),
-])
+@pytest.mark.parametrize(
+    "tables, lengths, message",
+    [
+        ({"a": [1], "b": [1]}, None, "owned by both"),
+        ({"a": [99]}, None, "outside the pool"),
+        ({"a": [1]}, {"a": 17}, "only 1 blocks"),
+    ],
+)
 def test_snapshot_rejects_impossible_pools(tables, lengths, message):
     with pytest.raises(ValueError, match=message):
         snapshot_blocks(tables, num_blocks=8, block_size=16, lengths=lengths)
 
 
 def test_block_map_grid_and_slider():
-    snaps = [snapshot_blocks({"x": [0, 3]}, 64, lengths={"x": 20}, label="step 1"),
-             snapshot_blocks({}, 64, label="step 2")]
+    snaps = [
+        snapshot_blocks({"x": [0, 3]}, 64, lengths={"x": 20}, label="step 1"),
+        snapshot_blocks({}, 64, label="step 2"),
+    ]
     ax = plot_block_map(snaps[0])
     assert ax.get_title() == "step 1: 2/64 blocks used, 12 empty slots in them"
     assert len(plot_block_maps(snaps, per_row=2).axes) == 2
@@ -137,11 +155,16 @@ def test_block_map_grid_and_slider():
 
 def runs_at_rates():
     def trace(gap):
-        records = [RequestRecord(str(i), float(i), 4, float(i), token_times=[i + gap, i + 2 * gap], finish_time=i + 2 * gap)
-                   for i in range(4)]
+        records = [
+            RequestRecord(str(i), float(i), 4, float(i), token_times=[i + gap, i + 2 * gap], finish_time=i + 2 * gap)
+            for i in range(4)
+        ]
         return Trace(records, [step(0, {"0": 1})])
-    return {"static": {1.0: summarize(trace(0.5)), 2.0: summarize(trace(0.8))},
-            "continuous": {1.0: summarize(trace(0.2)), 2.0: summarize(trace(0.3))}}
+
+    return {
+        "static": {1.0: summarize(trace(0.5)), 2.0: summarize(trace(0.8))},
+        "continuous": {1.0: summarize(trace(0.2)), 2.0: summarize(trace(0.3))},
+    }
 
 
 def test_latency_and_throughput_against_rate():

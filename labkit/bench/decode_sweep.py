@@ -50,8 +50,13 @@ def labkit_decode_ms(model, batch_size: int, context: int, repeats: int) -> floa
     """Median duration of the engine's decode-only steps, as its own trace records them."""
     from labkit.engine.llm import LLM
 
-    llm = LLM(model, max_num_seqs=batch_size, max_model_len=context + repeats + 2,
-              num_blocks=batch_size * ((context + repeats + 2) // 16 + 2), enable_chunked_prefill=False)
+    llm = LLM(
+        model,
+        max_num_seqs=batch_size,
+        max_model_len=context + repeats + 2,
+        num_blocks=batch_size * ((context + repeats + 2) // 16 + 2),
+        enable_chunked_prefill=False,
+    )
     params = SamplingParams(max_tokens=repeats + 1, ignore_eos=True)
     ids = _random_prompts(model, batch_size, context)
     for row in ids.tolist():
@@ -70,18 +75,30 @@ def bound_ms(model, hardware, batch_size: int, context: int) -> float:
     return 1e3 * max(memory_s, compute_s)
 
 
-def decode_sweep(model, hardware, batch_sizes=(1, 2, 4, 8, 16, 32, 64), context: int = 128,
-                 repeats: int = 8) -> list[SweepPoint]:
-    return [SweepPoint(b, hf_decode_ms(model, b, context, repeats), labkit_decode_ms(model, b, context, repeats),
-                       bound_ms(model, hardware, b, context)) for b in batch_sizes]
+def decode_sweep(
+    model, hardware, batch_sizes=(1, 2, 4, 8, 16, 32, 64), context: int = 128, repeats: int = 8
+) -> list[SweepPoint]:
+    return [
+        SweepPoint(
+            b,
+            hf_decode_ms(model, b, context, repeats),
+            labkit_decode_ms(model, b, context, repeats),
+            bound_ms(model, hardware, b, context),
+        )
+        for b in batch_sizes
+    ]
 
 
 def format_sweep(points: list[SweepPoint]) -> str:
-    lines = [f"{'batch':>5} {'HF ms':>8} {'labkit ms':>10} {'labkit/HF':>9} {'bound ms':>9} "
-             f"{'labkit tok/s':>12} {'bound tok/s':>11}"]
+    lines = [
+        f"{'batch':>5} {'HF ms':>8} {'labkit ms':>10} {'labkit/HF':>9} {'bound ms':>9} "
+        f"{'labkit tok/s':>12} {'bound tok/s':>11}"
+    ]
     for p in points:
-        lines.append(f"{p.batch_size:>5} {p.hf_ms:>8.1f} {p.labkit_ms:>10.1f} {p.ratio:>9.2f} {p.bound_ms:>9.1f} "
-                     f"{1e3 * p.batch_size / p.labkit_ms:>12.0f} {1e3 * p.batch_size / p.bound_ms:>11.0f}")
+        lines.append(
+            f"{p.batch_size:>5} {p.hf_ms:>8.1f} {p.labkit_ms:>10.1f} {p.ratio:>9.2f} {p.bound_ms:>9.1f} "
+            f"{1e3 * p.batch_size / p.labkit_ms:>12.0f} {1e3 * p.batch_size / p.bound_ms:>11.0f}"
+        )
     return "\n".join(lines)
 
 

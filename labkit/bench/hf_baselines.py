@@ -25,8 +25,7 @@ class StepClock:
         return scores
 
 
-def hf_static_batches(model, prompts: list[list[int]], output_lens: list[int], batch_size: int,
-                      name: str) -> Trace:
+def hf_static_batches(model, prompts: list[list[int]], output_lens: list[int], batch_size: int, name: str) -> Trace:
     """Serve the requests in arrival order, ``batch_size`` at a time, with ``hf.generate``.
 
     Left padding and an attention mask let prompts of different lengths share a batch;
@@ -45,28 +44,48 @@ def hf_static_batches(model, prompts: list[list[int]], output_lens: list[int], b
         ids = torch.full((len(batch), longest_prompt), pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, i in enumerate(batch):
-            ids[row, longest_prompt - len(prompts[i]):] = torch.tensor(prompts[i])
-            mask[row, longest_prompt - len(prompts[i]):] = 1
+            ids[row, longest_prompt - len(prompts[i]) :] = torch.tensor(prompts[i])
+            mask[row, longest_prompt - len(prompts[i]) :] = 1
         steps = max(output_lens[i] for i in batch)
         step_clock = StepClock(clock)
         batch_start = clock()
         with torch.inference_mode():
-            model.hf.generate(ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
-                              max_new_tokens=steps, min_new_tokens=steps, pad_token_id=pad,
-                              logits_processor=LogitsProcessorList([step_clock]))
+            model.hf.generate(
+                ids.to(model.device),
+                attention_mask=mask.to(model.device),
+                do_sample=False,
+                max_new_tokens=steps,
+                min_new_tokens=steps,
+                pad_token_id=pad,
+                logits_processor=LogitsProcessorList([step_clock]),
+            )
         for i in batch:
-            trace.requests.append(RequestRecord(
-                request_id=str(i), arrival_time=0.0, prompt_len=len(prompts[i]),
-                first_scheduled_time=batch_start, token_times=step_clock.times[:output_lens[i]],
-                finish_time=step_clock.times[output_lens[i] - 1], finish_reason="length"))
+            trace.requests.append(
+                RequestRecord(
+                    request_id=str(i),
+                    arrival_time=0.0,
+                    prompt_len=len(prompts[i]),
+                    first_scheduled_time=batch_start,
+                    token_times=step_clock.times[: output_lens[i]],
+                    finish_time=step_clock.times[output_lens[i] - 1],
+                    finish_reason="length",
+                )
+            )
         previous = batch_start
         for step, at in enumerate(step_clock.times):
             active = [str(i) for i in batch if output_lens[i] > step]
             prefill = sum(len(prompts[i]) for i in batch) if step == 0 else 0
-            trace.steps.append(StepRecord(
-                index=len(trace.steps), start=previous, end=at,
-                scheduled={rid: (len(prompts[int(rid)]) if step == 0 else 1) for rid in active},
-                num_prefill_tokens=prefill, num_decode_tokens=0 if step == 0 else len(active),
-                slots_held=len(batch), num_waiting=len(prompts) - batch[-1] - 1))
+            trace.steps.append(
+                StepRecord(
+                    index=len(trace.steps),
+                    start=previous,
+                    end=at,
+                    scheduled={rid: (len(prompts[int(rid)]) if step == 0 else 1) for rid in active},
+                    num_prefill_tokens=prefill,
+                    num_decode_tokens=0 if step == 0 else len(active),
+                    slots_held=len(batch),
+                    num_waiting=len(prompts) - batch[-1] - 1,
+                )
+            )
             previous = at
     return trace

@@ -38,15 +38,19 @@ USER_ERRORS = (ValueError, OSError)
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog="labkit", description="The course's toolkit on the command line.",
-                                     epilog="labkit SUBCOMMAND --help shows a subcommand's options.")
+    parser = argparse.ArgumentParser(
+        prog="labkit",
+        description="The course's toolkit on the command line.",
+        epilog="labkit SUBCOMMAND --help shows a subcommand's options.",
+    )
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
     chosen = next((arg for arg in argv if arg in SUBCOMMANDS), None)
     module = None
     for name, help_line in SUBCOMMANDS.items():
-        command = sub.add_parser(name, help=help_line, description=help_line,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+        command = sub.add_parser(
+            name, help=help_line, description=help_line, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
         # also accepted after the subcommand; SUPPRESS keeps a --debug given before it
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         if name == chosen:
@@ -62,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as error:
         if args.debug:
             raise
-        print(f"labkit {args.command}: error: {error}\n(labkit --debug {args.command} ... shows the traceback)",
-              file=sys.stderr)
+        print(
+            f"labkit {args.command}: error: {error}\n(labkit --debug {args.command} ... shows the traceback)",
+            file=sys.stderr,
+        )
         return USAGE_ERROR
 
 

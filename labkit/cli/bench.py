@@ -29,8 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--sweep", action="store_true", help="also time decode steps at batch 1..64")
     parser.add_argument("--skip-serving", action="store_true", help="only the decode sweep")
-    parser.add_argument("--busy", type=int, default=0, metavar="N",
-                        help="keep N cores busy with spin loops during the run (a machine that is not idle)")
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep N cores busy with spin loops during the run (a machine that is not idle)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--json", action="store_true", help="print the results as JSON; tables go to stderr")
 
@@ -44,11 +49,18 @@ def run(args: argparse.Namespace) -> int:
     say = say_for(args)
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     say(f"model {model.config.name} on {model.device}, {model.dtype}")
-    results: dict = {"model": model.config.name, "device": str(model.device), "dtype": str(model.dtype),
-                     "torch threads": torch.get_num_threads(), "matmuls": model.matmul.describe(),
-                     "busy cores": args.busy}
-    say(f"torch threads {torch.get_num_threads()}, matmuls {model.matmul.describe()}, "
-        f"{args.busy} other core(s) kept busy")
+    results: dict = {
+        "model": model.config.name,
+        "device": str(model.device),
+        "dtype": str(model.dtype),
+        "torch threads": torch.get_num_threads(),
+        "matmuls": model.matmul.describe(),
+        "busy cores": args.busy,
+    }
+    say(
+        f"torch threads {torch.get_num_threads()}, matmuls {model.matmul.describe()}, "
+        f"{args.busy} other core(s) kept busy"
+    )
     with busy_cores(args.busy):
         _serve_and_sweep(model, args, results, say)
     if args.out:
@@ -62,8 +74,15 @@ def _serve_and_sweep(model, args: argparse.Namespace, results: dict, say) -> Non
     from labkit.bench import format_table, run_bench
 
     if not args.skip_serving:
-        rows = run_bench(model, args.num_prompts, args.seed, args.max_prompt_tokens, args.max_output_tokens,
-                         args.max_num_seqs, progress=say)
+        rows = run_bench(
+            model,
+            args.num_prompts,
+            args.seed,
+            args.max_prompt_tokens,
+            args.max_output_tokens,
+            args.max_num_seqs,
+            progress=say,
+        )
         say(format_table(rows))
         results["serving"] = {row.name: row.summary.to_dict() for row in rows}
     if args.sweep or args.skip_serving:

@@ -42,19 +42,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, default=2.0, help="their arrival rate, requests/s (2)")
     parser.add_argument("--skip-check", action="store_true", help="fit and save, without the check")
     parser.add_argument("--load", action="store_true", help="reuse the saved calibration instead of timing")
-    parser.add_argument("--path", help="calibration file to write, or to read with --load "
-                                       "(default: one per machine, model and dtype in the labkit cache)")
-    parser.add_argument("--json", action="store_true", help="print the calibration and the check as JSON; "
-                                                            "progress goes to stderr")
+    parser.add_argument(
+        "--path",
+        help="calibration file to write, or to read with --load "
+        "(default: one per machine, model and dtype in the labkit cache)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the calibration and the check as JSON; progress goes to stderr"
+    )
 
 
 def _describe(calibration: Calibration) -> str:
     cost = calibration.cost_model
-    return (f"{calibration.model} ({calibration.dtype}) on {calibration.machine}, {calibration.device}: "
-            f"bandwidth {cost.bandwidth / 1e9:.1f} GB/s ({calibration.bandwidth_source}), arithmetic {cost.flops / 1e9:.1f} GFLOP/s, "
-            f"overhead {cost.overhead_s * 1e3:.1f} ms per pass, attention {cost.attention_s_per_token * 1e6:.1f} µs "
-            f"per context token beyond its bytes, weights {cost.weight_bytes / 1e6:.0f} MB; "
-            f"fitted on {calibration.num_steps} steps, median step error {calibration.median_step_error_pct:.1f}%")
+    return (
+        f"{calibration.model} ({calibration.dtype}) on {calibration.machine}, {calibration.device}: "
+        f"bandwidth {cost.bandwidth / 1e9:.1f} GB/s ({calibration.bandwidth_source}), arithmetic {cost.flops / 1e9:.1f} GFLOP/s, "
+        f"overhead {cost.overhead_s * 1e3:.1f} ms per pass, attention {cost.attention_s_per_token * 1e6:.1f} µs "
+        f"per context token beyond its bytes, weights {cost.weight_bytes / 1e6:.0f} MB; "
+        f"fitted on {calibration.num_steps} steps, median step error {calibration.median_step_error_pct:.1f}%"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,12 +68,18 @@ def run(args: argparse.Namespace) -> int:
     from labkit.models import load_model
 
     if args.requests < 2 or not args.rate > 0:
-        raise ValueError(f"--requests {args.requests} --rate {args.rate:g}: need at least 2 requests and a rate "
-                         "above 0 requests/s")
+        raise ValueError(
+            f"--requests {args.requests} --rate {args.rate:g}: need at least 2 requests and a rate above 0 requests/s"
+        )
     say = say_for(args)
     model = load_model(args.model)
-    llm = LLM(model, max_num_seqs=MAX_NUM_SEQS, max_model_len=MAX_MODEL_LEN,
-              num_blocks=MAX_NUM_SEQS * MAX_MODEL_LEN // 16, block_size=16)
+    llm = LLM(
+        model,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_model_len=MAX_MODEL_LEN,
+        num_blocks=MAX_NUM_SEQS * MAX_MODEL_LEN // 16,
+        block_size=16,
+    )
     dtype = str(model.dtype).removeprefix("torch.")
     if args.load:
         path = args.path or calibration_path(machine_name(), model.config.name, dtype)
@@ -84,8 +96,10 @@ def run(args: argparse.Namespace) -> int:
         workload = check_workload(model.config.vocab_size, args.requests, args.rate, args.check_seed)
         rows, _, _ = check_prediction(llm, calibration.cost_model, workload)
         say(format_report(rows, f"{workload.name}, {args.requests} requests: simulator vs engine"))
-        result["check"] = {"workload": workload.name, "rows": [{**asdict(row), "error_pct": row.error_pct}
-                                                               for row in rows]}
+        result["check"] = {
+            "workload": workload.name,
+            "rows": [{**asdict(row), "error_pct": row.error_pct} for row in rows],
+        }
     if args.json:
         print_json(result)
     return 0

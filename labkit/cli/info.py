@@ -15,8 +15,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="'default', a checkpoint folder or a cached hub id")
     parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: labkit's choice)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16")
-    parser.add_argument("--bandwidth", type=float, default=None,
-                        help="memory bandwidth in GB/s for the decode bound (default: measure it)")
+    parser.add_argument(
+        "--bandwidth",
+        type=float,
+        default=None,
+        help="memory bandwidth in GB/s for the decode bound (default: measure it)",
+    )
     parser.add_argument("--json", action="store_true", help="print the facts as JSON instead of a table")
 
 
@@ -38,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{key:>40}: {shown}")
     print("  (decode bound = weight bytes ÷ bandwidth: each new token reads every weight once)")
     if model.dtype == torch.bfloat16 and model.device.type == "cpu" and not model.prepacked:
-        print("  (bf16 halves the weight memory, but this CPU has no packed bf16 kernels: expect no speed-up "
-              "over fp32, often a slow-down)")
+        print(
+            "  (bf16 halves the weight memory, but this CPU has no packed bf16 kernels: expect no speed-up "
+            "over fp32, often a slow-down)"
+        )
     return 0

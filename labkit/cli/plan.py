@@ -25,8 +25,9 @@ DEFAULTS = dict(hardware="a100-80gb", model="llama-3.1-8b", prompt_len=1000, ans
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--example", choices=sorted(EXAMPLES), help="start from a worked example of the course")
-    parser.add_argument("--gpu", help=f"hardware preset: {', '.join(sorted(PRESETS))} or this-machine "
-                                      "(default a100-80gb)")
+    parser.add_argument(
+        "--gpu", help=f"hardware preset: {', '.join(sorted(PRESETS))} or this-machine (default a100-80gb)"
+    )
     parser.add_argument("--gpu-memory-gb", type=float, help="memory of the card, GB")
     parser.add_argument("--bandwidth-tbs", type=float, help="memory bandwidth, TB/s")
     parser.add_argument("--tflops", type=float, help="arithmetic rate, TFLOP/s")
@@ -49,23 +50,40 @@ def _inputs(args: argparse.Namespace) -> dict:
     """The example's (or default) inputs, with every figure given on the command line put in."""
     inputs = dict(EXAMPLES[args.example] if args.example else DEFAULTS)
     hardware = get_hardware(args.gpu or inputs["hardware"])
-    hardware_changes = {field: value * unit for field, value, unit in (
-        ("memory_bytes", args.gpu_memory_gb, GB), ("bandwidth", args.bandwidth_tbs, TB),
-        ("flops", args.tflops, TFLOPS)) if value is not None}
+    hardware_changes = {
+        field: value * unit
+        for field, value, unit in (
+            ("memory_bytes", args.gpu_memory_gb, GB),
+            ("bandwidth", args.bandwidth_tbs, TB),
+            ("flops", args.tflops, TFLOPS),
+        )
+        if value is not None
+    }
     model = get_model(args.model or inputs["model"])
-    model_changes = {field: value for field, value in (
-        ("parameters", None if args.params_b is None else args.params_b * 1e9),
-        ("bytes_per_param", args.bytes_per_param), ("layers", args.layers), ("kv_heads", args.kv_heads),
-        ("head_dim", args.head_dim)) if value is not None}
+    model_changes = {
+        field: value
+        for field, value in (
+            ("parameters", None if args.params_b is None else args.params_b * 1e9),
+            ("bytes_per_param", args.bytes_per_param),
+            ("layers", args.layers),
+            ("kv_heads", args.kv_heads),
+            ("head_dim", args.head_dim),
+        )
+        if value is not None
+    }
     if hardware_changes:
         hardware = replace(hardware, name=f"{hardware.name}, as changed", **hardware_changes)
     if model_changes:
         model = replace(model, name=f"{model.name}, as changed", **model_changes)
     inputs.update(hardware=hardware, model=model)
-    for key, value in (("memory_fraction", args.memory_fraction), ("prompt_len", args.prompt),
-                       ("answer_len", args.answer), ("price_per_gpu_hour", args.price),
-                       ("overhead_s", None if args.overhead_ms is None else args.overhead_ms / 1e3),
-                       ("promise_s", None if args.promise_ms is None else args.promise_ms / 1e3)):
+    for key, value in (
+        ("memory_fraction", args.memory_fraction),
+        ("prompt_len", args.prompt),
+        ("answer_len", args.answer),
+        ("price_per_gpu_hour", args.price),
+        ("overhead_s", None if args.overhead_ms is None else args.overhead_ms / 1e3),
+        ("promise_s", None if args.promise_ms is None else args.promise_ms / 1e3),
+    ):
         if value is not None:
             inputs[key] = value
     return inputs

@@ -106,15 +106,18 @@ class EngineCore:
             # Nothing ran, so nothing would change before the next arrival: a policy that plans
             # nothing while arrived requests wait or run would stall for ever.
             if state.has_unfinished:
-                raise RuntimeError(f"policy {self.policy.name!r} scheduled nothing although requests are "
-                                   "unfinished; it must give running requests their tokens and admit the "
-                                   "head of the queue when blocks allow")
+                raise RuntimeError(
+                    f"policy {self.policy.name!r} scheduled nothing although requests are "
+                    "unfinished; it must give running requests their tokens and admit the "
+                    "head of the queue when blocks allow"
+                )
             return outcome
         work = [(state.requests[request_id], num_new) for request_id, num_new in plan.scheduled.items()]
         samplers = frozenset(request.request_id for request, num_new in work if request.num_missing_tokens == num_new)
         tokens, end = execute(Batch(work, samplers), now)
-        record, outcome.progressed = state.complete_step(plan, tokens, self.eos_token_ids, len(self.trace.steps),
-                                                         now, end)
+        record, outcome.progressed = state.complete_step(
+            plan, tokens, self.eos_token_ids, len(self.trace.steps), now, end
+        )
         self.trace.steps.append(record)
         outcome.record = record
         return outcome

@@ -49,31 +49,54 @@ class LLM:
     one to control arrivals in a test).
     """
 
-    def __init__(self, model=None, *, max_model_len: int | None = None, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int | None = None, num_blocks: int | None = None,
-                 gpu_memory_utilization: float = 0.9, block_size: int = 16,
-                 enable_chunked_prefill: bool | None = None, policy: str | SchedulerPolicy | None = None,
-                 block_allocator: type | BlockAllocator | None = None, enable_prefix_caching: bool | None = None,
-                 attention: AttentionFn = paged_attention, clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        model=None,
+        *,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int | None = None,
+        num_blocks: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        block_size: int = 16,
+        enable_chunked_prefill: bool | None = None,
+        policy: str | SchedulerPolicy | None = None,
+        block_allocator: type | BlockAllocator | None = None,
+        enable_prefix_caching: bool | None = None,
+        attention: AttentionFn = paged_attention,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.model = _resolve_model(model)
         cfg = self.model.config
         self.max_model_len = max_model_len or cfg.max_position_embeddings
         if self.max_model_len > cfg.max_position_embeddings:
-            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's context of "
-                             f"{cfg.max_position_embeddings}; lower it")
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the model's context of "
+                f"{cfg.max_position_embeddings}; lower it"
+            )
         self.policy = _resolve_policy(policy, enable_chunked_prefill)
         budget = token_budget(max_num_batched_tokens, self.max_model_len, self.policy.chunked)
         if block_allocator is None:
             block_allocator = BlockAllocator if enable_prefix_caching is False else PrefixCachingBlockAllocator
-        blocks = self._make_allocator(block_allocator, num_blocks, block_size, gpu_memory_utilization,
-                                      max_num_seqs)
+        blocks = self._make_allocator(block_allocator, num_blocks, block_size, gpu_memory_utilization, max_num_seqs)
         caching = supports_prefix_caching(blocks) if enable_prefix_caching is None else enable_prefix_caching
-        self._caching_note = None if caching or enable_prefix_caching is False else \
-            f"off: the allocator {type(blocks).__name__} cannot cache prefixes"
+        self._caching_note = (
+            None
+            if caching or enable_prefix_caching is False
+            else f"off: the allocator {type(blocks).__name__} cannot cache prefixes"
+        )
         self.state = SchedulerState(blocks, max_num_seqs, budget, self.max_model_len, enable_prefix_caching=caching)
         self.core = EngineCore(self.policy, self.state, cfg.eos_token_ids)
-        cache = PagedKVCache(cfg.num_layers, blocks.num_blocks, blocks.block_size, cfg.num_kv_heads,
-                             cfg.head_dim, self.model.device, self.model.dtype, attention)
+        cache = PagedKVCache(
+            cfg.num_layers,
+            blocks.num_blocks,
+            blocks.block_size,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            self.model.device,
+            self.model.dtype,
+            attention,
+        )
         self.runner = ModelRunner(self.model, cache)
         self._clock = clock
         self._ids = itertools.count()
@@ -84,8 +107,13 @@ class LLM:
             return block_allocator  # a ready-made allocator decides its own size
         if num_blocks is None:
             cfg = self.model.config
-            num_blocks = num_blocks_for_memory(cfg.kv_bytes_per_token(self.model.dtype), block_size,
-                                               self.model.device, utilization, max_num_seqs * self.max_model_len)
+            num_blocks = num_blocks_for_memory(
+                cfg.kv_bytes_per_token(self.model.dtype),
+                block_size,
+                self.model.device,
+                utilization,
+                max_num_seqs * self.max_model_len,
+            )
         return block_allocator(num_blocks, block_size)
 
     # --- the clock and the record of a run ----------------------------------------------
@@ -108,11 +136,18 @@ class LLM:
     def describe(self) -> dict:
         """The setup, as written into each trace's meta (with why prefix caching is off, if the engine chose so)."""
         blocks = self.state.blocks
-        setup = dict(model=self.model.config.name, device=str(self.model.device), dtype=str(self.model.dtype),
-                     policy=self.policy.name, max_model_len=self.max_model_len,
-                     max_num_seqs=self.state.max_num_seqs, max_num_batched_tokens=self.state.max_num_batched_tokens,
-                     num_blocks=blocks.num_blocks, block_size=blocks.block_size,
-                     enable_prefix_caching=self.state.enable_prefix_caching)
+        setup = dict(
+            model=self.model.config.name,
+            device=str(self.model.device),
+            dtype=str(self.model.dtype),
+            policy=self.policy.name,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.state.max_num_seqs,
+            max_num_batched_tokens=self.state.max_num_batched_tokens,
+            num_blocks=blocks.num_blocks,
+            block_size=blocks.block_size,
+            enable_prefix_caching=self.state.enable_prefix_caching,
+        )
         if self._caching_note:
             setup["prefix_caching"] = self._caching_note
         return setup
@@ -123,8 +158,13 @@ class LLM:
         return self.state.num_preemptions
 
     # --- the step API ------------------------------------------------------------------
-    def add_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
-                    arrival_time: float | None = None) -> str:
+    def add_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
         """Queue a prompt (text, chat messages or token ids); it joins once the clock passes ``arrival_time``."""
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         token_ids = encode_prompt(self.model.tokenizer, prompt)
@@ -163,14 +203,26 @@ class LLM:
         text = None
         if request.is_finished and tokenizer is not None:
             text = tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
-        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
-                             list(request.output_token_ids), text, request.is_finished,
-                             request.finish_reason, request.message, request.num_preemptions)
+        return RequestOutput(
+            request.request_id,
+            request.prompt,
+            request.prompt_token_ids,
+            list(request.output_token_ids),
+            text,
+            request.is_finished,
+            request.finish_reason,
+            request.message,
+            request.num_preemptions,
+        )
 
     # --- offline use ---------------------------------------------------------------------
-    def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 arrival_times: Sequence[float] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        arrival_times: Sequence[float] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
         """Serve every prompt to the end and return their outputs in the order given.
 
         ``arrival_times`` (seconds from the start of this call) make requests trickle in;
@@ -180,8 +232,10 @@ class LLM:
         params = sampling_params if isinstance(sampling_params, Sequence) else [sampling_params] * len(prompts)
         arrivals = list(arrival_times) if arrival_times is not None else [0.0] * len(prompts)
         if not len(params) == len(arrivals) == len(prompts):
-            raise ValueError(f"{len(prompts)} prompts need as many sampling params and arrival times, "
-                             f"got {len(params)} and {len(arrivals)}")
+            raise ValueError(
+                f"{len(prompts)} prompts need as many sampling params and arrival times, "
+                f"got {len(params)} and {len(arrivals)}"
+            )
         self.start_run()
         ids = [self.add_request(p, sp, arrival_time=t) for p, sp, t in zip(prompts, params, arrivals)]
         finished: dict[str, RequestOutput] = {}
@@ -205,8 +259,12 @@ def serve_workload(llm: LLM, workload, use_tqdm: bool = False) -> Trace:
     Returns the run's :class:`~labkit.trace.Trace` (also left in ``llm.trace``).
     """
     params = [SamplingParams(max_tokens=int(spec.output_len), ignore_eos=True) for spec in workload]
-    llm.generate([spec.prompt for spec in workload], params, arrival_times=[spec.arrival_time for spec in workload],
-                 use_tqdm=use_tqdm)
+    llm.generate(
+        [spec.prompt for spec in workload],
+        params,
+        arrival_times=[spec.arrival_time for spec in workload],
+        use_tqdm=use_tqdm,
+    )
     return llm.trace
 
 
@@ -231,6 +289,8 @@ def _resolve_policy(policy, enable_chunked_prefill: bool | None) -> SchedulerPol
         return make_policy("continuous" if enable_chunked_prefill is False else "chunked")
     resolved = make_policy(policy)
     if enable_chunked_prefill is not None and resolved.chunked != enable_chunked_prefill:
-        raise ValueError(f"policy {resolved.name!r} contradicts enable_chunked_prefill={enable_chunked_prefill}; "
-                         "pass only one of them")
+        raise ValueError(
+            f"policy {resolved.name!r} contradicts enable_chunked_prefill={enable_chunked_prefill}; "
+            "pass only one of them"
+        )
     return resolved

@@ -46,8 +46,10 @@ def compare_to_solo(batched: list[int], solo: SoloRun, near_tie: float = NEAR_TI
         if got != want:
             if solo.gaps[index] < near_tie:
                 return None  # a near-tie: from here on the runs may differ
-            return (f"token {index}: batched run chose {got}, alone it chose {want} "
-                    f"(top-2 gap {solo.gaps[index]:.2e}, not a near-tie)")
+            return (
+                f"token {index}: batched run chose {got}, alone it chose {want} "
+                f"(top-2 gap {solo.gaps[index]:.2e}, not a near-tie)"
+            )
     if len(batched) != len(solo.tokens):
         return f"batched run made {len(batched)} tokens, alone it made {len(solo.tokens)}"
     return None

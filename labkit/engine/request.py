@@ -16,9 +16,9 @@ from labkit.trace import RequestRecord
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"      # arrived, holds no blocks (new, or preempted and back in the queue)
-    RUNNING = "running"      # admitted: holds blocks and is scheduled every step it fits
-    FINISHED = "finished"    # done: finish_reason says why ("stop", "length" or "rejected")
+    WAITING = "waiting"  # arrived, holds no blocks (new, or preempted and back in the queue)
+    RUNNING = "running"  # admitted: holds blocks and is scheduled every step it fits
+    FINISHED = "finished"  # done: finish_reason says why ("stop", "length" or "rejected")
 
 
 @dataclass

@@ -35,18 +35,22 @@ class ModelRunner:
         ids, positions, sequences, last_rows, samplers = [], [], [], [], []
         for request, num_new in work:
             start = request.num_computed_tokens
-            ids.extend(request.all_token_ids[start:start + num_new])
+            ids.extend(request.all_token_ids[start : start + num_new])
             positions.extend(range(start, start + num_new))
-            sequences.append(SequenceSlice(len(ids) - num_new, num_new, start + num_new,
-                                           blocks.block_table(request.request_id)))
+            sequences.append(
+                SequenceSlice(len(ids) - num_new, num_new, start + num_new, blocks.block_table(request.request_id))
+            )
             if request.request_id in batch.samplers:
                 last_rows.append(len(ids) - 1)
                 samplers.append(request)
         device = self.model.device
         paged = PagedBatch.build(sequences, self.cache.block_size, device, self.model.dtype)
-        logits = self.model.forward(torch.tensor(ids, device=device), torch.tensor(positions, device=device),
-                                    partial(self.cache.attend, batch=paged),
-                                    torch.tensor(last_rows, dtype=torch.long, device=device))
+        logits = self.model.forward(
+            torch.tensor(ids, device=device),
+            torch.tensor(positions, device=device),
+            partial(self.cache.attend, batch=paged),
+            torch.tensor(last_rows, dtype=torch.long, device=device),
+        )
         if not samplers:
             return {}
         generators = [self._generator(request) for request in samplers]

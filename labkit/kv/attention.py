@@ -6,8 +6,7 @@ import torch
 import torch.nn.functional as F
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              mask: torch.Tensor | None = None) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q·kᵀ/√D + mask)·v for q [Tq, Hq, D] and k, v [Tk, Hkv, D]; returns [Tq, Hq, D].
 
     Each group of Hq/Hkv query heads shares one K/V head (grouped-query attention).
@@ -15,8 +14,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"{q.shape[1]} query heads cannot share {k.shape[1]} KV heads evenly")
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                         attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1]
+    )
     return out.transpose(0, 1)
 
 

@@ -63,8 +63,10 @@ class BlockAllocator:
         """Grow ``seq_id``'s table to hold ``num_tokens`` tokens; all or nothing. Returns the table."""
         needed = self.num_new_blocks(seq_id, num_tokens)
         if needed > self.num_free_blocks:
-            raise OutOfBlocksError(f"sequence {seq_id!r} needs {needed} more blocks but only "
-                                   f"{self.num_free_blocks} are free; preempt a sequence first")
+            raise OutOfBlocksError(
+                f"sequence {seq_id!r} needs {needed} more blocks but only "
+                f"{self.num_free_blocks} are free; preempt a sequence first"
+            )
         table = self._tables.setdefault(seq_id, [])
         table.extend(self.allocate_block() for _ in range(needed))
         return table
@@ -89,5 +91,7 @@ class BlockAllocator:
         return self.num_used_blocks / self.num_blocks
 
     def __repr__(self) -> str:
-        return (f"BlockAllocator({self.num_used_blocks}/{self.num_blocks} blocks used, "
-                f"block_size={self.block_size}, {len(self._tables)} sequences)")
+        return (
+            f"BlockAllocator({self.num_used_blocks}/{self.num_blocks} blocks used, "
+            f"block_size={self.block_size}, {len(self._tables)} sequences)"
+        )

@@ -45,7 +45,7 @@ class SequenceSlice:
 
     start: int
     num_query: int
-    context_len: int      # tokens cached after this step: earlier ones plus this step's
+    context_len: int  # tokens cached after this step: earlier ones plus this step's
     block_table: list[int]
 
 
@@ -56,7 +56,7 @@ class DecodeGroup:
     start: int
     stop: int
     blocks: torch.Tensor  # [(stop - start) * width] the rows' block tables, padded with block 0, flat
-    mask: torch.Tensor    # [stop - start, 1, 1, width * block_size] additive: 0 visible, -inf padding
+    mask: torch.Tensor  # [stop - start, 1, 1, width * block_size] additive: 0 visible, -inf padding
 
 
 def group_rows(widths: list[int], group_cost: int = GROUP_COST_BLOCKS) -> list[tuple[int, int]]:
@@ -74,7 +74,7 @@ def group_rows(widths: list[int], group_cost: int = GROUP_COST_BLOCKS) -> list[t
     last_run_from = np.zeros(len(cuts), dtype=np.int64)  # ... whose last run starts at cuts[last_run_from[j]]
     for j in range(1, len(cuts)):
         starts = np.asarray(cuts[:j])
-        widest = np.maximum.accumulate(widths[cuts[j] - 1::-1])[::-1][starts]  # max(widths[start:cuts[j]])
+        widest = np.maximum.accumulate(widths[cuts[j] - 1 :: -1])[::-1][starts]  # max(widths[start:cuts[j]])
         costs = best[:j] + (cuts[j] - starts) * widest + group_cost
         last_run_from[j] = np.argmin(costs)
         best[j] = costs[last_run_from[j]]
@@ -92,17 +92,18 @@ class PagedBatch:
     Rows of the flat batch are ordered with single-token sequences (decodes) first.
     """
 
-    slot_mapping: torch.Tensor              # [T] slot of each new token
+    slot_mapping: torch.Tensor  # [T] slot of each new token
     sequences: list[SequenceSlice]
-    num_decodes: int                        # the first num_decodes sequences have one query row
-    decode_groups: list[DecodeGroup]        # those rows, in runs of similar length
-    prefill_blocks: list[torch.Tensor]      # per longer sequence: the blocks it reads
-    prefill_masks: list[torch.Tensor]       # per longer sequence: causal mask [num_query, context_len]
+    num_decodes: int  # the first num_decodes sequences have one query row
+    decode_groups: list[DecodeGroup]  # those rows, in runs of similar length
+    prefill_blocks: list[torch.Tensor]  # per longer sequence: the blocks it reads
+    prefill_masks: list[torch.Tensor]  # per longer sequence: causal mask [num_query, context_len]
     scratch: dict = field(default_factory=dict)  # gather buffers reused across layers
 
     @classmethod
-    def build(cls, sequences: list[SequenceSlice], block_size: int, device: torch.device,
-              dtype: torch.dtype) -> "PagedBatch":
+    def build(
+        cls, sequences: list[SequenceSlice], block_size: int, device: torch.device, dtype: torch.dtype
+    ) -> "PagedBatch":
         """Slots, padded tables and masks for one step; ``sequences`` must list decodes first."""
         slots = []
         for seq in sequences:
@@ -116,63 +117,78 @@ class PagedBatch:
             raise ValueError("list single-token sequences before the others in a PagedBatch")
         decodes = sequences[:num_decodes]
         widths = [-(-seq.context_len // block_size) for seq in decodes]
-        groups = [_decode_group(decodes[start:stop], start, block_size, device, dtype)
-                  for start, stop in group_rows(widths)]
+        groups = [
+            _decode_group(decodes[start:stop], start, block_size, device, dtype) for start, stop in group_rows(widths)
+        ]
         prefills = sequences[num_decodes:]
-        prefill_blocks = [torch.tensor(seq.block_table[:-(-seq.context_len // block_size)], device=device)
-                          for seq in prefills]
+        prefill_blocks = [
+            torch.tensor(seq.block_table[: -(-seq.context_len // block_size)], device=device) for seq in prefills
+        ]
         prefill_masks = [causal_mask(seq.num_query, seq.context_len, device) for seq in prefills]
-        return cls(torch.tensor(slots, dtype=torch.long).to(device), sequences, num_decodes,
-                   groups, prefill_blocks, prefill_masks)
+        return cls(
+            torch.tensor(slots, dtype=torch.long).to(device),
+            sequences,
+            num_decodes,
+            groups,
+            prefill_blocks,
+            prefill_masks,
+        )
 
 
-def _decode_group(decodes: list[SequenceSlice], start: int, block_size: int, device: torch.device,
-                  dtype: torch.dtype) -> DecodeGroup:
+def _decode_group(
+    decodes: list[SequenceSlice], start: int, block_size: int, device: torch.device, dtype: torch.dtype
+) -> DecodeGroup:
     """Pad these rows' block tables to the widest and mask the padding (built on the CPU, then moved)."""
     width = max(-(-seq.context_len // block_size) for seq in decodes)
     padded = [seq.block_table[:width] + [0] * (width - len(seq.block_table[:width])) for seq in decodes]
     lengths = torch.tensor([seq.context_len for seq in decodes])
     visible = torch.arange(width * block_size)[None, :] < lengths[:, None]
     mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
-    return DecodeGroup(start, start + len(decodes), torch.tensor(padded, dtype=torch.long).flatten().to(device),
-                       mask[:, None, None, :].to(device))
+    return DecodeGroup(
+        start,
+        start + len(decodes),
+        torch.tensor(padded, dtype=torch.long).flatten().to(device),
+        mask[:, None, None, :].to(device),
+    )
 
 
 # attention_fn(layer, q [T,Hq,D], k_pool, v_pool, batch) -> [T,Hq,D]
 AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, PagedBatch], torch.Tensor]
 
 
-def paged_attention(layer: int, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                    batch: PagedBatch) -> torch.Tensor:
+def paged_attention(
+    layer: int, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch
+) -> torch.Tensor:
     """Attention for every query row, reading each sequence's keys and values through its block table."""
     if batch.num_decodes == q.shape[0]:  # a pure decode step: nothing else to do
         return _decode_attention(q, k_pool, v_pool, batch)
     out = torch.empty_like(q)
     if batch.num_decodes:
-        out[:batch.num_decodes] = _decode_attention(q[:batch.num_decodes], k_pool, v_pool, batch)
-    prefills = zip(batch.sequences[batch.num_decodes:], batch.prefill_blocks, batch.prefill_masks)
+        out[: batch.num_decodes] = _decode_attention(q[: batch.num_decodes], k_pool, v_pool, batch)
+    prefills = zip(batch.sequences[batch.num_decodes :], batch.prefill_blocks, batch.prefill_masks)
     for seq, blocks, mask in prefills:
-        keys = k_pool.index_select(0, blocks).flatten(0, 1)[:seq.context_len]
-        values = v_pool.index_select(0, blocks).flatten(0, 1)[:seq.context_len]
+        keys = k_pool.index_select(0, blocks).flatten(0, 1)[: seq.context_len]
+        values = v_pool.index_select(0, blocks).flatten(0, 1)[: seq.context_len]
         rows = slice(seq.start, seq.start + seq.num_query)
         out[rows] = attention(q[rows], keys, values, mask)
     return out
 
 
-def _decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                      batch: PagedBatch) -> torch.Tensor:
+def _decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
     """All one-token rows: per group, gather the padded block tables, mask the padding, one SDPA call."""
     if len(batch.decode_groups) == 1:
         return _group_attention(q, k_pool, v_pool, batch.decode_groups[0], batch.scratch)
     out = torch.empty_like(q)
     for group in batch.decode_groups:
-        out[group.start:group.stop] = _group_attention(q[group.start:group.stop], k_pool, v_pool, group,
-                                                       batch.scratch)
+        out[group.start : group.stop] = _group_attention(
+            q[group.start : group.stop], k_pool, v_pool, group, batch.scratch
+        )
     return out
 
 
-def _group_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, group: DecodeGroup,
-                     scratch: dict) -> torch.Tensor:
+def _group_attention(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, group: DecodeGroup, scratch: dict
+) -> torch.Tensor:
     """One group of decode rows: gather their blocks into reused buffers, then one SDPA call."""
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_pool.shape
@@ -198,9 +214,17 @@ def _buffer(scratch: dict, name: str, pool: torch.Tensor, num_blocks: int) -> to
 class PagedKVCache:
     """A K and a V pool per layer, plus the ``attend`` callback the model's forward pass calls."""
 
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 attention_fn: AttentionFn = paged_attention):
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        attention_fn: AttentionFn = paged_attention,
+    ):
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         # zeros, not empty: padding slots are masked out, but 0 × NaN garbage would still be NaN
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
@@ -213,8 +237,7 @@ class PagedKVCache:
         self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)
         self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               batch: PagedBatch) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
         """Write one step's new K/V, then attend through the pool; bind ``batch`` to get ``model.forward``'s
         ``attend`` callback (``functools.partial(cache.attend, batch=batch)``)."""
         self.write(layer, k, v, batch.slot_mapping)
@@ -224,8 +247,9 @@ class PagedKVCache:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 
-def num_blocks_for_memory(bytes_per_token: int, block_size: int, device: torch.device,
-                          gpu_memory_utilization: float, max_useful_tokens: int) -> int:
+def num_blocks_for_memory(
+    bytes_per_token: int, block_size: int, device: torch.device, gpu_memory_utilization: float, max_useful_tokens: int
+) -> int:
     """How many blocks fit, vLLM style: a fraction of device memory, less what is in use now.
 
     On CUDA, the budget is ``gpu_memory_utilization`` × total memory minus what torch already
@@ -243,6 +267,8 @@ def num_blocks_for_memory(bytes_per_token: int, block_size: int, device: torch.d
     bytes_per_block = bytes_per_token * block_size
     num_blocks = min(int(budget // bytes_per_block), -(-max_useful_tokens // block_size))
     if num_blocks < 1:
-        raise ValueError(f"no room for a single KV block ({bytes_per_block} bytes) with "
-                         f"gpu_memory_utilization={gpu_memory_utilization}; raise it or pass num_blocks")
+        raise ValueError(
+            f"no room for a single KV block ({bytes_per_block} bytes) with "
+            f"gpu_memory_utilization={gpu_memory_utilization}; raise it or pass num_blocks"
+        )
     return num_blocks

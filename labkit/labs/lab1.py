@@ -45,37 +45,50 @@ def _mask_sizes(seed: int) -> tuple[list[int]]:
 def _mask_oracle(inputs) -> dict[str, list[torch.Tensor]]:
     sizes = inputs[0]
     right = [causal_mask(n, n) for n in sizes]
-    return {"masks": right,
-            "future": [m.T.contiguous() for m in right],
-            "no_self": [torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1) for n in sizes]}
+    return {
+        "masks": right,
+        "future": [m.T.contiguous() for m in right],
+        "no_self": [torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1) for n in sizes],
+    }
 
 
 def _compare_masks(expected, got) -> Mismatch | None:
     if isinstance(got, list) and len(got) == len(expected["masks"]):
-        for index, (mask, future, no_self) in enumerate(zip(expected["masks"], expected["future"], expected["no_self"])):
+        for index, (mask, future, no_self) in enumerate(
+            zip(expected["masks"], expected["future"], expected["no_self"])
+        ):
             mine = got[index]
             if isinstance(mine, torch.Tensor) and mine.shape == mask.shape and mine.dtype == torch.bool:
                 if mask.shape[0] > 1 and torch.equal(mine, future):
-                    return Mismatch(f"case {index} ({mask.shape[0]} tokens): row 0 lets the first token see every later token",
-                                    "You marked the future instead of the past: query i may look at key j when j <= i "
-                                    "(torch.tril), not j >= i.")
+                    return Mismatch(
+                        f"case {index} ({mask.shape[0]} tokens): row 0 lets the first token see every later token",
+                        "You marked the future instead of the past: query i may look at key j when j <= i "
+                        "(torch.tril), not j >= i.",
+                    )
                 if torch.equal(mine, no_self):
-                    return Mismatch(f"case {index} ({mask.shape[0]} tokens): the diagonal is False",
-                                    "A token must be able to look at itself: use j <= i, not j < i.")
-    return compare_sequences(expected["masks"], got, lambda e, g: compare_tensors(e, g, dims=("query", "key"), what="mask"),
-                             item="case")
+                    return Mismatch(
+                        f"case {index} ({mask.shape[0]} tokens): the diagonal is False",
+                        "A token must be able to look at itself: use j <= i, not j < i.",
+                    )
+    return compare_sequences(
+        expected["masks"], got, lambda e, g: compare_tensors(e, g, dims=("query", "key"), what="mask"), item="case"
+    )
 
 
-register(diagnosed(Exercise(
-    id="lab1.causal_mask",
-    functions=("causal_mask",),
-    make_inputs=_mask_sizes,
-    run=lambda functions, inputs: [functions[0](n) for n in inputs[0]],
-    oracle=_mask_oracle,
-    compare=_compare_masks,
-    tested="causal_mask(n) for n = 1, 2, 5 and one more: a bool [n, n] tensor, True where query i may see key j",
-    hint="Query i may look at keys 0..i and no further: True on and below the diagonal (torch.tril of ones, dtype bool).",
-)))
+register(
+    diagnosed(
+        Exercise(
+            id="lab1.causal_mask",
+            functions=("causal_mask",),
+            make_inputs=_mask_sizes,
+            run=lambda functions, inputs: [functions[0](n) for n in inputs[0]],
+            oracle=_mask_oracle,
+            compare=_compare_masks,
+            tested="causal_mask(n) for n = 1, 2, 5 and one more: a bool [n, n] tensor, True where query i may see key j",
+            hint="Query i may look at keys 0..i and no further: True on and below the diagonal (torch.tril of ones, dtype bool).",
+        )
+    )
+)
 
 # --- lab1.attention -----------------------------------------------------------------------
 
@@ -93,20 +106,24 @@ def _attention_inputs(seed: int) -> tuple[list[tuple[torch.Tensor, ...]]]:
 
 def _attention_oracle(inputs) -> dict[str, Any]:
     cases = inputs[0]
-    return {"outs": [attention(*case) for case in cases],
-            "mistakes": [known_attention_mistakes(q, k, v, k, v) for q, k, v, _ in cases]}
+    return {
+        "outs": [attention(*case) for case in cases],
+        "mistakes": [known_attention_mistakes(q, k, v, k, v) for q, k, v, _ in cases],
+    }
 
 
 def _compare_attention(expected, got) -> Mismatch | None:
     def one(index: int):
         def compare(want, have):
-            mismatch = compare_tensors(want, have, dims=("query", "head", "dim"), what="attention output",
-                                       **ATTENTION_TOLERANCE)
+            mismatch = compare_tensors(
+                want, have, dims=("query", "head", "dim"), what="attention output", **ATTENTION_TOLERANCE
+            )
             if mismatch is not None and isinstance(have, torch.Tensor) and have.shape == want.shape:
                 for hint, wrong in expected["mistakes"][index].items():
                     if torch.allclose(have, wrong, **ATTENTION_TOLERANCE):
                         return Mismatch(mismatch.difference, hint)
             return mismatch
+
         return compare
 
     if not isinstance(got, list) or len(got) != len(expected["outs"]):
@@ -119,18 +136,22 @@ def _compare_attention(expected, got) -> Mismatch | None:
     return None
 
 
-register(diagnosed(Exercise(
-    id="lab1.attention",
-    functions=("attention",),
-    make_inputs=_attention_inputs,
-    run=lambda functions, inputs: [functions[0](*case) for case in inputs[0]],
-    oracle=_attention_oracle,
-    compare=_compare_attention,
-    tested="attention(q, k, v, mask) on 3 random cases (4 query heads, 2 KV heads, head_dim 8, "
-           "5x5, 1x6 and 3x7 queries x keys) against softmax(q·kᵀ/√D + mask)·v",
-    hint="Per query head h use KV head h // (Hq // Hkv); scores = q·kᵀ / √D; set masked scores to -inf; "
-         "softmax over the keys; weighted sum of v. Return [Tq, Hq, D].",
-)))
+register(
+    diagnosed(
+        Exercise(
+            id="lab1.attention",
+            functions=("attention",),
+            make_inputs=_attention_inputs,
+            run=lambda functions, inputs: [functions[0](*case) for case in inputs[0]],
+            oracle=_attention_oracle,
+            compare=_compare_attention,
+            tested="attention(q, k, v, mask) on 3 random cases (4 query heads, 2 KV heads, head_dim 8, "
+            "5x5, 1x6 and 3x7 queries x keys) against softmax(q·kᵀ/√D + mask)·v",
+            hint="Per query head h use KV head h // (Hq // Hkv); scores = q·kᵀ / √D; set masked scores to -inf; "
+            "softmax over the keys; weighted sum of v. Return [Tq, Hq, D].",
+        )
+    )
+)
 
 # --- lab1.prefill -------------------------------------------------------------------------
 
@@ -150,29 +171,38 @@ def _compare_prefill(expected, got) -> Mismatch | None:
     calls = got["calls"]
     prompt = expected["prompt"]
     if len(calls) != 1:
-        return Mismatch(f"prefill called model.forward {len(calls)} times",
-                        "Prefill is one pass: call model.forward once with all the prompt's tokens.")
+        return Mismatch(
+            f"prefill called model.forward {len(calls)} times",
+            "Prefill is one pass: call model.forward once with all the prompt's tokens.",
+        )
     sent = calls[0]["input_ids"].tolist()
     if sent != prompt:
-        return Mismatch(f"model.forward got token ids {sent}, expected the prompt {prompt}",
-                        "Pass the prompt's token ids, in order, as one LongTensor.")
-    mismatch = (check_positions(calls[0]["positions"], list(range(len(prompt))), "the prefill pass")
-                or check_attention(calls, keeps_history=False))
+        return Mismatch(
+            f"model.forward got token ids {sent}, expected the prompt {prompt}",
+            "Pass the prompt's token ids, in order, as one LongTensor.",
+        )
+    mismatch = check_positions(calls[0]["positions"], list(range(len(prompt))), "the prefill pass") or check_attention(
+        calls, keeps_history=False
+    )
     return mismatch or check_logits(expected["logits"], got["logits"], "logits")
 
 
-register(diagnosed(Exercise(
-    id="lab1.prefill",
-    functions=("prefill",),
-    make_inputs=_one_prompt,
-    run=_run_prefill,
-    oracle=lambda inputs: {"logits": transformers_logits(*inputs), "prompt": list(inputs[1])},
-    compare=_compare_prefill,
-    tested="prefill(model, prompt) on a short prompt with the default model: one forward pass, positions "
-           "0..T-1, causal attention at every layer, logits [T, vocab] equal to transformers' own forward pass",
-    hint="ids = torch.tensor(prompt); positions = torch.arange(T); attend = your attention with causal_mask(T); "
-         "return model.forward(ids, positions, attend).",
-)))
+register(
+    diagnosed(
+        Exercise(
+            id="lab1.prefill",
+            functions=("prefill",),
+            make_inputs=_one_prompt,
+            run=_run_prefill,
+            oracle=lambda inputs: {"logits": transformers_logits(*inputs), "prompt": list(inputs[1])},
+            compare=_compare_prefill,
+            tested="prefill(model, prompt) on a short prompt with the default model: one forward pass, positions "
+            "0..T-1, causal attention at every layer, logits [T, vocab] equal to transformers' own forward pass",
+            hint="ids = torch.tensor(prompt); positions = torch.arange(T); attend = your attention with causal_mask(T); "
+            "return model.forward(ids, positions, attend).",
+        )
+    )
+)
 
 # --- lab1.generate_without_cache ------------------------------------------------------------
 
@@ -190,14 +220,18 @@ def _compare_generate(expected, got) -> Mismatch | None:
     if not calls:
         return Mismatch("model.forward was never called", "Each new token needs one forward pass.")
     mine = [int(t) for t in tokens] if isinstance(tokens, list) else []
-    for step, call in enumerate(calls[:len(mine)]):
+    for step, call in enumerate(calls[: len(mine)]):
         sent = call["input_ids"].tolist()
         whole = prompt + mine[:step]
         if sent != whole:
-            hint = ("Without a cache the model remembers nothing between passes: each step must run the whole "
-                    "sequence, prompt plus every token generated so far.")
+            hint = (
+                "Without a cache the model remembers nothing between passes: each step must run the whole "
+                "sequence, prompt plus every token generated so far."
+            )
             if len(sent) < len(whole):
-                return Mismatch(f"step {step}: model.forward got {len(sent)} tokens, expected all {len(whole)} so far", hint)
+                return Mismatch(
+                    f"step {step}: model.forward got {len(sent)} tokens, expected all {len(whole)} so far", hint
+                )
             return Mismatch(f"step {step}: model.forward got {sent}, expected {whole}", hint)
         position_problem = check_positions(call["positions"], list(range(len(whole))), f"step {step}")
         if position_problem:
@@ -209,20 +243,27 @@ def _compare_generate(expected, got) -> Mismatch | None:
     if step is not None and step < len(calls):
         logits = calls[step]["logits"]
         if int(logits[0].argmax()) == mine[step] != int(logits[-1].argmax()):
-            return Mismatch(mismatch.difference, "You picked the token from the first row of the logits; the next "
-                                                 "token comes from the last row (logits[-1]).")
+            return Mismatch(
+                mismatch.difference,
+                "You picked the token from the first row of the logits; the next "
+                "token comes from the last row (logits[-1]).",
+            )
     return mismatch
 
 
-register(diagnosed(Exercise(
-    id="lab1.generate_without_cache",
-    functions=("generate_without_cache",),
-    make_inputs=prompt_and_steps,
-    run=_run_generate,
-    oracle=greedy_without_cache,
-    compare=_compare_generate,
-    tested="generate_without_cache(model, prompt, n) with the default model: every step reruns the whole sequence "
-           "(positions from 0) and the n greedy tokens equal transformers' greedy choice",
-    hint="Loop n times: logits = prefill(model, sequence); next = int(logits[-1].argmax()); append it to the "
-         "sequence and to the output.",
-)))
+register(
+    diagnosed(
+        Exercise(
+            id="lab1.generate_without_cache",
+            functions=("generate_without_cache",),
+            make_inputs=prompt_and_steps,
+            run=_run_generate,
+            oracle=greedy_without_cache,
+            compare=_compare_generate,
+            tested="generate_without_cache(model, prompt, n) with the default model: every step reruns the whole sequence "
+            "(positions from 0) and the n greedy tokens equal transformers' greedy choice",
+            hint="Loop n times: logits = prefill(model, sequence); next = int(logits[-1].argmax()); append it to the "
+            "sequence and to the output.",
+        )
+    )
+)

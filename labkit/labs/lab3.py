@@ -55,15 +55,22 @@ def _pad_oracle(inputs) -> dict[str, Any]:
 
 def _compare_pad(expected, got) -> Mismatch | None:
     if not isinstance(got, (tuple, list)) or len(got) != 3:
-        return Mismatch(f"left_pad returned {type(got).__name__}, expected a tuple (ids, is_real, positions)",
-                        "Return three [B, L] tensors: token ids, a bool mask of real tokens, and positions.")
+        return Mismatch(
+            f"left_pad returned {type(got).__name__}, expected a tuple (ids, is_real, positions)",
+            "Return three [B, L] tensors: token ids, a bool mask of real tokens, and positions.",
+        )
     (ids, is_real, positions), right = expected["left"], expected["right"]
     got_ids, got_real, got_positions = got
     if isinstance(got_ids, torch.Tensor) and got_ids.shape == ids.shape and torch.equal(got_ids, right[0]):
-        return Mismatch("the pads are at the end of each row (right padding)",
-                        "Pad on the LEFT: then every row's last column holds its last real token, and the next "
-                        "token of every sequence is predicted from the same column.")
-    for name, want, have, dims in (("ids", ids, got_ids, ("row", "column")), ("is_real", is_real, got_real, ("row", "column"))):
+        return Mismatch(
+            "the pads are at the end of each row (right padding)",
+            "Pad on the LEFT: then every row's last column holds its last real token, and the next "
+            "token of every sequence is predicted from the same column.",
+        )
+    for name, want, have, dims in (
+        ("ids", ids, got_ids, ("row", "column")),
+        ("is_real", is_real, got_real, ("row", "column")),
+    ):
         mismatch = compare_tensors(want, have, dims=dims, what=name)
         if mismatch:
             return mismatch
@@ -71,27 +78,34 @@ def _compare_pad(expected, got) -> Mismatch | None:
         return compare_tensors(positions, got_positions, dims=("row", "column"), what="positions")
     counted_from_row_start = torch.arange(ids.shape[1]).expand_as(ids)
     real_positions = got_positions.where(is_real, torch.zeros_like(got_positions))
-    if not torch.equal(real_positions, positions) and torch.equal(got_positions.where(is_real, counted_from_row_start),
-                                                                   counted_from_row_start):
-        return Mismatch("positions count from the start of the row, pads included",
-                        "A token's position is its index in its own prompt: the first real token is at 0, "
-                        "however many pads come before it.")
+    if not torch.equal(real_positions, positions) and torch.equal(
+        got_positions.where(is_real, counted_from_row_start), counted_from_row_start
+    ):
+        return Mismatch(
+            "positions count from the start of the row, pads included",
+            "A token's position is its index in its own prompt: the first real token is at 0, "
+            "however many pads come before it.",
+        )
     mismatch = compare_tensors(positions, real_positions, dims=("row", "column"), what="position of a real token")
     return mismatch
 
 
-register(diagnosed(Exercise(
-    id="lab3.left_pad",
-    functions=("left_pad",),
-    make_inputs=_pad_inputs,
-    run=lambda functions, inputs: functions[0](*inputs),
-    oracle=_pad_oracle,
-    compare=_compare_pad,
-    tested="left_pad(prompts, pad_id) on 4 prompts of lengths 3, 1, 5 and one more: ids, is_real and positions "
-           "[B, L] (positions of pads are not checked)",
-    hint="L = the longest prompt; row b = (L - len(prompt b)) pads, then the prompt; positions 0..len-1 on the "
-         "real tokens.",
-)))
+register(
+    diagnosed(
+        Exercise(
+            id="lab3.left_pad",
+            functions=("left_pad",),
+            make_inputs=_pad_inputs,
+            run=lambda functions, inputs: functions[0](*inputs),
+            oracle=_pad_oracle,
+            compare=_compare_pad,
+            tested="left_pad(prompts, pad_id) on 4 prompts of lengths 3, 1, 5 and one more: ids, is_real and positions "
+            "[B, L] (positions of pads are not checked)",
+            hint="L = the longest prompt; row b = (L - len(prompt b)) pads, then the prompt; positions 0..len-1 on the "
+            "real tokens.",
+        )
+    )
+)
 
 # --- lab3.padded_causal_mask --------------------------------------------------------------
 
@@ -111,14 +125,22 @@ def _mask_oracle(inputs) -> dict[str, list[torch.Tensor]]:
         causal = causal_mask(num_queries, num_keys)
         real = is_real[:, None, :].expand(-1, num_queries, -1)
         right.append(causal[None] & real)
-        mistakes.append({
-            "Queries and keys are swapped: the mask is [B, Tq, Tk], the query axis before the key axis.":
-                right[-1].transpose(1, 2),
-            "Pads are visible: a key is allowed only if it is a real token (and not in the future).": causal[None].expand_as(real),
-            "Not causal: queries see keys after them. Combine the padding mask with a causal mask.": real,
-            "The causal part is aligned to the first keys; the queries are the LAST num_queries tokens, so query i "
-            "sits at column num_keys - num_queries + i.": torch.tril(torch.ones(num_queries, num_keys, dtype=torch.bool))[None] & real,
-        })
+        mistakes.append(
+            {
+                "Queries and keys are swapped: the mask is [B, Tq, Tk], the query axis before the key axis.": right[
+                    -1
+                ].transpose(1, 2),
+                "Pads are visible: a key is allowed only if it is a real token (and not in the future).": causal[
+                    None
+                ].expand_as(real),
+                "Not causal: queries see keys after them. Combine the padding mask with a causal mask.": real,
+                "The causal part is aligned to the first keys; the queries are the LAST num_queries tokens, so query i "
+                "sits at column num_keys - num_queries + i.": torch.tril(
+                    torch.ones(num_queries, num_keys, dtype=torch.bool)
+                )[None]
+                & real,
+            }
+        )
     return {"masks": right, "mistakes": mistakes}
 
 
@@ -137,18 +159,22 @@ def _compare_masks(expected, got) -> Mismatch | None:
     return None
 
 
-register(diagnosed(Exercise(
-    id="lab3.padded_causal_mask",
-    functions=("padded_causal_mask",),
-    make_inputs=_mask_inputs,
-    run=lambda functions, inputs: [functions[0](is_real, n) for is_real, n in inputs[0]],
-    oracle=_mask_oracle,
-    compare=_compare_masks,
-    tested="padded_causal_mask(key_is_real, num_queries) for a left-padded prefill (5 queries) and two decode "
-           "passes (1 and 2 new columns): bool [B, Tq, Tk]",
-    hint="causal_mask(num_queries, num_keys)[None] & key_is_real[:, None, :]: a query sees a key when the key is real "
-         "and not after it.",
-)))
+register(
+    diagnosed(
+        Exercise(
+            id="lab3.padded_causal_mask",
+            functions=("padded_causal_mask",),
+            make_inputs=_mask_inputs,
+            run=lambda functions, inputs: [functions[0](is_real, n) for is_real, n in inputs[0]],
+            oracle=_mask_oracle,
+            compare=_compare_masks,
+            tested="padded_causal_mask(key_is_real, num_queries) for a left-padded prefill (5 queries) and two decode "
+            "passes (1 and 2 new columns): bool [B, Tq, Tk]",
+            hint="causal_mask(num_queries, num_keys)[None] & key_is_real[:, None, :]: a query sees a key when the key is real "
+            "and not after it.",
+        )
+    )
+)
 
 # --- lab3.generate_static_batch -----------------------------------------------------------
 
@@ -170,17 +196,24 @@ def _run_batch(functions, inputs) -> dict[str, Any]:
     for index, call in enumerate(recording.calls):
         logits = call["logits"]
         if index == 0 and logits.shape[0] != rows and logits.shape[0] % rows == 0:
-            logits = logits[logits.shape[0] // rows - 1::logits.shape[0] // rows]  # each row's last column
+            logits = logits[logits.shape[0] // rows - 1 :: logits.shape[0] // rows]  # each row's last column
         step_logits.append(logits)
-    return {"outputs": outputs, "logits": step_logits,
-            "calls": [{k: call[k] for k in ("input_ids", "positions")} for call in recording.calls]}
+    return {
+        "outputs": outputs,
+        "logits": step_logits,
+        "calls": [{k: call[k] for k in ("input_ids", "positions")} for call in recording.calls],
+    }
 
 
 def _batch_oracle(inputs) -> dict[str, Any]:
     model, prompts, max_new, _ = inputs
     solo = [solo_greedy(model, p, n, ignore_eos=True) for p, n in zip(prompts, max_new)]
-    return {"outputs": [run.tokens for run in solo], "logits": [[logit.cpu() for logit in run.logits] for run in solo],
-            "prompts": [list(p) for p in prompts], "max_new": list(max_new)}
+    return {
+        "outputs": [run.tokens for run in solo],
+        "logits": [[logit.cpu() for logit in run.logits] for run in solo],
+        "prompts": [list(p) for p in prompts],
+        "max_new": list(max_new),
+    }
 
 
 def _compare_layout(prompts: list[list[int]], calls: list[dict]) -> Mismatch | None:
@@ -189,20 +222,26 @@ def _compare_layout(prompts: list[list[int]], calls: list[dict]) -> Mismatch | N
         return Mismatch("model.forward was never called", "Prefill the padded batch in one pass, then decode.")
     ids, positions = calls[0]["input_ids"], calls[0]["positions"]
     if ids.numel() % rows:
-        return Mismatch(f"the first pass holds {ids.numel()} tokens, not a multiple of the {rows} rows",
-                        "Prefill the whole padded rectangle [B, L], flattened row by row (ids.flatten()).")
+        return Mismatch(
+            f"the first pass holds {ids.numel()} tokens, not a multiple of the {rows} rows",
+            "Prefill the whole padded rectangle [B, L], flattened row by row (ids.flatten()).",
+        )
     width = ids.numel() // rows
     ids, positions = ids.view(rows, width), positions.view(rows, width)
     for row, prompt in enumerate(prompts):
         n = len(prompt)
-        if ids[row, width - n:].tolist() != prompt:
+        if ids[row, width - n :].tolist() != prompt:
             if ids[row, :n].tolist() == prompt and n < width:
-                return Mismatch(f"row {row} of the first pass starts with its prompt and ends with pads (right padding)",
-                                "Pad on the LEFT: the last column must be every row's last real token, since the "
-                                "next token is read from there and each decode step appends one column.")
-            return Mismatch(f"row {row} of the first pass is {ids[row].tolist()}; it should end with prompt {row}",
-                            "Build the batch with your left_pad and flatten it row by row.")
-        mismatch = check_positions(positions[row, width - n:], list(range(n)), f"the prefill pass, row {row}")
+                return Mismatch(
+                    f"row {row} of the first pass starts with its prompt and ends with pads (right padding)",
+                    "Pad on the LEFT: the last column must be every row's last real token, since the "
+                    "next token is read from there and each decode step appends one column.",
+                )
+            return Mismatch(
+                f"row {row} of the first pass is {ids[row].tolist()}; it should end with prompt {row}",
+                "Build the batch with your left_pad and flatten it row by row.",
+            )
+        mismatch = check_positions(positions[row, width - n :], list(range(n)), f"the prefill pass, row {row}")
         if mismatch:
             return mismatch
     return None
@@ -216,13 +255,17 @@ def _compare_batch(expected, got) -> Mismatch | None:
     steps = max(max_new)
     decodes = calls[1:]
     if len(decodes) < steps - 1:
-        return Mismatch(f"the batch made {len(decodes)} decode passes; its longest member needs {steps} tokens, so "
-                        f"{steps - 1} decode passes after the prefill",
-                        "A static batch runs until its LONGEST member ends.")
-    for step, call in enumerate(decodes[:steps - 1], start=1):
+        return Mismatch(
+            f"the batch made {len(decodes)} decode passes; its longest member needs {steps} tokens, so "
+            f"{steps - 1} decode passes after the prefill",
+            "A static batch runs until its LONGEST member ends.",
+        )
+    for step, call in enumerate(decodes[: steps - 1], start=1):
         if call["input_ids"].numel() != len(prompts):
-            return Mismatch(f"decode pass {step} fed {call['input_ids'].numel()} tokens for {len(prompts)} rows",
-                            "In a static batch every row stays in the batch, finished or not: one token per row per step.")
+            return Mismatch(
+                f"decode pass {step} fed {call['input_ids'].numel()} tokens for {len(prompts)} rows",
+                "In a static batch every row stays in the batch, finished or not: one token per row per step.",
+            )
         expected_positions = [len(p) + step - 1 for p in prompts]
         mismatch = check_positions(call["positions"], expected_positions, f"decode pass {step}")
         if mismatch:
@@ -237,11 +280,16 @@ def _compare_batch(expected, got) -> Mismatch | None:
         mismatch = problems[row]
         label = f"sequence {row} (prompt of {len(prompts[row])} tokens, {max_new[row]} new) against its solo run"
         if isinstance(outputs[row], list) and len(outputs[row]) > max_new[row]:
-            return Mismatch(mismatch.difference, "Keep only each sequence's first max_new_tokens[b] tokens: what a "
-                                                 "finished row produces afterwards is padding work.").within(label)
+            return Mismatch(
+                mismatch.difference,
+                "Keep only each sequence's first max_new_tokens[b] tokens: what a "
+                "finished row produces afterwards is padding work.",
+            ).within(label)
         if all(padded[r] for r in failures) and not any(padded[r] for r in range(len(prompts)) if r not in failures):
-            return Mismatch(mismatch.difference, "Only the padded rows differ: pads leak into attention. The mask "
-                                                 "must hide every key that is a pad.").within(label)
+            return Mismatch(
+                mismatch.difference,
+                "Only the padded rows differ: pads leak into attention. The mask must hide every key that is a pad.",
+            ).within(label)
         return mismatch.within(label)
     return None
 
@@ -256,19 +304,23 @@ def _row_problem(row: int, expected, got) -> Mismatch | None:
     return compare_tokens(expected["outputs"][row], got["outputs"][row])
 
 
-register(diagnosed(Exercise(
-    id="lab3.generate_static_batch",
-    functions=("generate_static_batch",),
-    make_inputs=_batch_inputs,
-    run=_run_batch,
-    oracle=_batch_oracle,
-    compare=_compare_batch,
-    tested="generate_static_batch(model, prompts, max_new_tokens, pad_id) on 3 prompts of different lengths with the "
-           "default model: left-padded prefill, one token per row per step until the longest ends, and every "
-           "sequence equal to its solo greedy run",
-    hint="left_pad, cache.add_columns(is_real), prefill with logits_indices at each row's last column; then each "
-         "step: argmax per row, add_columns(all True), forward the B new tokens at positions = tokens so far.",
-)))
+register(
+    diagnosed(
+        Exercise(
+            id="lab3.generate_static_batch",
+            functions=("generate_static_batch",),
+            make_inputs=_batch_inputs,
+            run=_run_batch,
+            oracle=_batch_oracle,
+            compare=_compare_batch,
+            tested="generate_static_batch(model, prompts, max_new_tokens, pad_id) on 3 prompts of different lengths with the "
+            "default model: left-padded prefill, one token per row per step until the longest ends, and every "
+            "sequence equal to its solo greedy run",
+            hint="left_pad, cache.add_columns(is_real), prefill with logits_indices at each row's last column; then each "
+            "step: argmax per row, add_columns(all True), forward the B new tokens at positions = tokens so far.",
+        )
+    )
+)
 
 # --- lab3.padding_waste -------------------------------------------------------------------
 
@@ -301,31 +353,47 @@ def _compare_waste(expected, got) -> Mismatch | None:
     for (lens, size), want, wrong_max, have in zip(expected["cases"], expected["right"], expected["global_max"], got):
         where = f"output lengths {lens[:8]}{'...' if len(lens) > 8 else ''}, batch size {size}"
         if not isinstance(have, dict) or set(have) != {"useful", "padded", "utilisation"}:
-            return Mismatch(f"{where}: got {have!r}", "Return a dict with the keys 'useful', 'padded' and 'utilisation'.")
-        if have["useful"] == want["useful"] and have["padded"] == want["padded"] \
-                and abs(have["utilisation"] - want["utilisation"]) < 1e-9:
+            return Mismatch(
+                f"{where}: got {have!r}", "Return a dict with the keys 'useful', 'padded' and 'utilisation'."
+            )
+        if (
+            have["useful"] == want["useful"]
+            and have["padded"] == want["padded"]
+            and abs(have["utilisation"] - want["utilisation"]) < 1e-9
+        ):
             continue
         detail = f"{where}: expected {want}, got {have}"
         if have["padded"] == wrong_max["padded"] and want["padded"] != wrong_max["padded"]:
-            return Mismatch(detail, "Each batch runs until ITS OWN longest member ends, not the longest of the workload.")
+            return Mismatch(
+                detail, "Each batch runs until ITS OWN longest member ends, not the longest of the workload."
+            )
         if have["useful"] == want["useful"] and have["padded"] == want["padded"]:
-            return Mismatch(detail, "utilisation = useful / (useful + padded): the share of held slot-steps that produced a token.")
+            return Mismatch(
+                detail, "utilisation = useful / (useful + padded): the share of held slot-steps that produced a token."
+            )
         if have["useful"] != want["useful"]:
             return Mismatch(detail, "Useful slot-steps are the tokens produced: the sum of the output lengths.")
-        return Mismatch(detail, "A request holds its slot from its batch's first step to that batch's last; a batch "
-                                "of k requests holds k slots.")
+        return Mismatch(
+            detail,
+            "A request holds its slot from its batch's first step to that batch's last; a batch "
+            "of k requests holds k slots.",
+        )
     return None
 
 
-register(diagnosed(Exercise(
-    id="lab3.padding_waste",
-    functions=("padding_waste",),
-    make_inputs=_waste_inputs,
-    run=lambda functions, inputs: [functions[0](list(lens), size) for lens, size in inputs[0]],
-    oracle=_waste_oracle,
-    compare=_compare_waste,
-    tested="padding_waste(output_lens, batch_size) on a 10-token and a 500-token answer together, a short list with a "
-           "partial last batch, and 24 skewed lengths",
-    hint="Batch in order, batch_size at a time; a batch runs max(its lengths) steps; padded = sum over members of "
-         "(max - length); utilisation = useful / (useful + padded).",
-)))
+register(
+    diagnosed(
+        Exercise(
+            id="lab3.padding_waste",
+            functions=("padding_waste",),
+            make_inputs=_waste_inputs,
+            run=lambda functions, inputs: [functions[0](list(lens), size) for lens, size in inputs[0]],
+            oracle=_waste_oracle,
+            compare=_compare_waste,
+            tested="padding_waste(output_lens, batch_size) on a 10-token and a 500-token answer together, a short list with a "
+            "partial last batch, and 24 skewed lengths",
+            hint="Batch in order, batch_size at a time; a batch runs max(its lengths) steps; padded = sum over members of "
+            "(max - length); utilisation = useful / (useful + padded).",
+        )
+    )
+)

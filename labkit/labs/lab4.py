@@ -36,17 +36,20 @@ def check_decisions(decisions: list[dict[str, Any]], chunked: bool = False) -> M
     """The first decision that overfills the batch or leaves a slot idle while the head of the queue fits."""
     for step, d in enumerate(decisions):
         if d["running"] > d["max_num_seqs"]:
-            return Mismatch(f"step {step}: {d['running']} requests were running, but max_num_seqs is "
-                            f"{d['max_num_seqs']}", "Admit a waiting request only while "
-                            "len(state.running) < state.max_num_seqs.")
+            return Mismatch(
+                f"step {step}: {d['running']} requests were running, but max_num_seqs is {d['max_num_seqs']}",
+                "Admit a waiting request only while len(state.running) < state.max_num_seqs.",
+            )
         fits = d["head_fits_chunk"] if chunked else d["head_fits_whole"]
         if d["running"] < d["max_num_seqs"] and d["waiting"] and fits and not d["preempted"]:
             room = "a chunk of its prompt" if chunked else f"its {d['head_tokens']} prompt tokens"
-            return Mismatch(f"step {step}: only {d['running']} of {d['max_num_seqs']} slots were in use while "
-                            f"{d['head']} waited, and {room} had blocks and budget",
-                            "After scheduling the running requests, keep admitting from the head of state.waiting "
-                            "(state.admit) while a slot, free blocks and the token budget allow. Waiting for the "
-                            "whole batch to finish is static batching.")
+            return Mismatch(
+                f"step {step}: only {d['running']} of {d['max_num_seqs']} slots were in use while "
+                f"{d['head']} waited, and {room} had blocks and budget",
+                "After scheduling the running requests, keep admitting from the head of state.waiting "
+                "(state.admit) while a slot, free blocks and the token budget allow. Waiting for the "
+                "whole batch to finish is static batching.",
+            )
     return None
 
 
@@ -56,24 +59,25 @@ def _run_policy(functions, inputs):
 
 
 def _compare_run(expected, got) -> Mismatch | None:
-    return (check_decisions(got["decisions"]) or run_failure(got)
-            or compare_with_solo(expected["solo"], got["tokens"]))
+    return check_decisions(got["decisions"]) or run_failure(got) or compare_with_solo(expected["solo"], got["tokens"])
 
 
-register(Exercise(
-    id="lab4.continuous_schedule",
-    functions=("continuous_schedule",),
-    make_inputs=lambda seed: {"requests": random_requests(seed, 14), "dials": CHECK_DIALS},
-    run=_run_policy,
-    oracle=solo_oracle,
-    compare=_compare_run,
-    tested="your policy serves 14 seeded requests arriving over time on the tiny model (4 slots, 20 blocks of 4): "
-           "never more than max_num_seqs running, no slot idle while the next request fits, and every request's "
-           "greedy tokens equal to decoding it alone",
-    hint="Running requests first (state.reserve, then their num_missing_tokens in output.scheduled), then admit "
-         "from the head of state.waiting while slots, blocks and budget allow.",
-    points=2.0,
-))
+register(
+    Exercise(
+        id="lab4.continuous_schedule",
+        functions=("continuous_schedule",),
+        make_inputs=lambda seed: {"requests": random_requests(seed, 14), "dials": CHECK_DIALS},
+        run=_run_policy,
+        oracle=solo_oracle,
+        compare=_compare_run,
+        tested="your policy serves 14 seeded requests arriving over time on the tiny model (4 slots, 20 blocks of 4): "
+        "never more than max_num_seqs running, no slot idle while the next request fits, and every request's "
+        "greedy tokens equal to decoding it alone",
+        hint="Running requests first (state.reserve, then their num_missing_tokens in output.scheduled), then admit "
+        "from the head of state.waiting while slots, blocks and budget allow.",
+        points=2.0,
+    )
+)
 
 
 def ten_replies() -> list[CheckRequest]:
@@ -90,20 +94,24 @@ def _ten_replies_steps(policy) -> int:
 def _compare_steps(expected, got) -> Mismatch | None:
     if got == expected["continuous"]:
         return None
-    return Mismatch(f"your policy took {got} steps; static batching takes {expected['static']} and continuous "
-                    f"batching {expected['continuous']}",
-                    "A finished request must free its slot for the next one on the very next step: admit "
-                    "whenever a slot is free, not only when the batch is empty.")
+    return Mismatch(
+        f"your policy took {got} steps; static batching takes {expected['static']} and continuous "
+        f"batching {expected['continuous']}",
+        "A finished request must free its slot for the next one on the very next step: admit "
+        "whenever a slot is free, not only when the batch is empty.",
+    )
 
 
-register(Exercise(
-    id="lab4.ten_replies",
-    functions=("continuous_schedule",),
-    make_inputs=lambda seed: None,
-    run=lambda functions, inputs: _ten_replies_steps(policy_from_function(functions[0])),
-    oracle=lambda inputs: {"static": _ten_replies_steps("static"), "continuous": _ten_replies_steps("continuous")},
-    compare=_compare_steps,
-    tested=f"the lesson's ten replies {list(TEN_REPLIES)} on {SEATS} slots take as few steps as continuous "
-           "batching allows (static batching takes 84)",
-    hint="Admit whenever a slot is free.",
-))
+register(
+    Exercise(
+        id="lab4.ten_replies",
+        functions=("continuous_schedule",),
+        make_inputs=lambda seed: None,
+        run=lambda functions, inputs: _ten_replies_steps(policy_from_function(functions[0])),
+        oracle=lambda inputs: {"static": _ten_replies_steps("static"), "continuous": _ten_replies_steps("continuous")},
+        compare=_compare_steps,
+        tested=f"the lesson's ten replies {list(TEN_REPLIES)} on {SEATS} slots take as few steps as continuous "
+        "batching allows (static batching takes 84)",
+        hint="Admit whenever a slot is free.",
+    )
+)

@@ -44,14 +44,18 @@ def check_budget_and_order(decisions: list[dict[str, Any]]) -> Mismatch | None:
     for step, d in enumerate(decisions):
         total = sum(d["scheduled"].values())
         if total > d["budget"]:
-            return Mismatch(f"step {step} computes {total} tokens ({d['scheduled']}), over the budget of {d['budget']}",
-                            "Keep a running count of the budget left and never give a request more than it: "
-                            "a prompt that does not fit gets a chunk of min(num_missing_tokens, budget left).")
+            return Mismatch(
+                f"step {step} computes {total} tokens ({d['scheduled']}), over the budget of {d['budget']}",
+                "Keep a running count of the budget left and never give a request more than it: "
+                "a prompt that does not fit gets a chunk of min(num_missing_tokens, budget left).",
+            )
         if d["decoding_not_scheduled"] and d["prefill"] and not d["preempted"]:
-            return Mismatch(f"step {step}: {d['decoding_not_scheduled']} were decoding but got no token, while "
-                            f"prompt chunks took {sum(d['prefill'].values())} tokens",
-                            "Decodes first: give every decoding request (request.is_decoding) its one token "
-                            "before any prompt chunk, or a long prompt freezes everyone else.")
+            return Mismatch(
+                f"step {step}: {d['decoding_not_scheduled']} were decoding but got no token, while "
+                f"prompt chunks took {sum(d['prefill'].values())} tokens",
+                "Decodes first: give every decoding request (request.is_decoding) its one token "
+                "before any prompt chunk, or a long prompt freezes everyone else.",
+            )
     return None
 
 
@@ -60,21 +64,27 @@ def _run(functions, inputs) -> dict[str, Any]:
 
 
 def _compare(expected, got) -> Mismatch | None:
-    return (check_budget_and_order(got["decisions"]) or check_decisions(got["decisions"], chunked=True)
-            or run_failure(got) or compare_with_solo(expected["solo"], got["tokens"]))
+    return (
+        check_budget_and_order(got["decisions"])
+        or check_decisions(got["decisions"], chunked=True)
+        or run_failure(got)
+        or compare_with_solo(expected["solo"], got["tokens"])
+    )
 
 
-register(Exercise(
-    id="lab6.chunked_schedule",
-    functions=("chunked_schedule",),
-    make_inputs=lambda seed: {"requests": long_prompt_requests(seed)},
-    run=_run,
-    oracle=solo_oracle,
-    compare=_compare,
-    tested=f"your policy serves 9 seeded chats plus a {LONG_PROMPT}-token prompt arriving mid-run, on the tiny model "
-           f"with a budget of {BUDGET} tokens a step: no step over budget, every decoding request gets its token "
-           "every step, no budget idle while a prompt waits, and every request's tokens equal to decoding it alone",
-    hint="1. every decoding request: 1 token; 2. running requests still in their prompt: a chunk of "
-         "min(num_missing_tokens, budget left); 3. admit from the queue with chunks while slots, blocks and budget allow.",
-    points=2.0,
-))
+register(
+    Exercise(
+        id="lab6.chunked_schedule",
+        functions=("chunked_schedule",),
+        make_inputs=lambda seed: {"requests": long_prompt_requests(seed)},
+        run=_run,
+        oracle=solo_oracle,
+        compare=_compare,
+        tested=f"your policy serves 9 seeded chats plus a {LONG_PROMPT}-token prompt arriving mid-run, on the tiny model "
+        f"with a budget of {BUDGET} tokens a step: no step over budget, every decoding request gets its token "
+        "every step, no budget idle while a prompt waits, and every request's tokens equal to decoding it alone",
+        hint="1. every decoding request: 1 token; 2. running requests still in their prompt: a chunk of "
+        "min(num_missing_tokens, budget left); 3. admit from the queue with chunks while slots, blocks and budget allow.",
+        points=2.0,
+    )
+)

@@ -8,5 +8,15 @@ clock, is :func:`labkit.sim.simulator.simulate`. None of it loads torch or the m
 from labkit.sim.cost_model import MODELS, CostModel, ModelSpec, PassTime, SequenceWork, get_model
 from labkit.sim.hardware import PRESETS, Hardware, get_hardware, probe_this_machine
 
-__all__ = ["MODELS", "PRESETS", "CostModel", "Hardware", "ModelSpec", "PassTime", "SequenceWork",
-           "get_hardware", "get_model", "probe_this_machine"]
+__all__ = [
+    "MODELS",
+    "PRESETS",
+    "CostModel",
+    "Hardware",
+    "ModelSpec",
+    "PassTime",
+    "SequenceWork",
+    "get_hardware",
+    "get_model",
+    "probe_this_machine",
+]

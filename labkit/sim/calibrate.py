@@ -98,11 +98,13 @@ class StepWork:
     def __post_init__(self) -> None:
         sizes = {len(self.new_tokens), len(self.context_tokens), len(self.seconds)}
         if len(sizes) != 1:
-            raise ValueError(f"StepWork needs one new-token count, context and time per step; got lengths "
-                             f"{sorted(sizes)}")
+            raise ValueError(
+                f"StepWork needs one new-token count, context and time per step; got lengths {sorted(sizes)}"
+            )
         if np.any(self.new_tokens < 1) or np.any(self.context_tokens < 0) or not np.all(self.seconds > 0):
-            raise ValueError("every step must compute at least one token, read a context of 0 or more and "
-                             "take a positive time")
+            raise ValueError(
+                "every step must compute at least one token, read a context of 0 or more and take a positive time"
+            )
 
     def __len__(self) -> int:
         return len(self.seconds)
@@ -115,8 +117,7 @@ def step_work(traces: Trace | Sequence[Trace]) -> StepWork:
     new = [sum(step.scheduled.values()) for step in steps]
     context = [step.context_tokens for step in steps]
     seconds = [step.duration for step in steps]
-    return StepWork(np.array(new, dtype=np.int64), np.array(context, dtype=np.int64),
-                    np.array(seconds, dtype=float))
+    return StepWork(np.array(new, dtype=np.int64), np.array(context, dtype=np.int64), np.array(seconds, dtype=float))
 
 
 def _nonnegative_least_squares(matrix: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -152,15 +153,17 @@ class _Terms:
 
     def predict(self, coefficients: np.ndarray) -> np.ndarray:
         per_byte, per_flop, overhead, per_context_token = coefficients
-        return (np.maximum(per_byte * self.bytes_read, per_flop * self.flops_done) + overhead
-                + per_context_token * self.context)
+        return (
+            np.maximum(per_byte * self.bytes_read, per_flop * self.flops_done)
+            + overhead
+            + per_context_token * self.context
+        )
 
     def subset(self, kept: np.ndarray) -> "_Terms":
         return _Terms(self.bytes_read[kept], self.flops_done[kept], self.context[kept])
 
 
-def _fit_split(terms: _Terms, seconds: np.ndarray, compute_bound: np.ndarray,
-               per_byte: float | None) -> np.ndarray:
+def _fit_split(terms: _Terms, seconds: np.ndarray, compute_bound: np.ndarray, per_byte: float | None) -> np.ndarray:
     """Alternate fit and re-split from one starting split until the split holds; return the coefficients.
 
     With ``per_byte`` given (a probed bandwidth), it is held fixed and the rest is fitted.
@@ -184,8 +187,7 @@ def _fit_split(terms: _Terms, seconds: np.ndarray, compute_bound: np.ndarray,
     return coefficients
 
 
-def _fit_coefficients(terms: _Terms, seconds: np.ndarray, new_tokens: np.ndarray,
-                      per_byte: float | None) -> np.ndarray:
+def _fit_coefficients(terms: _Terms, seconds: np.ndarray, new_tokens: np.ndarray, per_byte: float | None) -> np.ndarray:
     """The best (s per byte, s per FLOP, overhead, s per context token) over every starting split."""
     best, best_loss = np.zeros(4), math.inf
     for threshold in np.unique(new_tokens).tolist() + [math.inf]:
@@ -197,8 +199,14 @@ def _fit_coefficients(terms: _Terms, seconds: np.ndarray, new_tokens: np.ndarray
     return best
 
 
-def fit_cost_model(work: StepWork, *, weight_bytes: float, kv_bytes_per_token: float,
-                   flops_per_token: float, bandwidth: float | None = None) -> CostModel:
+def fit_cost_model(
+    work: StepWork,
+    *,
+    weight_bytes: float,
+    kv_bytes_per_token: float,
+    flops_per_token: float,
+    bandwidth: float | None = None,
+) -> CostModel:
     """The cost model whose bandwidth, arithmetic rate, overhead and attention cost best explain ``work``.
 
     ``weight_bytes``, ``kv_bytes_per_token`` and ``flops_per_token`` are counted from the
@@ -208,16 +216,20 @@ def fit_cost_model(work: StepWork, *, weight_bytes: float, kv_bytes_per_token: f
     cannot tell the bandwidth.
     """
     if len(work) < MIN_STEPS:
-        raise ValueError(f"only {len(work)} timed steps; the fit needs at least {MIN_STEPS} across several "
-                         "batch sizes and context lengths; run a longer sweep")
+        raise ValueError(
+            f"only {len(work)} timed steps; the fit needs at least {MIN_STEPS} across several "
+            "batch sizes and context lengths; run a longer sweep"
+        )
     if len(np.unique(work.new_tokens)) < 2:
         raise NoBoundStepsError(
             f"every timed step has {int(work.new_tokens[0])} new tokens, so the compute-bound (long prompt "
             "chunks) rate cannot be told from the fixed overhead; sweep several batch sizes and prompt lengths",
-            limit="compute")
+            limit="compute",
+        )
     context = work.context_tokens.astype(float)
-    terms = _Terms(weight_bytes + kv_bytes_per_token * context, flops_per_token * work.new_tokens.astype(float),
-                   context)
+    terms = _Terms(
+        weight_bytes + kv_bytes_per_token * context, flops_per_token * work.new_tokens.astype(float), context
+    )
     per_byte = None if bandwidth is None else 1.0 / _positive(bandwidth, "bandwidth")
     coefficients = _fit_coefficients(terms, work.seconds, work.new_tokens, per_byte)
     relative_error = terms.predict(coefficients) / work.seconds - 1.0
@@ -226,15 +238,26 @@ def fit_cost_model(work: StepWork, *, weight_bytes: float, kv_bytes_per_token: f
     if not kept.all() and kept.sum() >= MIN_STEPS:
         coefficients = _fit_coefficients(terms.subset(kept), work.seconds[kept], work.new_tokens[kept], per_byte)
     per_byte, per_flop, overhead, per_context_token = coefficients
-    for rate, limit, steps in ((per_flop, "compute", "compute-bound (long prompt chunks)"),
-                               (per_byte, "memory", "memory-bound (small batches)")):
+    for rate, limit, steps in (
+        (per_flop, "compute", "compute-bound (long prompt chunks)"),
+        (per_byte, "memory", "memory-bound (small batches)"),
+    ):
         if rate <= 0:
-            raise NoBoundStepsError(f"the step times show no {steps} steps, so that rate cannot be fitted; "
-                                    "sweep more batch sizes and prompt lengths, or, if other programs were busy, "
-                                    "rerun on an idle machine", limit=limit)
-    return CostModel(bandwidth=float(1.0 / per_byte), flops=float(1.0 / per_flop), weight_bytes=weight_bytes,
-                     overhead_s=float(overhead), kv_bytes_per_token=kv_bytes_per_token,
-                     flops_per_token=flops_per_token, attention_s_per_token=float(per_context_token))
+            raise NoBoundStepsError(
+                f"the step times show no {steps} steps, so that rate cannot be fitted; "
+                "sweep more batch sizes and prompt lengths, or, if other programs were busy, "
+                "rerun on an idle machine",
+                limit=limit,
+            )
+    return CostModel(
+        bandwidth=float(1.0 / per_byte),
+        flops=float(1.0 / per_flop),
+        weight_bytes=weight_bytes,
+        overhead_s=float(overhead),
+        kv_bytes_per_token=kv_bytes_per_token,
+        flops_per_token=flops_per_token,
+        attention_s_per_token=float(per_context_token),
+    )
 
 
 def _positive(value: float, name: str) -> float:
@@ -246,12 +269,15 @@ def _positive(value: float, name: str) -> float:
 def model_sizes(model) -> dict[str, float]:
     """Weight bytes, KV bytes per token and FLOPs per token of a loaded labkit model, counted."""
     parameters = list(model.hf.parameters())
-    return dict(weight_bytes=float(sum(p.numel() * p.element_size() for p in parameters)),
-                kv_bytes_per_token=float(model.config.kv_bytes_per_token(model.dtype)),
-                flops_per_token=2.0 * sum(p.numel() for p in parameters))
+    return dict(
+        weight_bytes=float(sum(p.numel() * p.element_size() for p in parameters)),
+        kv_bytes_per_token=float(model.config.kv_bytes_per_token(model.dtype)),
+        flops_per_token=2.0 * sum(p.numel() for p in parameters),
+    )
 
 
 # --- the saved calibration ---------------------------------------------------------------
+
 
 @dataclass
 class Calibration:
@@ -296,8 +322,9 @@ def load_calibration(path: str | Path) -> Calibration:
         calibration = Calibration(**data)
         calibration.cost_model  # checks the constants
     except (ValueError, TypeError) as err:
-        raise ValueError(f"{path} is not a readable labkit calibration ({err}); run `labkit calibrate` "
-                         "again to rewrite it") from err
+        raise ValueError(
+            f"{path} is not a readable labkit calibration ({err}); run `labkit calibrate` again to rewrite it"
+        ) from err
     return calibration
 
 
@@ -308,8 +335,8 @@ def machine_name() -> str:
 
 # --- timing the engine -------------------------------------------------------------------
 
-def sweep_workloads(vocab_size: int, seed: int = 0,
-                    waves: Sequence[tuple[int, int]] = SWEEP_WAVES) -> list:
+
+def sweep_workloads(vocab_size: int, seed: int = 0, waves: Sequence[tuple[int, int]] = SWEEP_WAVES) -> list:
     """The calibration sweep as seeded waves of (requests, median prompt tokens); each wave arrives at once.
 
     Prompt and answer lengths vary inside a wave (lognormal), as in real traffic, so the
@@ -318,14 +345,21 @@ def sweep_workloads(vocab_size: int, seed: int = 0,
     from labkit.workloads import LogNormal, synthetic_workload
 
     answers = LogNormal(SWEEP_ANSWER_TOKENS, 0.5, low=2, high=4 * SWEEP_ANSWER_TOKENS)
-    return [synthetic_workload(batch, float("inf"), LogNormal(prompt_len, 0.6, low=4, high=SWEEP_MAX_PROMPT),
-                               answers, vocab_size=vocab_size, seed=seed * 1000 + index,
-                               name=f"sweep {batch}x{prompt_len}")
-            for index, (batch, prompt_len) in enumerate(waves)]
+    return [
+        synthetic_workload(
+            batch,
+            float("inf"),
+            LogNormal(prompt_len, 0.6, low=4, high=SWEEP_MAX_PROMPT),
+            answers,
+            vocab_size=vocab_size,
+            seed=seed * 1000 + index,
+            name=f"sweep {batch}x{prompt_len}",
+        )
+        for index, (batch, prompt_len) in enumerate(waves)
+    ]
 
 
-def time_engine_steps(llm, seed: int = 0,
-                      waves: Sequence[tuple[int, int]] = SWEEP_WAVES) -> StepWork:
+def time_engine_steps(llm, seed: int = 0, waves: Sequence[tuple[int, int]] = SWEEP_WAVES) -> StepWork:
     """Run the calibration sweep on ``llm`` and return every step's work and time.
 
     The first wave runs once more before the timing, to warm the model up.
@@ -357,12 +391,20 @@ def calibrate_engine(llm, seed: int = 0) -> Calibration:
         bandwidth_source = "probed"
     predicted = np.array([cost.pass_time(int(n), int(c)) for n, c in zip(work.new_tokens, work.context_tokens)])
     error = float(np.median(np.abs(predicted / work.seconds - 1.0)) * 100)
-    return Calibration(machine=machine_name(), device=str(llm.model.device), model=llm.model.config.name,
-                       dtype=str(llm.model.dtype).removeprefix("torch."), cost=asdict(cost),
-                       num_steps=len(work), median_step_error_pct=error, bandwidth_source=bandwidth_source)
+    return Calibration(
+        machine=machine_name(),
+        device=str(llm.model.device),
+        model=llm.model.config.name,
+        dtype=str(llm.model.dtype).removeprefix("torch."),
+        cost=asdict(cost),
+        num_steps=len(work),
+        median_step_error_pct=error,
+        bandwidth_source=bandwidth_source,
+    )
 
 
 # --- checking the prediction on a new workload ---------------------------------------------
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -394,8 +436,9 @@ def format_report(rows: Sequence[Comparison], title: str = "simulator vs engine"
     """The comparison as a small text table."""
     lines = [title, f"{'metric':<20}{'predicted':>12}{'measured':>12}{'error':>10}"]
     for row in rows:
-        lines.append(f"{row.name + ' (' + row.unit + ')':<20}{row.predicted:>12.1f}{row.measured:>12.1f}"
-                     f"{row.error_pct:>+9.1f}%")
+        lines.append(
+            f"{row.name + ' (' + row.unit + ')':<20}{row.predicted:>12.1f}{row.measured:>12.1f}{row.error_pct:>+9.1f}%"
+        )
     return "\n".join(lines)
 
 
@@ -403,9 +446,15 @@ def check_workload(vocab_size: int, num_requests: int = 32, rate: float = 2.0, s
     """The held-out workload: Poisson arrivals, skewed prompt and answer lengths, a seed of its own."""
     from labkit.workloads import LogNormal, synthetic_workload
 
-    return synthetic_workload(num_requests, rate, LogNormal(96, 0.8, low=8, high=480),
-                              LogNormal(48, 0.5, low=4, high=192), vocab_size=vocab_size, seed=seed,
-                              name=f"check (seed {seed}, {rate:g} req/s)")
+    return synthetic_workload(
+        num_requests,
+        rate,
+        LogNormal(96, 0.8, low=8, high=480),
+        LogNormal(48, 0.5, low=4, high=192),
+        vocab_size=vocab_size,
+        seed=seed,
+        name=f"check (seed {seed}, {rate:g} req/s)",
+    )
 
 
 def check_prediction(llm, cost: CostModel, workload) -> tuple[list[Comparison], Trace, Trace]:
@@ -415,7 +464,14 @@ def check_prediction(llm, cost: CostModel, workload) -> tuple[list[Comparison], 
 
     measured = serve_workload(llm, workload)
     dials = llm.describe()
-    simulated = simulate(workload, cost, dials["policy"], num_blocks=dials["num_blocks"], block_size=dials["block_size"],
-                         max_num_seqs=dials["max_num_seqs"], max_num_batched_tokens=dials["max_num_batched_tokens"],
-                         max_model_len=dials["max_model_len"])
+    simulated = simulate(
+        workload,
+        cost,
+        dials["policy"],
+        num_blocks=dials["num_blocks"],
+        block_size=dials["block_size"],
+        max_num_seqs=dials["max_num_seqs"],
+        max_num_batched_tokens=dials["max_num_batched_tokens"],
+        max_model_len=dials["max_model_len"],
+    )
     return compare(summarize(simulated), summarize(measured)), simulated, measured

@@ -49,12 +49,13 @@ class ModelSpec:
     kv_bytes_per_value: float = 2.0  # the KV cache is usually kept in 16-bit even for quantized weights
 
     def __post_init__(self) -> None:
-        for field_name in ("parameters", "layers", "kv_heads", "head_dim", "bytes_per_param",
-                           "kv_bytes_per_value"):
+        for field_name in ("parameters", "layers", "kv_heads", "head_dim", "bytes_per_param", "kv_bytes_per_value"):
             value = getattr(self, field_name)
             if not value > 0:
-                raise ValueError(f"ModelSpec {self.name!r}: {field_name} must be positive, got {value!r}; "
-                                 "take it from the model's config.json")
+                raise ValueError(
+                    f"ModelSpec {self.name!r}: {field_name} must be positive, got {value!r}; "
+                    "take it from the model's config.json"
+                )
 
     @property
     def weight_bytes(self) -> float:
@@ -81,23 +82,29 @@ def get_model(name: str | ModelSpec) -> ModelSpec:
     try:
         return MODELS[name.lower()]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; use one of {sorted(MODELS)} "
-                         "or build a ModelSpec(name, parameters, layers, kv_heads, head_dim)") from None
+        raise ValueError(
+            f"unknown model {name!r}; use one of {sorted(MODELS)} "
+            "or build a ModelSpec(name, parameters, layers, kv_heads, head_dim)"
+        ) from None
 
 
-def conversations_that_fit(gpu_memory_bytes: float, memory_fraction: float, model: ModelSpec,
-                           tokens_per_conversation: int) -> int:
+def conversations_that_fit(
+    gpu_memory_bytes: float, memory_fraction: float, model: ModelSpec, tokens_per_conversation: int
+) -> int:
     """How many conversations of ``tokens_per_conversation`` tokens fit beside the weights."""
     if not 0 < memory_fraction <= 1:
-        raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}; "
-                         "0.9 (vLLM's default) is a usual choice")
+        raise ValueError(
+            f"memory_fraction must be in (0, 1], got {memory_fraction!r}; 0.9 (vLLM's default) is a usual choice"
+        )
     if not gpu_memory_bytes > 0:
         raise ValueError(f"gpu_memory_bytes must be positive, got {gpu_memory_bytes!r}")
     usable = gpu_memory_bytes * memory_fraction
     if model.weight_bytes >= usable:
-        raise ValueError(f"the weights of {model.name} ({model.weight_bytes / GB:.1f} GB) do not fit in "
-                         f"{memory_fraction:.0%} of {gpu_memory_bytes / GB:.1f} GB; use a GPU with more memory, "
-                         "fewer bytes per parameter (quantize) or several GPUs")
+        raise ValueError(
+            f"the weights of {model.name} ({model.weight_bytes / GB:.1f} GB) do not fit in "
+            f"{memory_fraction:.0%} of {gpu_memory_bytes / GB:.1f} GB; use a GPU with more memory, "
+            "fewer bytes per parameter (quantize) or several GPUs"
+        )
     return math.floor((usable - model.weight_bytes) / (tokens_per_conversation * model.kv_bytes_per_token))
 
 
@@ -142,8 +149,10 @@ class CostModel:
         for field_name in ("bandwidth", "flops", "weight_bytes", "kv_bytes_per_token", "flops_per_token"):
             value = getattr(self, field_name)
             if not value > 0:
-                raise ValueError(f"CostModel: {field_name} must be positive, got {value!r}; "
-                                 "a zero rate would make every pass take forever")
+                raise ValueError(
+                    f"CostModel: {field_name} must be positive, got {value!r}; "
+                    "a zero rate would make every pass take forever"
+                )
         for field_name in ("overhead_s", "attention_s_per_token"):
             if getattr(self, field_name) < 0:
                 raise ValueError(f"CostModel: {field_name} must be zero or more, got {getattr(self, field_name)!r}")
@@ -151,9 +160,14 @@ class CostModel:
     @classmethod
     def from_parts(cls, hardware: Hardware, model: ModelSpec, overhead_s: float = 0.0) -> "CostModel":
         """The cost model of ``model`` served on ``hardware`` with a fixed per-pass overhead."""
-        return cls(bandwidth=hardware.bandwidth, flops=hardware.flops, weight_bytes=model.weight_bytes,
-                   overhead_s=overhead_s, kv_bytes_per_token=model.kv_bytes_per_token,
-                   flops_per_token=2 * model.parameters)
+        return cls(
+            bandwidth=hardware.bandwidth,
+            flops=hardware.flops,
+            weight_bytes=model.weight_bytes,
+            overhead_s=overhead_s,
+            kv_bytes_per_token=model.kv_bytes_per_token,
+            flops_per_token=2 * model.parameters,
+        )
 
     def pass_breakdown(self, new_tokens: int, context_tokens: int) -> PassTime:
         """The terms of a pass computing ``new_tokens`` while reading ``context_tokens`` of KV cache.
@@ -161,11 +175,17 @@ class CostModel:
         Both are totals over the batch. The simulator calls this (or :meth:`pass_time`) every step.
         """
         if new_tokens < 1 or context_tokens < 0:
-            raise ValueError(f"a pass computes at least one token and reads no negative context; got "
-                             f"new_tokens={new_tokens}, context_tokens={context_tokens}")
+            raise ValueError(
+                f"a pass computes at least one token and reads no negative context; got "
+                f"new_tokens={new_tokens}, context_tokens={context_tokens}"
+            )
         bytes_moved = self.weight_bytes + self.kv_bytes_per_token * context_tokens
-        return PassTime(bytes_moved / self.bandwidth, self.flops_per_token * new_tokens / self.flops,
-                        self.overhead_s, self.attention_s_per_token * context_tokens)
+        return PassTime(
+            bytes_moved / self.bandwidth,
+            self.flops_per_token * new_tokens / self.flops,
+            self.overhead_s,
+            self.attention_s_per_token * context_tokens,
+        )
 
     def pass_time(self, new_tokens: int, context_tokens: int) -> float:
         """Seconds of a pass over batch totals; see :meth:`pass_breakdown`."""
@@ -176,8 +196,10 @@ class CostModel:
         new_tokens = context_tokens = 0
         for index, (new, context) in enumerate(batch):
             if new < 1 or context < 0:
-                raise ValueError(f"sequence {index} in the batch has new_tokens={new}, context_len={context}; "
-                                 "each sequence computes at least one token and has a context of 0 or more")
+                raise ValueError(
+                    f"sequence {index} in the batch has new_tokens={new}, context_len={context}; "
+                    "each sequence computes at least one token and has a context of 0 or more"
+                )
             new_tokens += new
             context_tokens += context
         if new_tokens == 0:

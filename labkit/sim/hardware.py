@@ -38,29 +38,59 @@ class Hardware:
         for field_name in ("memory_bytes", "bandwidth", "flops"):
             value = getattr(self, field_name)
             if not value > 0:
-                raise ValueError(f"Hardware {self.name!r}: {field_name} must be positive, got {value!r}; "
-                                 "give the part's published figure or measure it with probe_this_machine()")
+                raise ValueError(
+                    f"Hardware {self.name!r}: {field_name} must be positive, got {value!r}; "
+                    "give the part's published figure or measure it with probe_this_machine()"
+                )
 
     def __str__(self) -> str:
-        return (f"{self.name}: {self.memory_bytes / GB:.0f} GB, {self.bandwidth / GB:,.4g} GB/s, "
-                f"{self.flops / TFLOPS:.3g} TFLOP/s")
+        return (
+            f"{self.name}: {self.memory_bytes / GB:.0f} GB, {self.bandwidth / GB:,.4g} GB/s, "
+            f"{self.flops / TFLOPS:.3g} TFLOP/s"
+        )
 
 
 _PEAK = "published peak, dense BF16 tensor rate without sparsity"
 
 PRESETS: dict[str, Hardware] = {
-    "a100-80gb": Hardware("NVIDIA A100 80GB SXM", 80 * GB, 2.039 * TB, 312 * TFLOPS,
-                          f"NVIDIA A100 Tensor Core GPU datasheet; {_PEAK}"),
-    "h100-sxm": Hardware("NVIDIA H100 SXM", 80 * GB, 3.35 * TB, 989 * TFLOPS,
-                         f"NVIDIA H100 Tensor Core GPU datasheet (1,979 with sparsity); {_PEAK}"),
-    "h200": Hardware("NVIDIA H200 SXM", 141 * GB, 4.8 * TB, 989 * TFLOPS,
-                     f"NVIDIA H200 Tensor Core GPU datasheet (1,979 with sparsity); {_PEAK}"),
-    "b200": Hardware("NVIDIA B200 (HGX)", 180 * GB, 8.0 * TB, 2250 * TFLOPS,
-                     f"NVIDIA HGX B200 datasheet, per GPU (4.5 PFLOPS with sparsity); {_PEAK}"),
-    "rtx-4090": Hardware("NVIDIA GeForce RTX 4090", 24 * GB, 1.008 * TB, 165.2 * TFLOPS,
-                         f"NVIDIA Ada Lovelace architecture whitepaper (BF16 with FP32 accumulate); {_PEAK}"),
-    "mi355x": Hardware("AMD Instinct MI355X", 288 * GB, 8.0 * TB, 2500 * TFLOPS,
-                       f"AMD Instinct MI355X datasheet (5.0 PFLOPS with sparsity); {_PEAK}"),
+    "a100-80gb": Hardware(
+        "NVIDIA A100 80GB SXM", 80 * GB, 2.039 * TB, 312 * TFLOPS, f"NVIDIA A100 Tensor Core GPU datasheet; {_PEAK}"
+    ),
+    "h100-sxm": Hardware(
+        "NVIDIA H100 SXM",
+        80 * GB,
+        3.35 * TB,
+        989 * TFLOPS,
+        f"NVIDIA H100 Tensor Core GPU datasheet (1,979 with sparsity); {_PEAK}",
+    ),
+    "h200": Hardware(
+        "NVIDIA H200 SXM",
+        141 * GB,
+        4.8 * TB,
+        989 * TFLOPS,
+        f"NVIDIA H200 Tensor Core GPU datasheet (1,979 with sparsity); {_PEAK}",
+    ),
+    "b200": Hardware(
+        "NVIDIA B200 (HGX)",
+        180 * GB,
+        8.0 * TB,
+        2250 * TFLOPS,
+        f"NVIDIA HGX B200 datasheet, per GPU (4.5 PFLOPS with sparsity); {_PEAK}",
+    ),
+    "rtx-4090": Hardware(
+        "NVIDIA GeForce RTX 4090",
+        24 * GB,
+        1.008 * TB,
+        165.2 * TFLOPS,
+        f"NVIDIA Ada Lovelace architecture whitepaper (BF16 with FP32 accumulate); {_PEAK}",
+    ),
+    "mi355x": Hardware(
+        "AMD Instinct MI355X",
+        288 * GB,
+        8.0 * TB,
+        2500 * TFLOPS,
+        f"AMD Instinct MI355X datasheet (5.0 PFLOPS with sparsity); {_PEAK}",
+    ),
 }
 
 
@@ -74,8 +104,10 @@ def get_hardware(name: str | Hardware) -> Hardware:
     try:
         return PRESETS[key]
     except KeyError:
-        raise ValueError(f"unknown hardware {name!r}; use one of {sorted(PRESETS) + ['this-machine']} "
-                         "or build a Hardware(name, memory_bytes, bandwidth, flops)") from None
+        raise ValueError(
+            f"unknown hardware {name!r}; use one of {sorted(PRESETS) + ['this-machine']} "
+            "or build a Hardware(name, memory_bytes, bandwidth, flops)"
+        ) from None
 
 
 def _best_seconds(work, device: torch.device, repeats: int) -> float:
@@ -107,8 +139,9 @@ def measure_bandwidth(megabytes: float = 256, device: torch.device | None = None
     return 2 * source.numel() * source.element_size() / seconds
 
 
-def measure_matmul_rate(size: int = 1024, dtype: torch.dtype | None = None,
-                        device: torch.device | None = None, repeats: int = 3) -> float:
+def measure_matmul_rate(
+    size: int = 1024, dtype: torch.dtype | None = None, device: torch.device | None = None, repeats: int = 3
+) -> float:
     """FLOP/s of one ``size`` x ``size`` matrix product (2 size**3 operations) in ``dtype``."""
     import torch
 
@@ -130,8 +163,9 @@ def _memory_bytes(device: torch.device) -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def probe_this_machine(device: torch.device | None = None, copy_megabytes: float | None = None,
-                       matmul_size: int | None = None) -> Hardware:
+def probe_this_machine(
+    device: torch.device | None = None, copy_megabytes: float | None = None, matmul_size: int | None = None
+) -> Hardware:
     """Measure this machine's bandwidth and matmul rate in a second or two and return them as Hardware.
 
     ``flops`` is the rate in the dtype labkit computes in on this device (fp32 on CPU, bf16 on
@@ -148,10 +182,14 @@ def probe_this_machine(device: torch.device | None = None, copy_megabytes: float
     matmul_size = matmul_size or (1024 if on_cpu else 8192)
     bandwidth = measure_bandwidth(copy_megabytes, device)
     working_dtype = default_dtype(device)
-    rates = {dtype: measure_matmul_rate(matmul_size, dtype, device)
-             for dtype in dict.fromkeys((torch.float32, torch.bfloat16, working_dtype))}
-    note = (f"measured: copy of {copy_megabytes:g} MB, {matmul_size}x{matmul_size} matmul at "
-            f"{rates[torch.float32] / TFLOPS:.3g} TFLOP/s fp32 and {rates[torch.bfloat16] / TFLOPS:.3g} "
-            f"TFLOP/s bf16; flops is the {str(working_dtype).removeprefix('torch.')} rate")
+    rates = {
+        dtype: measure_matmul_rate(matmul_size, dtype, device)
+        for dtype in dict.fromkeys((torch.float32, torch.bfloat16, working_dtype))
+    }
+    note = (
+        f"measured: copy of {copy_megabytes:g} MB, {matmul_size}x{matmul_size} matmul at "
+        f"{rates[torch.float32] / TFLOPS:.3g} TFLOP/s fp32 and {rates[torch.bfloat16] / TFLOPS:.3g} "
+        f"TFLOP/s bf16; flops is the {str(working_dtype).removeprefix('torch.')} rate"
+    )
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"this machine ({device.type})"
     return Hardware(name, _memory_bytes(device), bandwidth, rates[working_dtype], note)

@@ -28,8 +28,7 @@ PLACEHOLDER_TOKEN = 0  # the cost model never looks at token values; prefix cach
 NO_END_TOKENS: list[int] = []  # answers end at their workload length, never at an end token
 
 
-def blocks_that_fit(hardware: Hardware, model: ModelSpec, memory_fraction: float = 0.9,
-                    block_size: int = 16) -> int:
+def blocks_that_fit(hardware: Hardware, model: ModelSpec, memory_fraction: float = 0.9, block_size: int = 16) -> int:
     """KV blocks left on ``hardware`` beside ``model``'s weights: the capacity planner's division, per block."""
     return conversations_that_fit(hardware.memory_bytes, memory_fraction, model, block_size)
 
@@ -58,10 +57,19 @@ def _request(spec: RequestSpec, token_ids: list[int]) -> Request:
     return Request(spec.request_id, token_ids, params, spec.arrival_time)
 
 
-def simulate(workload: Workload, cost: CostModel, policy: str | SchedulerPolicy = "chunked", *,
-             num_blocks: int, block_size: int = 16, max_num_seqs: int = 64,
-             max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
-             enable_prefix_caching: bool = True, use_tqdm: bool = False) -> Trace:
+def simulate(
+    workload: Workload,
+    cost: CostModel,
+    policy: str | SchedulerPolicy = "chunked",
+    *,
+    num_blocks: int,
+    block_size: int = 16,
+    max_num_seqs: int = 64,
+    max_num_batched_tokens: int | None = None,
+    max_model_len: int | None = None,
+    enable_prefix_caching: bool = True,
+    use_tqdm: bool = False,
+) -> Trace:
     """Run ``workload`` through ``policy`` with step times from ``cost``; return the trace.
 
     The dials mean what they mean for :class:`labkit.engine.LLM`, with the same defaults,
@@ -73,13 +81,26 @@ def simulate(workload: Workload, cost: CostModel, policy: str | SchedulerPolicy 
     max_model_len = max_model_len or int(max(workload.prompt_lens + workload.output_lens))
     budget = token_budget(max_num_batched_tokens, max_model_len, policy.chunked)
     allocator = PrefixCachingBlockAllocator if enable_prefix_caching else BlockAllocator
-    state = SchedulerState(allocator(num_blocks, block_size), max_num_seqs, budget, max_model_len,
-                           enable_prefix_caching=enable_prefix_caching)
+    state = SchedulerState(
+        allocator(num_blocks, block_size),
+        max_num_seqs,
+        budget,
+        max_model_len,
+        enable_prefix_caching=enable_prefix_caching,
+    )
     core = EngineCore(policy, state, NO_END_TOKENS)
-    core.trace.meta = dict(simulated=True, workload=workload.name, policy=policy.name, cost_model=vars(cost),
-                           max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                           max_num_batched_tokens=budget, num_blocks=num_blocks, block_size=block_size,
-                           enable_prefix_caching=enable_prefix_caching)
+    core.trace.meta = dict(
+        simulated=True,
+        workload=workload.name,
+        policy=policy.name,
+        cost_model=vars(cost),
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        enable_prefix_caching=enable_prefix_caching,
+    )
 
     def execute(batch: Batch, start: float) -> tuple[dict[str, int], float]:
         """The cost-model executor: no tokens computed, only the pass's duration."""

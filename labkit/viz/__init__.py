@@ -17,16 +17,29 @@ from labkit.viz.blocks import BlockSnapshot, block_map_slider, plot_block_map, p
 from labkit.viz.latency import plot_latency_vs_rate, plot_throughput_vs_rate, plot_token_gaps
 from labkit.viz.roofline import Roofline, plot_roofline
 from labkit.viz.timeline import (
-                                 Segment,
-                                 batch_spans,
-                                 plot_batch_composition,
-                                 plot_static_timeline,
-                                 plot_timeline,
-                                 request_segments,
+    Segment,
+    batch_spans,
+    plot_batch_composition,
+    plot_static_timeline,
+    plot_timeline,
+    request_segments,
 )
 
 __all__ = [
-    "BlockSnapshot", "Roofline", "Segment", "batch_spans", "block_map_slider", "plot_batch_composition",
-    "plot_block_map", "plot_block_maps", "plot_latency_vs_rate", "plot_roofline", "plot_static_timeline",
-    "plot_throughput_vs_rate", "plot_timeline", "plot_token_gaps", "request_segments", "snapshot_blocks",
+    "BlockSnapshot",
+    "Roofline",
+    "Segment",
+    "batch_spans",
+    "block_map_slider",
+    "plot_batch_composition",
+    "plot_block_map",
+    "plot_block_maps",
+    "plot_latency_vs_rate",
+    "plot_roofline",
+    "plot_static_timeline",
+    "plot_throughput_vs_rate",
+    "plot_timeline",
+    "plot_token_gaps",
+    "request_segments",
+    "snapshot_blocks",
 ]

@@ -42,8 +42,13 @@ class BlockSnapshot:
         return sum(self.block_size - used for owner, used in zip(self.owners, self.used_slots) if owner is not None)
 
 
-def snapshot_blocks(tables: Mapping[str, Sequence[int]], num_blocks: int, block_size: int = 16,
-                    lengths: Mapping[str, int] | None = None, label: str = "") -> BlockSnapshot:
+def snapshot_blocks(
+    tables: Mapping[str, Sequence[int]],
+    num_blocks: int,
+    block_size: int = 16,
+    lengths: Mapping[str, int] | None = None,
+    label: str = "",
+) -> BlockSnapshot:
     """The pool described by block tables (sequence id -> its blocks in order).
 
     ``lengths`` (sequence id -> tokens it holds) fills the blocks; without it every owned
@@ -55,8 +60,10 @@ def snapshot_blocks(tables: Mapping[str, Sequence[int]], num_blocks: int, block_
     for seq_id, table in tables.items():
         length = block_size * len(table) if lengths is None else lengths[seq_id]
         if length > block_size * len(table):
-            raise ValueError(f"sequence {seq_id!r} holds {length} tokens but its table has only {len(table)} "
-                             f"blocks of {block_size}; allocate before writing")
+            raise ValueError(
+                f"sequence {seq_id!r} holds {length} tokens but its table has only {len(table)} "
+                f"blocks of {block_size}; allocate before writing"
+            )
         for position, block in enumerate(table):
             if not (isinstance(block, int) and 0 <= block < num_blocks):
                 raise ValueError(f"sequence {seq_id!r} lists block {block!r}, outside the pool 0..{num_blocks - 1}")
@@ -72,8 +79,9 @@ def owner_colour(owner: str) -> tuple[float, float, float]:
     return PALETTE[zlib.crc32(owner.encode()) % len(PALETTE)]
 
 
-def plot_block_map(snapshot: BlockSnapshot, ax: Axes | None = None, columns: int = 16,
-                   show_ids: bool = True, title: str | None = None) -> Axes:
+def plot_block_map(
+    snapshot: BlockSnapshot, ax: Axes | None = None, columns: int = 16, show_ids: bool = True, title: str | None = None
+) -> Axes:
     """The pool as a grid, ``columns`` blocks a row; the filled part of each block is solid, the empty part pale."""
     rows = -(-len(snapshot.owners) // columns)
     ax = axes_or_new(ax, (0.45 * columns, 0.45 * rows + 0.6))
@@ -102,11 +110,16 @@ def plot_block_maps(snapshots: Sequence[BlockSnapshot], columns: int = 16, per_r
         raise ValueError("no snapshots to draw; take at least one with snapshot_blocks")
     grid_rows = -(-len(snapshots) // per_row)
     block_rows = -(-len(snapshots[0].owners) // columns)
-    fig, axes = plt.subplots(grid_rows, per_row, squeeze=False, layout="constrained",
-                             figsize=(per_row * 0.3 * columns, grid_rows * (0.3 * block_rows + 0.7)))
+    fig, axes = plt.subplots(
+        grid_rows,
+        per_row,
+        squeeze=False,
+        layout="constrained",
+        figsize=(per_row * 0.3 * columns, grid_rows * (0.3 * block_rows + 0.7)),
+    )
     for ax, snapshot in zip(axes.flat, snapshots):
         plot_block_map(snapshot, ax=ax, columns=columns)
-    for ax in axes.flat[len(snapshots):]:
+    for ax in axes.flat[len(snapshots) :]:
         ax.set_axis_off()
     return fig
 
@@ -124,6 +137,5 @@ def block_map_slider(snapshots: Sequence[BlockSnapshot], columns: int = 16):
         display(ax.figure)
         plt.close(ax.figure)
 
-    slider = widgets.IntSlider(value=0, min=0, max=len(snapshots) - 1, description="snapshot",
-                               continuous_update=False)
+    slider = widgets.IntSlider(value=0, min=0, max=len(snapshots) - 1, description="snapshot", continuous_update=False)
     return widgets.interactive(draw, index=slider)

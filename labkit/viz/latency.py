@@ -21,8 +21,14 @@ LINESTYLES = {50: "-", 90: "-.", 99: "--"}
 METRICS = ("ttft", "tpot", "itl", "e2el", "queue")
 
 
-def plot_latency_vs_rate(runs: RunsByPolicy, metric: str = "ttft", percentiles: Sequence[float] = (50, 99),
-                         ax: Axes | None = None, slo_ms: float | None = None, log: bool = True) -> Axes:
+def plot_latency_vs_rate(
+    runs: RunsByPolicy,
+    metric: str = "ttft",
+    percentiles: Sequence[float] = (50, 99),
+    ax: Axes | None = None,
+    slo_ms: float | None = None,
+    log: bool = True,
+) -> Axes:
     """A latency metric (ms) at each percentile against arrival rate, one colour per policy."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; use one of {', '.join(METRICS)}")
@@ -48,8 +54,9 @@ def plot_throughput_vs_rate(runs: RunsByPolicy, ax: Axes | None = None) -> Axes:
     ax = axes_or_new(ax, (6, 3.5))
     for colour, (policy, by_rate) in enumerate(runs.items()):
         rates = sorted(by_rate)
-        ax.plot(rates, [by_rate[rate].output_throughput for rate in rates], marker="o", color=f"C{colour}",
-                label=policy)
+        ax.plot(
+            rates, [by_rate[rate].output_throughput for rate in rates], marker="o", color=f"C{colour}", label=policy
+        )
     ax.set_xlabel("arrival rate (requests/s)")
     ax.set_ylabel("output tokens/s")
     ax.legend(fontsize=8)
@@ -57,8 +64,13 @@ def plot_throughput_vs_rate(runs: RunsByPolicy, ax: Axes | None = None) -> Axes:
     return ax
 
 
-def plot_token_gaps(trace: Trace, ax: Axes | None = None, request_ids: Sequence[str] | None = None,
-                    label: str | None = None, colour: str | None = None) -> Axes:
+def plot_token_gaps(
+    trace: Trace,
+    ax: Axes | None = None,
+    request_ids: Sequence[str] | None = None,
+    label: str | None = None,
+    colour: str | None = None,
+) -> Axes:
     """Every gap between two tokens of a request (ms), placed at the time of the later token.
 
     A step that freezes the running users shows as a spike: all their gaps jump at once.

@@ -40,8 +40,14 @@ class Roofline:
         return "bandwidth-bound" if tokens_per_pass < self.knee else "arithmetic-bound"
 
 
-def plot_roofline(roofline: Roofline, batch_sizes: Sequence[int], measured: Sequence[float],
-                  marks: dict[str, tuple[float, float]] | None = None, title: str = "", ax: Axes | None = None):
+def plot_roofline(
+    roofline: Roofline,
+    batch_sizes: Sequence[int],
+    measured: Sequence[float],
+    marks: dict[str, tuple[float, float]] | None = None,
+    title: str = "",
+    ax: Axes | None = None,
+):
     """Measured tokens/s against tokens per pass, under the bound; ``marks`` labels extra points. Returns the Figure."""
     ax = axes_or_new(ax, (7, 4.2))
     marks = marks or {}
@@ -50,8 +56,9 @@ def plot_roofline(roofline: Roofline, batch_sizes: Sequence[int], measured: Sequ
     grid = np.geomspace(low, high, 200)
     ax.plot(grid, [roofline.bound(b) for b in grid], color="black", lw=2, label="bound: min(B·bandwidth/W, rate/2N)")
     ax.axvline(roofline.knee, color="grey", ls="--", lw=1)
-    ax.text(roofline.knee * 1.05, roofline.bound(roofline.knee) * 0.08, f"knee ≈ {roofline.knee:.0f} tokens",
-            color="grey")
+    ax.text(
+        roofline.knee * 1.05, roofline.bound(roofline.knee) * 0.08, f"knee ≈ {roofline.knee:.0f} tokens", color="grey"
+    )
     ax.plot(batch_sizes, measured, "o-", color="tab:blue", label="measured: one pass of B tokens")
     for label, (x, y) in marks.items():
         ax.plot([x], [y], "s", ms=9, label=label)

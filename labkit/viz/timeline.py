@@ -25,8 +25,7 @@ from labkit.trace import Trace
 from labkit.viz._axes import axes_or_new
 
 KINDS = ("waiting", "prefill", "decode", "preempted")
-COLOURS = {"waiting": "#d9d9d9", "prefill": "#e6862e", "decode": "#3a78b5", "preempted": "#c62828",
-           "padded": "#bdbdbd"}
+COLOURS = {"waiting": "#d9d9d9", "prefill": "#e6862e", "decode": "#3a78b5", "preempted": "#c62828", "padded": "#bdbdbd"}
 Axis = Literal["time", "step"]
 
 
@@ -97,8 +96,14 @@ def request_segments(trace: Trace, x: Axis = "time") -> list[Segment]:
     return sorted(done, key=lambda s: (order[s.request_id], s.start))
 
 
-def plot_timeline(trace: Trace, ax: Axes | None = None, x: Axis = "time", max_requests: int | None = 40,
-                  show_tokens: bool = True, title: str | None = None) -> Axes:
+def plot_timeline(
+    trace: Trace,
+    ax: Axes | None = None,
+    x: Axis = "time",
+    max_requests: int | None = 40,
+    show_tokens: bool = True,
+    title: str | None = None,
+) -> Axes:
     """A Gantt chart of the run: one row per request (first arrival on top), coloured by state.
 
     ``max_requests`` keeps the first requests only (None: all). Ticks mark output tokens
@@ -112,13 +117,21 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, x: Axis = "time", max_re
     spans: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for segment in request_segments(trace, x):
         if segment.request_id in rows:
-            spans.setdefault((segment.request_id, segment.kind), []).append((segment.start, segment.end - segment.start))
+            spans.setdefault((segment.request_id, segment.kind), []).append(
+                (segment.start, segment.end - segment.start)
+            )
     for (rid, kind), bars in spans.items():
         ax.broken_barh(bars, (rows[rid] - 0.4, 0.8), facecolors=COLOURS[kind], linewidth=0)
     if show_tokens and x == "time":
-        for record in trace.requests[:len(ids)]:
-            ax.plot(record.token_times, [rows[record.request_id]] * record.output_len, "|", color="white",
-                    markersize=4, markeredgewidth=0.6)
+        for record in trace.requests[: len(ids)]:
+            ax.plot(
+                record.token_times,
+                [rows[record.request_id]] * record.output_len,
+                "|",
+                color="white",
+                markersize=4,
+                markeredgewidth=0.6,
+            )
     for index, step in enumerate(trace.steps):
         for rid in step.preempted:
             if rid in rows:
@@ -136,8 +149,13 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, x: Axis = "time", max_re
     return ax
 
 
-def plot_batch_composition(trace: Trace, ax: Axes | None = None, unit: Literal["sequences", "tokens"] = "sequences",
-                           budget: int | None = None, title: str | None = None) -> Axes:
+def plot_batch_composition(
+    trace: Trace,
+    ax: Axes | None = None,
+    unit: Literal["sequences", "tokens"] = "sequences",
+    budget: int | None = None,
+    title: str | None = None,
+) -> Axes:
     """What each step computed, as stacked bars: decodes, prefills (and padded slots, in sequences).
 
     With ``unit="tokens"`` the bars count tokens and ``budget`` draws the per-step token
@@ -151,12 +169,16 @@ def plot_batch_composition(trace: Trace, ax: Axes | None = None, unit: Literal["
     steps = range(len(trace.steps))
     kinds = _step_kinds(trace)
     if unit == "tokens":
-        layers = {"decode": [s.num_decode_tokens for s in trace.steps],
-                  "prefill": [s.num_prefill_tokens for s in trace.steps]}
+        layers = {
+            "decode": [s.num_decode_tokens for s in trace.steps],
+            "prefill": [s.num_prefill_tokens for s in trace.steps],
+        }
     else:
-        layers = {"decode": [sum(k == "decode" for k in ks.values()) for ks in kinds],
-                  "prefill": [sum(k == "prefill" for k in ks.values()) for ks in kinds],
-                  "padded": [max(0, s.slots_held - s.num_active) for s in trace.steps]}
+        layers = {
+            "decode": [sum(k == "decode" for k in ks.values()) for ks in kinds],
+            "prefill": [sum(k == "prefill" for k in ks.values()) for ks in kinds],
+            "padded": [max(0, s.slots_held - s.num_active) for s in trace.steps],
+        }
     bottom = [0] * len(trace.steps)
     for kind, heights in layers.items():
         ax.bar(steps, heights, bottom=bottom, width=1.0, color=COLOURS[kind], label=kind, linewidth=0)
@@ -192,15 +214,16 @@ def batch_spans(output_lens: Sequence[int], batch_size: int) -> list[tuple[int, 
     spans = []
     start = 0
     for first in range(0, len(output_lens), batch_size):
-        batch = list(output_lens[first:first + batch_size])
+        batch = list(output_lens[first : first + batch_size])
         longest = max(batch)
         spans += [(start, length, longest - length) for length in batch]
         start += longest
     return spans
 
 
-def plot_static_timeline(output_lens: Sequence[int], batch_size: int, title: str = "",
-                         measured_seconds: float | None = None):
+def plot_static_timeline(
+    output_lens: Sequence[int], batch_size: int, title: str = "", measured_seconds: float | None = None
+):
     """Draw the timeline; ``measured_seconds`` (wall time of the whole run, if it was run) goes on the axis."""
     spans = batch_spans(output_lens, batch_size)
     total_steps = max(start + useful + padded for start, useful, padded in spans)
@@ -219,10 +242,19 @@ def plot_static_timeline(output_lens: Sequence[int], batch_size: int, title: str
         ax.set_xlabel(f"decode step ({total_steps} steps; the run took {measured_seconds:.1f} s on this machine)")
     useful = sum(u for _, u, _ in spans)
     padded = sum(p for _, _, p in spans)
-    ax.set_title(title or f"static batching, batch size {batch_size}: {useful} useful slot-steps, {padded} padded "
-                          f"({useful / (useful + padded):.0%} utilisation)")
+    ax.set_title(
+        title
+        or f"static batching, batch size {batch_size}: {useful} useful slot-steps, {padded} padded "
+        f"({useful / (useful + padded):.0%} utilisation)"
+    )
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (WAITING, USEFUL, PADDED)]
-    ax.legend(handles, ["waiting for its batch", "producing tokens", "holding a slot, padded"],
-              loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, fontsize=8)
+    ax.legend(
+        handles,
+        ["waiting for its batch", "producing tokens", "holding a slot, padded"],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.22),
+        ncol=3,
+        fontsize=8,
+    )
     fig.tight_layout()
     return fig

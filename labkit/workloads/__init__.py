@@ -6,15 +6,24 @@
 - :mod:`~labkit.workloads.sharegpt`: real prompts and answer lengths from the ShareGPT wheel.
 """
 
-from labkit.workloads.arrivals import (LogNormal, arrival_times, replay_workload, sample_lengths,
-                                      synthetic_workload)
+from labkit.workloads.arrivals import LogNormal, arrival_times, replay_workload, sample_lengths, synthetic_workload
 from labkit.workloads.sale import sale_workload
 from labkit.workloads.sharegpt import ShareGPTData, load_sharegpt, read_conversations, sharegpt_prompts
 from labkit.workloads.spec import RequestSpec, Workload
 from labkit.workloads.tokens import estimate_tokens
 
 __all__ = [
-    "LogNormal", "RequestSpec", "ShareGPTData", "Workload", "arrival_times", "estimate_tokens",
-    "load_sharegpt", "read_conversations", "replay_workload", "sale_workload", "sample_lengths",
-    "sharegpt_prompts", "synthetic_workload",
+    "LogNormal",
+    "RequestSpec",
+    "ShareGPTData",
+    "Workload",
+    "arrival_times",
+    "estimate_tokens",
+    "load_sharegpt",
+    "read_conversations",
+    "replay_workload",
+    "sale_workload",
+    "sample_lengths",
+    "sharegpt_prompts",
+    "synthetic_workload",
 ]

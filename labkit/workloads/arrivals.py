@@ -82,16 +82,26 @@ def sample_lengths(spec: Lengths, size: int, seed: Seed = 0, what: str = "length
     else:
         values = np.asarray(spec)
         if values.ndim != 1 or len(values) != size or not np.issubdtype(values.dtype, np.integer):
-            raise ValueError(f"{what}: a recorded list must hold {size} whole numbers, one per request; "
-                             f"got {values.shape[0] if values.ndim else 'a scalar'} of type {values.dtype}")
+            raise ValueError(
+                f"{what}: a recorded list must hold {size} whole numbers, one per request; "
+                f"got {values.shape[0] if values.ndim else 'a scalar'} of type {values.dtype}"
+            )
     if np.any(values < 1):
         raise ValueError(f"{what} must all be >= 1, found {int(values.min())}")
     return values.astype(np.int64)
 
 
-def synthetic_workload(num_requests: int, rate: float, prompt_len: Lengths, output_len: Lengths, *,
-                       burstiness: float = 1.0, vocab_size: int | None = None, seed: int = 0,
-                       name: str = "synthetic") -> Workload:
+def synthetic_workload(
+    num_requests: int,
+    rate: float,
+    prompt_len: Lengths,
+    output_len: Lengths,
+    *,
+    burstiness: float = 1.0,
+    vocab_size: int | None = None,
+    seed: int = 0,
+    name: str = "synthetic",
+) -> Workload:
     """Requests with synthetic arrivals and lengths; prompts are random token ids if ``vocab_size`` is given.
 
     Without ``vocab_size`` the prompts are left out (the simulator needs only lengths).
@@ -109,8 +119,13 @@ def synthetic_workload(num_requests: int, rate: float, prompt_len: Lengths, outp
     for i, (t, p, o) in enumerate(zip(times.tolist(), prompt_lens.tolist(), output_lens.tolist())):
         prompt = token_rng.integers(0, vocab_size, size=p).tolist() if vocab_size else None
         requests.append(RequestSpec(f"req-{i}", t, p, o, prompt))
-    meta = {"rate": rate, "burstiness": burstiness, "seed": seed,
-            "prompt_len": _describe(prompt_len), "output_len": _describe(output_len)}
+    meta = {
+        "rate": rate,
+        "burstiness": burstiness,
+        "seed": seed,
+        "prompt_len": _describe(prompt_len),
+        "output_len": _describe(output_len),
+    }
     return Workload(tuple(requests), name=name, meta=meta)
 
 
@@ -118,8 +133,13 @@ def _describe(spec: Lengths) -> str:
     return repr(spec) if isinstance(spec, (int, np.integer, LogNormal)) else f"recorded list of {len(spec)}"
 
 
-def replay_workload(arrival_times: Sequence[float], prompt_lens: Sequence[int], output_lens: Sequence[int],
-                    prompts: Sequence | None = None, name: str = "replay") -> Workload:
+def replay_workload(
+    arrival_times: Sequence[float],
+    prompt_lens: Sequence[int],
+    output_lens: Sequence[int],
+    prompts: Sequence | None = None,
+    name: str = "replay",
+) -> Workload:
     """A recorded trace replayed as is: one arrival time, prompt length and answer length per request."""
     counts = {len(arrival_times), len(prompt_lens), len(output_lens)}
     if prompts is not None:
@@ -128,7 +148,13 @@ def replay_workload(arrival_times: Sequence[float], prompt_lens: Sequence[int], 
         raise ValueError(f"replay_workload needs lists of one length each, got lengths {sorted(counts)}")
     order = np.argsort(np.asarray(arrival_times, dtype=float), kind="stable")
     requests = tuple(
-        RequestSpec(f"req-{i}", float(arrival_times[i]), int(prompt_lens[i]), int(output_lens[i]),
-                    None if prompts is None else prompts[i])
-        for i in order.tolist())
+        RequestSpec(
+            f"req-{i}",
+            float(arrival_times[i]),
+            int(prompt_lens[i]),
+            int(output_lens[i]),
+            None if prompts is None else prompts[i],
+        )
+        for i in order.tolist()
+    )
     return Workload(requests, name=name, meta={"source": "recorded lists"})

@@ -30,9 +30,17 @@ SALE_QUESTIONS: tuple[tuple[str, float, int], ...] = (
 )
 
 
-def sale_workload(num_requests: int = 200, rate: float = 8.0, *, burstiness: float = 0.5, seed: int = 0,
-                  answer_sigma: float = 0.6, max_answer_len: int = 512, tokenizer=None,
-                  name: str = "sale") -> Workload:
+def sale_workload(
+    num_requests: int = 200,
+    rate: float = 8.0,
+    *,
+    burstiness: float = 0.5,
+    seed: int = 0,
+    answer_sigma: float = 0.6,
+    max_answer_len: int = 512,
+    tokenizer=None,
+    name: str = "sale",
+) -> Workload:
     """A seeded burst of support chats: ``rate`` requests/s, gamma gaps of shape ``burstiness``.
 
     Each request is the system prompt plus one question, picked by how often it is
@@ -53,9 +61,16 @@ def sale_workload(num_requests: int = 200, rate: float = 8.0, *, burstiness: flo
     answer_lens = np.clip(np.rint(np.array(medians)[picks] * spread), 1, max_answer_len).astype(np.int64)
     requests = tuple(
         RequestSpec(f"sale-{i}", t, prompt_lens[k], o, _messages(questions[k]))
-        for i, (t, k, o) in enumerate(zip(times.tolist(), picks.tolist(), answer_lens.tolist())))
-    meta = {"rate": rate, "burstiness": burstiness, "seed": seed, "answer_sigma": answer_sigma,
-            "max_answer_len": max_answer_len, "prompt_len": "exact" if tokenizer else "estimated"}
+        for i, (t, k, o) in enumerate(zip(times.tolist(), picks.tolist(), answer_lens.tolist()))
+    )
+    meta = {
+        "rate": rate,
+        "burstiness": burstiness,
+        "seed": seed,
+        "answer_sigma": answer_sigma,
+        "max_answer_len": max_answer_len,
+        "prompt_len": "exact" if tokenizer else "estimated",
+    }
     return Workload(requests, name=name, meta=meta)
 
 

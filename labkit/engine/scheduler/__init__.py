@@ -23,9 +23,22 @@ def make_policy(policy: "str | SchedulerPolicy") -> SchedulerPolicy:
     try:
         return POLICIES[policy]()
     except (KeyError, TypeError):
-        raise ValueError(f"unknown scheduler policy {policy!r}; use one of {sorted(POLICIES)} "
-                         "or pass a SchedulerPolicy instance") from None
+        raise ValueError(
+            f"unknown scheduler policy {policy!r}; use one of {sorted(POLICIES)} or pass a SchedulerPolicy instance"
+        ) from None
 
 
-__all__ = ["CHUNKED_TOKEN_BUDGET", "UNCHUNKED_TOKEN_BUDGET", "token_budget", "SchedulerOutput", "SchedulerPolicy", "SchedulerState", "schedule_running", "StaticBatching",
-           "ContinuousBatching", "ChunkedPrefill", "POLICIES", "make_policy"]
+__all__ = [
+    "CHUNKED_TOKEN_BUDGET",
+    "UNCHUNKED_TOKEN_BUDGET",
+    "token_budget",
+    "SchedulerOutput",
+    "SchedulerPolicy",
+    "SchedulerState",
+    "schedule_running",
+    "StaticBatching",
+    "ContinuousBatching",
+    "ChunkedPrefill",
+    "POLICIES",
+    "make_policy",
+]

@@ -22,18 +22,19 @@ from labkit.kv.block_allocator import BlockAllocator
 from labkit.kv.prefix_cache import supports_prefix_caching
 from labkit.trace import StepRecord
 
-CHUNKED_TOKEN_BUDGET = 512    # default max_num_batched_tokens with chunked prefill (a CPU-sized chunk)
+CHUNKED_TOKEN_BUDGET = 512  # default max_num_batched_tokens with chunked prefill (a CPU-sized chunk)
 UNCHUNKED_TOKEN_BUDGET = 2048  # without chunking: at least this, and at least max_model_len (as vLLM V0)
 
 
 def token_budget(max_num_batched_tokens: int | None, max_model_len: int, chunked: bool) -> int:
     """The per-step token budget: the one given, or the default; refused if a prompt could never run."""
-    budget = max_num_batched_tokens or (
-        CHUNKED_TOKEN_BUDGET if chunked else max(max_model_len, UNCHUNKED_TOKEN_BUDGET))
+    budget = max_num_batched_tokens or (CHUNKED_TOKEN_BUDGET if chunked else max(max_model_len, UNCHUNKED_TOKEN_BUDGET))
     if not chunked and budget < max_model_len:
-        raise ValueError(f"max_num_batched_tokens={budget} is below max_model_len={max_model_len}, "
-                         "so a long prompt could never run whole; raise it, lower max_model_len, "
-                         "or enable chunked prefill")
+        raise ValueError(
+            f"max_num_batched_tokens={budget} is below max_model_len={max_model_len}, "
+            "so a long prompt could never run whole; raise it, lower max_model_len, "
+            "or enable chunked prefill"
+        )
     return budget
 
 
@@ -57,42 +58,57 @@ class SchedulerOutput:
 class SchedulerState:
     """The queues, the block pool and the limits a policy works with."""
 
-    def __init__(self, blocks: BlockAllocator, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, enable_prefix_caching: bool = False):
-        for name, value in [("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
-                            ("max_model_len", max_model_len)]:
+    def __init__(
+        self,
+        blocks: BlockAllocator,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_prefix_caching: bool = False,
+    ):
+        for name, value in [
+            ("max_num_seqs", max_num_seqs),
+            ("max_num_batched_tokens", max_num_batched_tokens),
+            ("max_model_len", max_model_len),
+        ]:
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if enable_prefix_caching and not supports_prefix_caching(blocks):
-            raise ValueError(f"enable_prefix_caching=True needs an allocator that can cache prefixes, and "
-                             f"{type(blocks).__name__} cannot (it lacks take_cached_prefix and cache_full_blocks); "
-                             "use labkit.kv.prefix_cache.PrefixCachingBlockAllocator or turn prefix caching off")
+            raise ValueError(
+                f"enable_prefix_caching=True needs an allocator that can cache prefixes, and "
+                f"{type(blocks).__name__} cannot (it lacks take_cached_prefix and cache_full_blocks); "
+                "use labkit.kv.prefix_cache.PrefixCachingBlockAllocator or turn prefix caching off"
+            )
         self.blocks = blocks
         self.enable_prefix_caching = enable_prefix_caching
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()  # arrived and not running, in serving order
-        self.running: list[Request] = []        # admitted, oldest first
+        self.running: list[Request] = []  # admitted, oldest first
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
-        self.now = 0.0                          # set by the driver before each schedule()
+        self.now = 0.0  # set by the driver before each schedule()
         self.num_preemptions = 0
         self.prefix_cache_queries = 0  # this step's: prompt tokens of admitted requests
-        self.prefix_cache_hits = 0     # ... of which found in the cache
+        self.prefix_cache_hits = 0  # ... of which found in the cache
 
     # --- arrivals --------------------------------------------------------------------
     def rejection(self, request: Request) -> str | None:
         """Why a request can never be served here, or None if it can."""
         prompt, limit = request.num_prompt_tokens, self.max_model_len
         if prompt >= limit:
-            return (f"prompt has {prompt} tokens but max_model_len is {limit}, which leaves no room "
-                    "for output; shorten the prompt or raise max_model_len")
+            return (
+                f"prompt has {prompt} tokens but max_model_len is {limit}, which leaves no room "
+                "for output; shorten the prompt or raise max_model_len"
+            )
         # The last output token is never fed back, so the cache holds at most total - 1 tokens.
         worst = min(prompt + request.params.max_tokens, limit) - 1
         capacity = self.blocks.num_blocks * self.blocks.block_size
         if worst > capacity:
-            return (f"request may need {worst} tokens of KV cache but the whole cache holds {capacity}; "
-                    "add blocks (num_blocks or gpu_memory_utilization) or lower max_tokens")
+            return (
+                f"request may need {worst} tokens of KV cache but the whole cache holds {capacity}; "
+                "add blocks (num_blocks or gpu_memory_utilization) or lower max_tokens"
+            )
         return None
 
     def add(self, request: Request) -> bool:
@@ -175,8 +191,15 @@ class SchedulerState:
         del self.requests[request.request_id]
         request.mark_finished(reason, self.now)
 
-    def complete_step(self, plan: SchedulerOutput, new_tokens: dict[str, int], eos_token_ids: list[int],
-                      index: int, start: float, end: float) -> tuple[StepRecord, list[Request]]:
+    def complete_step(
+        self,
+        plan: SchedulerOutput,
+        new_tokens: dict[str, int],
+        eos_token_ids: list[int],
+        index: int,
+        start: float,
+        end: float,
+    ) -> tuple[StepRecord, list[Request]]:
         """Book a step that ran ``plan`` from ``start`` to ``end`` and sampled ``new_tokens``.
 
         Advances each request, appends its token (stamped ``end``), ends those that stop,
@@ -184,13 +207,22 @@ class SchedulerState:
         """
         work = [(self.requests[request_id], num_new) for request_id, num_new in plan.scheduled.items()]
         num_prefill = sum(request.split_new_tokens(num_new)[0] for request, num_new in work)
-        record = StepRecord(index=index, start=start, end=end, scheduled=dict(plan.scheduled),
-                            num_prefill_tokens=num_prefill, num_decode_tokens=plan.num_tokens - num_prefill,
-                            slots_held=len(plan.scheduled) if plan.slots_held is None else plan.slots_held,
-                            num_waiting=len(self.waiting), blocks_used=self.blocks.num_used_blocks,
-                            blocks_total=self.blocks.num_blocks, preempted=list(plan.preempted),
-                            context_tokens=sum(request.num_computed_tokens for request, _ in work),
-                            prefix_cache_queries=self.prefix_cache_queries, prefix_cache_hits=self.prefix_cache_hits)
+        record = StepRecord(
+            index=index,
+            start=start,
+            end=end,
+            scheduled=dict(plan.scheduled),
+            num_prefill_tokens=num_prefill,
+            num_decode_tokens=plan.num_tokens - num_prefill,
+            slots_held=len(plan.scheduled) if plan.slots_held is None else plan.slots_held,
+            num_waiting=len(self.waiting),
+            blocks_used=self.blocks.num_used_blocks,
+            blocks_total=self.blocks.num_blocks,
+            preempted=list(plan.preempted),
+            context_tokens=sum(request.num_computed_tokens for request, _ in work),
+            prefix_cache_queries=self.prefix_cache_queries,
+            prefix_cache_hits=self.prefix_cache_hits,
+        )
         self.prefix_cache_queries = self.prefix_cache_hits = 0
         self.now = end
         progressed = []

@@ -20,8 +20,11 @@ class StaticBatching(SchedulerPolicy):
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
         if not any(member.status is RequestStatus.RUNNING for member in self.batch):
             self.batch = []
-            while (state.waiting and len(self.batch) < state.max_num_seqs
-                   and state.blocks.can_allocate(state.waiting[0].request_id, state.waiting[0].num_missing_tokens)):
+            while (
+                state.waiting
+                and len(self.batch) < state.max_num_seqs
+                and state.blocks.can_allocate(state.waiting[0].request_id, state.waiting[0].num_missing_tokens)
+            ):
                 request = state.waiting[0]
                 state.admit(request, request.num_missing_tokens)
                 self.batch.append(request)

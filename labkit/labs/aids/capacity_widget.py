@@ -28,20 +28,32 @@ def capacity_table(fit: FitFunction, context_tokens: int = 8192, memory_fraction
     header = f"{'model':<16}" + "".join(f"{gpu.name.replace('NVIDIA ', '')[:13]:>15}" for gpu in gpus)
     rows = [header]
     for name, spec in MODEL_PRESETS.items():
-        counts = [fit(gpu.memory_bytes, spec.weight_bytes, int(spec.kv_bytes_per_token), context_tokens, memory_fraction)
-                  for gpu in gpus]
+        counts = [
+            fit(gpu.memory_bytes, spec.weight_bytes, int(spec.kv_bytes_per_token), context_tokens, memory_fraction)
+            for gpu in gpus
+        ]
         rows.append(f"{name:<16}" + "".join(f"{count:>15,}" for count in counts))
     return "\n".join(rows)
 
 
-def draw_memory(ax, gpu_name: str, memory_bytes: float, weight_bytes: float, kv_per_conversation: float,
-                conversations: int, memory_fraction: float) -> None:
+def draw_memory(
+    ax,
+    gpu_name: str,
+    memory_bytes: float,
+    weight_bytes: float,
+    kv_per_conversation: float,
+    conversations: int,
+    memory_fraction: float,
+) -> None:
     """One horizontal bar: weights, KV caches, unused, and the part of the card held back."""
     usable = memory_bytes * memory_fraction
     kv = conversations * kv_per_conversation
-    parts = [("weights", min(weight_bytes, memory_bytes), "tab:gray"), ("KV caches", kv, "tab:blue"),
-             ("unused", max(0.0, usable - weight_bytes - kv), "white"),
-             ("held back", memory_bytes - usable, "lightgray")]
+    parts = [
+        ("weights", min(weight_bytes, memory_bytes), "tab:gray"),
+        ("KV caches", kv, "tab:blue"),
+        ("unused", max(0.0, usable - weight_bytes - kv), "white"),
+        ("held back", memory_bytes - usable, "lightgray"),
+    ]
     left = 0.0
     for label, size, colour in parts:
         ax.barh(0, size / GB, left=left / GB, color=colour, edgecolor="black", label=f"{label} ({size / GB:.1f} GB)")
@@ -60,8 +72,9 @@ def conversations_widget(fit: FitFunction):
     from IPython.display import display
 
     model_box = widgets.Dropdown(options=list(MODEL_PRESETS), value="Llama 3.1 8B", description="model")
-    gpu_box = widgets.Dropdown(options=[(gpu.name, key) for key, gpu in PRESETS.items()], value="h100-sxm",
-                               description="GPU")
+    gpu_box = widgets.Dropdown(
+        options=[(gpu.name, key) for key, gpu in PRESETS.items()], value="h100-sxm", description="GPU"
+    )
     context = widgets.SelectionSlider(options=CONTEXT_LENGTHS, value=8192, description="context")
     fraction = widgets.FloatSlider(value=0.9, min=0.5, max=0.95, step=0.05, description="memory used")
     output = widgets.Output()
@@ -73,12 +86,15 @@ def conversations_widget(fit: FitFunction):
         with output:
             output.clear_output(wait=True)
             fig, ax = plt.subplots(figsize=(8, 1.6))
-            draw_memory(ax, gpu.name, gpu.memory_bytes, spec.weight_bytes, per_token * context.value, count,
-                        fraction.value)
+            draw_memory(
+                ax, gpu.name, gpu.memory_bytes, spec.weight_bytes, per_token * context.value, count, fraction.value
+            )
             fig.tight_layout()
             plt.show()
-            print(f"{spec.name}: {spec.weight_bytes / GB:.1f} GB of weights, {per_token / 1024:.0f} KiB of KV per "
-                  f"token, {per_token * context.value / GB:.2f} GB per {context.value:,}-token conversation")
+            print(
+                f"{spec.name}: {spec.weight_bytes / GB:.1f} GB of weights, {per_token / 1024:.0f} KiB of KV per "
+                f"token, {per_token * context.value / GB:.2f} GB per {context.value:,}-token conversation"
+            )
 
     for control in (model_box, gpu_box, context, fraction):
         control.observe(redraw, names="value")

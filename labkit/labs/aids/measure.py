@@ -19,8 +19,9 @@ from labkit.sim.hardware import measure_bandwidth, measure_matmul_rate
 from labkit.viz.roofline import Roofline
 
 
-def median_seconds(work: Callable[[], object], repeats: int = 3, device: torch.device | None = None,
-                   warmup: bool = True) -> float:
+def median_seconds(
+    work: Callable[[], object], repeats: int = 3, device: torch.device | None = None, warmup: bool = True
+) -> float:
     """Median wall time of ``repeats`` calls of ``work``, after one untimed warm-up call if ``warmup``."""
     device = device or torch.device("cpu")
     if warmup:

@@ -33,8 +33,10 @@ class PaddedBatchCache:
     def add_columns(self, is_real_new: torch.Tensor) -> None:
         """Declare the next pass's columns: bool [B, n], True for real tokens, False for pads."""
         if is_real_new.dim() != 2 or is_real_new.shape[0] != self.batch_size:
-            raise ValueError(f"add_columns wants a bool tensor [batch_size={self.batch_size}, new columns], "
-                             f"got shape {tuple(is_real_new.shape)}")
+            raise ValueError(
+                f"add_columns wants a bool tensor [batch_size={self.batch_size}, new columns], "
+                f"got shape {tuple(is_real_new.shape)}"
+            )
         self.is_real = torch.cat([self.is_real.to(is_real_new.device), is_real_new.bool()], dim=1)
         num_queries, num_keys = is_real_new.shape[1], self.is_real.shape[1]
         mask = self.make_mask(self.is_real, num_queries)
@@ -51,8 +53,10 @@ class PaddedBatchCache:
         rows = self.batch_size
         columns = q.shape[0] // rows
         if columns * rows != q.shape[0] or columns != self._mask.shape[1]:
-            raise ValueError(f"this pass has {q.shape[0]} tokens, but add_columns declared {rows} rows x "
-                             f"{self._mask.shape[1]} columns")
+            raise ValueError(
+                f"this pass has {q.shape[0]} tokens, but add_columns declared {rows} rows x "
+                f"{self._mask.shape[1]} columns"
+            )
         q, k, v = (t.reshape(rows, columns, *t.shape[1:]) for t in (q, k, v))
         if self.keys[layer] is None:
             self.keys[layer], self.values[layer] = k, v
@@ -64,6 +68,10 @@ class PaddedBatchCache:
         mask = self._mask.to(q.device)
         mask = mask | ~mask.any(dim=-1, keepdim=True)
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), self.keys[layer].transpose(1, 2), self.values[layer].transpose(1, 2),
-            attn_mask=mask[:, None], enable_gqa=q.shape[2] != k.shape[2])
+            q.transpose(1, 2),
+            self.keys[layer].transpose(1, 2),
+            self.values[layer].transpose(1, 2),
+            attn_mask=mask[:, None],
+            enable_gqa=q.shape[2] != k.shape[2],
+        )
         return out.transpose(1, 2).reshape(rows * columns, q.shape[2], q.shape[3])

@@ -24,8 +24,14 @@ LOGITS_TOLERANCE = dict(atol=2e-3, rtol=1e-3)
 
 
 def _scaled_by_one(q, k, v, mask):
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                         attn_mask=mask, scale=1.0, enable_gqa=q.shape[1] != k.shape[1])
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1),
+        k.transpose(0, 1),
+        v.transpose(0, 1),
+        attn_mask=mask,
+        scale=1.0,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
     return out.transpose(0, 1)
 
 
@@ -35,8 +41,9 @@ def _heads_tiled(q, k, v, mask):
     return attention(q, k.repeat(1, repeats, 1), v.repeat(1, repeats, 1), mask)
 
 
-def known_attention_mistakes(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                             new_keys: torch.Tensor, new_values: torch.Tensor) -> dict[str, torch.Tensor]:
+def known_attention_mistakes(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, new_keys: torch.Tensor, new_values: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """What a few typical wrong attention functions would return, keyed by the hint that names each."""
     tq, tk = q.shape[0], keys.shape[0]
     causal = causal_mask(tq, tk)
@@ -47,12 +54,15 @@ def known_attention_mistakes(q: torch.Tensor, keys: torch.Tensor, values: torch.
         "where softmax is not almost one-hot.": _scaled_by_one(q, keys, values, causal),
     }
     if q.shape[1] != keys.shape[1]:
-        mistakes["Query heads are paired with the wrong KV heads. With grouped-query attention, query head h "
-                 "uses KV head h // (Hq / Hkv): use repeat_interleave, not repeat."] = _heads_tiled(q, keys, values, causal)
+        mistakes[
+            "Query heads are paired with the wrong KV heads. With grouped-query attention, query head h "
+            "uses KV head h // (Hq / Hkv): use repeat_interleave, not repeat."
+        ] = _heads_tiled(q, keys, values, causal)
     if tk > new_keys.shape[0]:
-        mistakes["Attention only sees the keys of this pass, not the cached ones: is the cache appended to "
-                 "(and is attention run over everything it holds)?"] = attention(
-            q, new_keys, new_values, causal_mask(tq, new_keys.shape[0]))
+        mistakes[
+            "Attention only sees the keys of this pass, not the cached ones: is the cache appended to "
+            "(and is attention run over everything it holds)?"
+        ] = attention(q, new_keys, new_values, causal_mask(tq, new_keys.shape[0]))
     return mistakes
 
 
@@ -71,8 +81,9 @@ def check_attention(calls: Sequence[dict[str, Any]], keeps_history: bool) -> Mis
                 keys, values = torch.cat([history[layer][0], k]), torch.cat([history[layer][1], v])
             history[layer] = (keys, values)
             expected = attention(q, keys, values, causal_mask(q.shape[0], keys.shape[0]))
-            mismatch = compare_tensors(expected, out, dims=("position", "head", "dim"),
-                                       what="attention output", **ATTENTION_TOLERANCE)
+            mismatch = compare_tensors(
+                expected, out, dims=("position", "head", "dim"), what="attention output", **ATTENTION_TOLERANCE
+            )
             if mismatch is None:
                 continue
             where = f"forward call {call_index}, layer {layer}"
@@ -97,19 +108,29 @@ def check_positions(got: torch.Tensor, expected: list[int], where: str) -> Misma
     if got_list == expected:
         return None
     if len(got_list) != len(expected):
-        return Mismatch(f"{where}: {len(got_list)} positions for {len(expected)} tokens",
-                        "Give every token in the pass exactly one position.")
+        return Mismatch(
+            f"{where}: {len(got_list)} positions for {len(expected)} tokens",
+            "Give every token in the pass exactly one position.",
+        )
     first = next(i for i, (g, e) in enumerate(zip(got_list, expected)) if g != e)
     offsets = {g - e for g, e in zip(got_list, expected)}
     hint = "A token's position is its index in its own sequence: the first token of a sequence is at 0."
     if len(offsets) == 1:
         shift = offsets.pop()
-        hint = (f"Every position is off by {shift:+d}. " + hint +
-                (" With a cache, the new token's position is the number of tokens already cached." if expected[0] > 0 else ""))
+        hint = (
+            f"Every position is off by {shift:+d}. "
+            + hint
+            + (
+                " With a cache, the new token's position is the number of tokens already cached."
+                if expected[0] > 0
+                else ""
+            )
+        )
     return Mismatch(f"{where}, token {first}: position expected {expected[first]}, got {got_list[first]}", hint)
 
 
 def check_logits(expected: torch.Tensor, got: torch.Tensor, what: str) -> Mismatch | None:
     """Logits against the oracle's with the tolerance fp32 reordering needs."""
-    return compare_tensors(expected, got, what=what, **LOGITS_TOLERANCE,
-                           dims=("position", "vocab") if expected.dim() == 2 else ("vocab",))
+    return compare_tensors(
+        expected, got, what=what, **LOGITS_TOLERANCE, dims=("position", "vocab") if expected.dim() == 2 else ("vocab",)
+    )

@@ -56,9 +56,11 @@ def observe(state: SchedulerState, plan: SchedulerOutput) -> dict[str, Any]:
         "max_num_seqs": state.max_num_seqs,
         "budget": state.max_num_batched_tokens,
         # could the head of the queue have joined: whole (no chunking) or as a chunk of what is left?
-        "head_fits_whole": head is not None and head.num_missing_tokens <= budget_left
+        "head_fits_whole": head is not None
+        and head.num_missing_tokens <= budget_left
         and state.blocks.can_allocate(head.request_id, head.num_missing_tokens),
-        "head_fits_chunk": head is not None and budget_left > 0
+        "head_fits_chunk": head is not None
+        and budget_left > 0
         and state.blocks.can_allocate(head.request_id, min(head.num_missing_tokens, budget_left)),
         "head": head.request_id if head is not None else None,
         "head_tokens": head.num_missing_tokens if head is not None else 0,
@@ -77,8 +79,9 @@ class FunctionPolicy(SchedulerPolicy):
     budget may be below max_model_len).
     """
 
-    def __init__(self, schedule_fn: Callable[[SchedulerState], SchedulerOutput], name: str = "yours",
-                 chunked: bool = False):
+    def __init__(
+        self, schedule_fn: Callable[[SchedulerState], SchedulerOutput], name: str = "yours", chunked: bool = False
+    ):
         self.schedule_fn = schedule_fn
         self.name = name
         self.chunked = chunked
@@ -92,25 +95,30 @@ class FunctionPolicy(SchedulerPolicy):
         return plan
 
 
-def policy_from_function(schedule_fn: Callable[[SchedulerState], SchedulerOutput], chunked: bool = False,
-                         name: str = "yours") -> FunctionPolicy:
+def policy_from_function(
+    schedule_fn: Callable[[SchedulerState], SchedulerOutput], chunked: bool = False, name: str = "yours"
+) -> FunctionPolicy:
     """Wrap a learner's ``schedule(state) -> SchedulerOutput`` so the engine can use it as its policy."""
     if not callable(schedule_fn):
         raise TypeError(f"expected your scheduling function, got {type(schedule_fn).__name__}")
     return FunctionPolicy(schedule_fn, name, chunked)
 
 
-def random_requests(seed: int, count: int, prompt_range=(3, 20), output_range=(2, 24),
-                    arrival_span: int = 30) -> list[CheckRequest]:
+def random_requests(
+    seed: int, count: int, prompt_range=(3, 20), output_range=(2, 24), arrival_span: int = 30
+) -> list[CheckRequest]:
     """Seeded requests for the tiny model (vocabulary 256), arriving over the first ticks."""
     r = rng(seed)
     arrivals = sorted(r.randint(0, arrival_span) for _ in range(count))
-    return [CheckRequest([r.randint(2, 255) for _ in range(r.randint(*prompt_range))], r.randint(*output_range), t)
-            for t in arrivals]
+    return [
+        CheckRequest([r.randint(2, 255) for _ in range(r.randint(*prompt_range))], r.randint(*output_range), t)
+        for t in arrivals
+    ]
 
 
-def run_requests(requests: list[CheckRequest], policy: SchedulerPolicy | str = "continuous", model=None,
-                 **engine_args) -> tuple[LLM, dict[str, list[int]]]:
+def run_requests(
+    requests: list[CheckRequest], policy: SchedulerPolicy | str = "continuous", model=None, **engine_args
+) -> tuple[LLM, dict[str, list[int]]]:
     """Serve the requests (ids r0, r1, ...) on a ticking clock.
 
     Returns the engine (its trace in ``llm.trace``) and each request's output tokens by id.
@@ -119,23 +127,30 @@ def run_requests(requests: list[CheckRequest], policy: SchedulerPolicy | str = "
     engine_args.setdefault("max_model_len", 256)
     llm = LLM(model, policy=policy, clock=TickClock(), **engine_args)
     for i, r in enumerate(requests):
-        llm.add_request(list(r.prompt_ids), SamplingParams(max_tokens=r.max_tokens, ignore_eos=True),
-                        request_id=f"r{i}", arrival_time=r.arrival)
+        llm.add_request(
+            list(r.prompt_ids),
+            SamplingParams(max_tokens=r.max_tokens, ignore_eos=True),
+            request_id=f"r{i}",
+            arrival_time=r.arrival,
+        )
     tokens: dict[str, list[int]] = {}
     calls = 0
     while llm.has_unfinished():
         calls += 1
         if calls > MAX_STEPS:
-            raise RuntimeError(f"the run passed {MAX_STEPS} steps without finishing: does your scheduler "
-                               "leave running requests unscheduled, or never admit waiting ones?")
+            raise RuntimeError(
+                f"the run passed {MAX_STEPS} steps without finishing: does your scheduler "
+                "leave running requests unscheduled, or never admit waiting ones?"
+            )
         for output in llm.step():
             if output.finished:
                 tokens[output.request_id] = output.token_ids
     return llm, tokens
 
 
-def serve(requests: list[CheckRequest], policy: SchedulerPolicy | str = "continuous", model=None,
-          **engine_args) -> dict[str, Any]:
+def serve(
+    requests: list[CheckRequest], policy: SchedulerPolicy | str = "continuous", model=None, **engine_args
+) -> dict[str, Any]:
     """:func:`run_requests`, as plain data: each request's tokens, the step count, preemptions,
     blocks still used at the end, and (for a :class:`FunctionPolicy`) every decision observed.
 
@@ -148,9 +163,14 @@ def serve(requests: list[CheckRequest], policy: SchedulerPolicy | str = "continu
         raise  # an unfinished exercise: the check says "not done", not "failed"
     except Exception as error:  # the learner's piece broke the run: judge what happened before
         return {"error": describe_exception(error), "decisions": list(getattr(policy, "decisions", []))}
-    return {"error": None, "tokens": [tokens[f"r{i}"] for i in range(len(requests))], "steps": len(llm.trace.steps),
-            "preemptions": llm.num_preemptions, "blocks_used_at_end": llm.state.blocks.num_used_blocks,
-            "decisions": list(getattr(policy, "decisions", []))}
+    return {
+        "error": None,
+        "tokens": [tokens[f"r{i}"] for i in range(len(requests))],
+        "steps": len(llm.trace.steps),
+        "preemptions": llm.num_preemptions,
+        "blocks_used_at_end": llm.state.blocks.num_used_blocks,
+        "decisions": list(getattr(policy, "decisions", [])),
+    }
 
 
 def run_failure(run: dict[str, Any], where: str = "") -> Mismatch | None:
@@ -173,9 +193,11 @@ def compare_with_solo(solo: list[SoloRun], got: list[list[int]]) -> Mismatch | N
     for index, (alone, batched) in enumerate(zip(solo, got)):
         problem = compare_to_solo(batched, alone)
         if problem is not None:
-            return Mismatch(f"request r{index}: {problem}",
-                            "Batching must not change what a request says. Is every running request given exactly "
-                            "its missing tokens (num_missing_tokens), and admitted with blocks for them?")
+            return Mismatch(
+                f"request r{index}: {problem}",
+                "Batching must not change what a request says. Is every running request given exactly "
+                "its missing tokens (num_missing_tokens), and admitted with blocks for them?",
+            )
     return None
 
 

@@ -45,8 +45,13 @@ class RecordingModel:
     def tokenizer(self):
         return self._model.tokenizer
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn,
-                logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: AttendFn,
+        logits_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The real forward pass, with the inputs, each layer's attention and the logits written down."""
         layers: list[dict[str, torch.Tensor]] = []
 
@@ -56,7 +61,8 @@ class RecordingModel:
                 got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
                 raise AttentionShapeError(
                     f"attention at layer {layer} returned {got}; it must have q's shape {tuple(q.shape)} "
-                    f"(tokens, query heads, head_dim). Is an axis transposed?")
+                    f"(tokens, query heads, head_dim). Is an axis transposed?"
+                )
             if layer < self._record_layers:
                 layers.append({name: t.detach().clone() for name, t in (("q", q), ("k", k), ("v", v), ("out", out))})
             return out
@@ -65,13 +71,15 @@ class RecordingModel:
         positions = torch.as_tensor(positions)
         start = time.perf_counter()
         logits = self._model.forward(input_ids, positions, watched, logits_indices)
-        self.calls.append({
-            "seconds": time.perf_counter() - start,
-            "input_ids": input_ids.detach().clone().cpu(),
-            "positions": positions.detach().clone().cpu(),
-            "logits": logits.detach().clone().cpu(),
-            "attention": layers,
-        })
+        self.calls.append(
+            {
+                "seconds": time.perf_counter() - start,
+                "input_ids": input_ids.detach().clone().cpu(),
+                "positions": positions.detach().clone().cpu(),
+                "logits": logits.detach().clone().cpu(),
+                "attention": layers,
+            }
+        )
         return logits
 
     __call__ = forward

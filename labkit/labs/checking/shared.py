@@ -78,7 +78,7 @@ def greedy_without_cache(inputs: tuple[LlamaModel, list[int], int]) -> dict:
         logits = transformers_logits(model, sequence)[-1]
         step_logits.append(logits)
         sequence.append(int(logits.argmax()))
-    return {"tokens": sequence[len(ids):], "logits": step_logits, "prompt": list(ids)}
+    return {"tokens": sequence[len(ids) :], "logits": step_logits, "prompt": list(ids)}
 
 
 @torch.inference_mode()
@@ -100,6 +100,8 @@ class after_exercise(contextlib.AbstractContextManager):
 
     def __exit__(self, kind, error, traceback) -> bool:
         if kind is not None and issubclass(kind, NotImplementedError):
-            print(f"(skipped: this cell uses your answer to {self.exercise_id}; finish that exercise, then run it again)")
+            print(
+                f"(skipped: this cell uses your answer to {self.exercise_id}; finish that exercise, then run it again)"
+            )
             return True
         return False
