@@ -11,8 +11,14 @@ import os
 
 import torch
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def default_device() -> torch.device:
@@ -22,8 +28,9 @@ def default_device() -> torch.device:
         try:
             return torch.device(wanted)
         except RuntimeError as err:
-            raise ValueError(f"LABKIT_DEVICE={wanted!r} is not a device torch knows; "
-                             "use cpu, cuda, cuda:1 or mps") from err
+            raise ValueError(
+                f"LABKIT_DEVICE={wanted!r} is not a device torch knows; use cpu, cuda, cuda:1 or mps"
+            ) from err
     if torch.cuda.is_available():
         return torch.device("cuda")
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
@@ -74,8 +81,12 @@ def available_ram_bytes() -> int:
 # --- the CPU: what it offers, and how many threads torch uses on it -------------------------
 
 # /proc/cpuinfo flags (x86 "flags", ARM "Features") behind the fast paths that matter here.
-_ISA_FLAGS = {"AVX2": ("avx2",), "AVX-512": ("avx512f",), "AMX": ("amx_tile",),
-              "native bf16": ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16")}
+_ISA_FLAGS = {
+    "AVX2": ("avx2",),
+    "AVX-512": ("avx512f",),
+    "AMX": ("amx_tile",),
+    "native bf16": ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16"),
+}
 
 
 def _cpuinfo() -> dict[str, str]:
@@ -101,8 +112,9 @@ def cpu_features() -> dict:
     info = _cpuinfo()
     flags = set((info.get("flags") or info.get("features") or "").split())
     name = info.get("model name") or info.get("hardware") or platform.processor() or platform.machine()
-    features = {feature: (any(flag in flags for flag in names) if flags else None)
-                for feature, names in _ISA_FLAGS.items()}
+    features = {
+        feature: (any(flag in flags for flag in names) if flags else None) for feature, names in _ISA_FLAGS.items()
+    }
     return {"cpu": name, "kernels torch dispatches to": torch.backends.cpu.get_cpu_capability(), **features}
 
 
@@ -119,8 +131,10 @@ def cpu_threads() -> tuple[int, str]:
     wanted = os.environ.get("LABKIT_THREADS")
     if wanted:
         if not wanted.isdigit() or int(wanted) < 1:
-            raise ValueError(f"LABKIT_THREADS={wanted!r} is not a positive whole number; "
-                             "set it to the number of threads torch should use, e.g. LABKIT_THREADS=2")
+            raise ValueError(
+                f"LABKIT_THREADS={wanted!r} is not a positive whole number; "
+                "set it to the number of threads torch should use, e.g. LABKIT_THREADS=2"
+            )
         return int(wanted), "set by LABKIT_THREADS"
     cores = _TORCH_DEFAULT_THREADS
     if cores <= 1:

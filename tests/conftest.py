@@ -54,7 +54,11 @@ def pytest_report_header(config):
 
     features = cpu_features()
     cpu = ", ".join(f"{key}={value}" for key, value in features.items())
-    paths = ", ".join(f"{str(dtype).removeprefix('torch.')}: {matmul_path(torch.device('cpu'), dtype).describe()}"
-                      for dtype in (torch.float32, torch.bfloat16))
-    return [f"machine: {cpu}; torch threads {cpu_threads()[0]} ({cpu_threads()[1]})",
-            f"torch {torch.__version__}, default device {default_device()}; matmuls {paths}"]
+    paths = ", ".join(
+        f"{str(dtype).removeprefix('torch.')}: {matmul_path(torch.device('cpu'), dtype).describe()}"
+        for dtype in (torch.float32, torch.bfloat16)
+    )
+    return [
+        f"machine: {cpu}; torch threads {cpu_threads()[0]} ({cpu_threads()[1]})",
+        f"torch {torch.__version__}, default device {default_device()}; matmuls {paths}",
+    ]

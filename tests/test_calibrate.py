@@ -7,9 +7,19 @@ import pytest
 
 from labkit.metrics import summarize
 from labkit.sim import calibrate
-from labkit.sim.calibrate import (Calibration, Comparison, NoBoundStepsError, StepWork, check_prediction, compare,
-                                  fit_cost_model, format_report, load_calibration, step_work,
-                                  time_engine_steps)
+from labkit.sim.calibrate import (
+    Calibration,
+    Comparison,
+    NoBoundStepsError,
+    StepWork,
+    check_prediction,
+    compare,
+    fit_cost_model,
+    format_report,
+    load_calibration,
+    step_work,
+    time_engine_steps,
+)
 from labkit.sim.cost_model import CostModel
 from labkit.sim.simulator import simulate
 from labkit.workloads import replay_workload
@@ -90,8 +100,15 @@ def test_step_work_rebuilds_each_steps_context_from_the_trace():
 
 def test_a_calibration_saves_and_loads_back(tmp_path, monkeypatch):
     monkeypatch.setenv("LABKIT_CACHE", str(tmp_path))
-    calibration = Calibration(machine="box 1", device="cpu", model="SmolLM2", dtype="float32",
-                              cost=vars(TRUE), num_steps=60, median_step_error_pct=3.5)
+    calibration = Calibration(
+        machine="box 1",
+        device="cpu",
+        model="SmolLM2",
+        dtype="float32",
+        cost=vars(TRUE),
+        num_steps=60,
+        median_step_error_pct=3.5,
+    )
     path = calibration.save()
     assert path.is_relative_to(tmp_path) and "box_1" in path.name and "float32" in path.name
     loaded = load_calibration(path)
@@ -152,8 +169,10 @@ def test_step_work_starts_a_preempted_request_from_zero_again():
 def test_a_machine_with_no_memory_bound_step_is_fitted_with_a_probed_bandwidth():
     slow_arithmetic = CostModel(bandwidth=40e9, flops=5e9, overhead_s=0.02, **SIZES)  # a CPU: compute everywhere
     steps = synthetic_steps(slow_arithmetic)
-    assert all(slow_arithmetic.pass_breakdown(int(n), int(c)).bound == "compute"
-               for n, c in zip(steps.new_tokens, steps.context_tokens))
+    assert all(
+        slow_arithmetic.pass_breakdown(int(n), int(c)).bound == "compute"
+        for n, c in zip(steps.new_tokens, steps.context_tokens)
+    )
     with pytest.raises(NoBoundStepsError, match="memory-bound") as caught:
         fit_cost_model(steps, **SIZES)
     assert caught.value.limit == "memory"

@@ -7,15 +7,20 @@ from labkit import device
 from labkit.cli import main as labkit_main
 
 AVX2_EPYC = {"model name": "AMD EPYC 7B12", "flags": "fpu sse2 avx fma f16c avx2 bmi2"}
-SAPPHIRE_RAPIDS = {"model name": "Intel(R) Xeon(R) Platinum 8488C",
-                   "flags": "avx2 avx512f avx512bw avx512_bf16 amx_tile amx_bf16"}
+SAPPHIRE_RAPIDS = {
+    "model name": "Intel(R) Xeon(R) Platinum 8488C",
+    "flags": "avx2 avx512f avx512bw avx512_bf16 amx_tile amx_bf16",
+}
 
 
-@pytest.mark.parametrize("cpuinfo, expected", [
-    (AVX2_EPYC, {"AVX2": True, "AVX-512": False, "AMX": False, "native bf16": False}),
-    (SAPPHIRE_RAPIDS, {"AVX2": True, "AVX-512": True, "AMX": True, "native bf16": True}),
-    ({}, {"AVX2": None, "AVX-512": None, "AMX": None, "native bf16": None}),  # not Linux: unknown, not "no"
-])
+@pytest.mark.parametrize(
+    "cpuinfo, expected",
+    [
+        (AVX2_EPYC, {"AVX2": True, "AVX-512": False, "AMX": False, "native bf16": False}),
+        (SAPPHIRE_RAPIDS, {"AVX2": True, "AVX-512": True, "AMX": True, "native bf16": True}),
+        ({}, {"AVX2": None, "AVX-512": None, "AMX": None, "native bf16": None}),  # not Linux: unknown, not "no"
+    ],
+)
 def test_cpu_features_read_the_flags(monkeypatch, cpuinfo, expected):
     monkeypatch.setattr(device, "_cpuinfo", lambda: cpuinfo)
     features = device.cpu_features()
@@ -64,4 +69,6 @@ def test_labkit_info_says_which_matmul_path_runs_and_why(monkeypatch, capsys, pr
     else:
         from labkit.models.fast_linear import matmul_path
 
-        assert matmuls.endswith(matmul_path(torch.device("cpu"), torch.float32, default_model.weight_bytes()).describe())
+        assert matmuls.endswith(
+            matmul_path(torch.device("cpu"), torch.float32, default_model.weight_bytes()).describe()
+        )

@@ -92,7 +92,8 @@ def test_bf16_runs_where_onednn_has_no_bf16_kernels():
         "model = tiny_model(dtype=torch.bfloat16)\n"
         "logits, cache = model.prefill(torch.arange(5, 20))\n"
         "assert torch.isfinite(logits).all() and cache.length == 15\n"
-        "print(model.prepacked, model.matmul.describe())\n")
+        "print(model.prepacked, model.matmul.describe())\n"
+    )
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -107,7 +108,8 @@ def test_the_torch_build_in_use_has_the_packed_kernels():
     # correct, and this test says why it got slower. Whether this CPU can run them is the probe's job.
     assert torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"), (
         "torch.ops.mkldnn._reorder_linear_weight/_linear_pointwise are missing from this torch build; "
-        "labkit falls back to F.linear (correct, slower)")
+        "labkit falls back to F.linear (correct, slower)"
+    )
 
 
 def test_a_model_too_big_for_a_second_copy_is_not_packed(monkeypatch):

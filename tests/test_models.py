@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import labkit.models.llama as llama
-from labkit.models import tiny_model
 from labkit.kv.attention import attention, causal_mask
+from labkit.models import tiny_model
 
 # Of the largest |logit|: the worst seen across CPUs and matmul paths is about 5e-6.
 RELATIVE_TOLERANCE = 3e-5
@@ -73,11 +73,19 @@ def test_tiny_models_match_transformers(architecture, matmul_path):
     assert_matches_hf(model, random_prompt(model))
 
 
-@pytest.mark.parametrize("rope_scaling", [
-    {"rope_type": "linear", "factor": 4.0},
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 64},
-])
+@pytest.mark.parametrize(
+    "rope_scaling",
+    [
+        {"rope_type": "linear", "factor": 4.0},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ],
+)
 def test_rope_scaling_variants_match_transformers(rope_scaling, matmul_path):
     model = tiny_model("llama", seed=2, prepack=matmul_path, rope_scaling=rope_scaling, rope_theta=500.0)
     hf_inv_freq = model.hf.model.rotary_emb.inv_freq
@@ -112,14 +120,15 @@ def test_ragged_batch_equals_separate_sequences():
 
     def block_diagonal_attend(layer, q, k, v):
         mask = torch.zeros(len(q), len(q), dtype=torch.bool)
-        mask[:len(a), :len(a)] = causal_mask(len(a), len(a))
-        mask[len(a):, len(a):] = causal_mask(len(b), len(b))
+        mask[: len(a), : len(a)] = causal_mask(len(a), len(a))
+        mask[len(a) :, len(a) :] = causal_mask(len(b), len(b))
         return attention(q, k, v, mask)
 
-    together = model.forward(torch.cat([a, b]), torch.cat([torch.arange(len(a)), torch.arange(len(b))]),
-                             block_diagonal_attend)
-    assert torch.allclose(together[:len(a)], alone[0], atol=1e-5)
-    assert torch.allclose(together[len(a):], alone[1], atol=1e-5)
+    together = model.forward(
+        torch.cat([a, b]), torch.cat([torch.arange(len(a)), torch.arange(len(b))]), block_diagonal_attend
+    )
+    assert torch.allclose(together[: len(a)], alone[0], atol=1e-5)
+    assert torch.allclose(together[len(a) :], alone[1], atol=1e-5)
 
 
 def test_logits_indices_selects_rows():
@@ -127,6 +136,7 @@ def test_logits_indices_selects_rows():
     ids = torch.arange(10)
     full = model.prefill(ids)[0]
     from labkit.kv.contiguous import ContiguousKVCache
+
     some = model.forward(ids, torch.arange(10), ContiguousKVCache(2).attend, torch.tensor([3, 9]))
     assert torch.allclose(some, full[[3, 9]], atol=1e-6)
 

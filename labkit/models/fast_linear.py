@@ -63,8 +63,11 @@ def _try_prepack(device: torch.device, dtype: torch.dtype) -> MatmulPath:
         return MatmulPath(False, f"prepacking is a CPU path; {device.type} runs its own kernels")
     if dtype not in _PROBE_TOLERANCE:
         return MatmulPath(False, f"no packed kernels for {str(dtype).removeprefix('torch.')}")
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+    if not (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    ):
         return MatmulPath(False, "this torch build has no oneDNN packed-linear ops")
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(48, 32, generator=generator).to(dtype)

@@ -32,8 +32,7 @@ def rope_inverse_frequencies(rope: dict, head_dim: int) -> tuple[torch.Tensor, f
         return inv_freq / float(rope["factor"]), 1.0
     if kind == "llama3":
         return _llama3_scaled(inv_freq, rope), 1.0
-    raise NotImplementedError(f"RoPE type {kind!r} is not written out in labkit; "
-                              "supported: default, linear, llama3")
+    raise NotImplementedError(f"RoPE type {kind!r} is not written out in labkit; supported: default, linear, llama3")
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, rope: dict) -> torch.Tensor:
@@ -48,8 +47,9 @@ def _llama3_scaled(inv_freq: torch.Tensor, rope: dict) -> torch.Tensor:
     return torch.where(in_between, blended, slowed)
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of each token's rotation angles, [T, head_dim], computed in fp32."""
     angles = positions.float()[:, None] * inv_freq[None, :]
     angles = torch.cat([angles, angles], dim=-1)

@@ -51,8 +51,9 @@ class LlamaModel:
         inner = hf_model.model
         self.embed = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
-        self.matmul = (matmul_path(self.device, self.dtype, self.weight_bytes()) if prepack
-                       else MatmulPath(False, "prepack=False"))
+        self.matmul = (
+            matmul_path(self.device, self.dtype, self.weight_bytes()) if prepack else MatmulPath(False, "prepack=False")
+        )
         self.prepacked = self.matmul.prepacked
         self.lm_head = prepacked_linear(hf_model.lm_head.weight, enabled=self.prepacked)
         self.layers = [_fuse_layer(layer, self.prepacked) for layer in inner.layers]
@@ -74,8 +75,13 @@ class LlamaModel:
         return sum(p.numel() * p.element_size() for p in self.hf.parameters())
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn,
-                logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: AttendFn,
+        logits_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Run T tokens (from one or many sequences) through the model; float32 logits out."""
         cfg = self.config
         x = F.embedding(input_ids, self.embed)
@@ -144,6 +150,6 @@ def _fuse(modules: list[torch.nn.Module], attribute: str = "weight") -> torch.Te
     start = 0
     for module in modules:
         rows = getattr(module, attribute).shape[0]
-        setattr(module, attribute, torch.nn.Parameter(fused[start:start + rows], requires_grad=False))
+        setattr(module, attribute, torch.nn.Parameter(fused[start : start + rows], requires_grad=False))
         start += rows
     return fused

