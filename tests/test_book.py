@@ -32,7 +32,7 @@ SCREENSHOT_PAGES = ("capacity_planning", "kv_memory")
 def chapter_docs() -> list[str]:
     """Book chapters (like 'book/sale') in table-of-contents order; the root, references and labs are not chapters."""
     toc = yaml.safe_load((REPO / "_toc.yml").read_text())
-    docs = [chapter["file"] for part in toc["parts"] for chapter in part["chapters"]]
+    docs = [chapter["file"] for part in toc["parts"] for chapter in part["chapters"] if "file" in chapter]
     return [doc for doc in docs if doc.startswith("book/") and Path(doc).name != "references"]
 
 

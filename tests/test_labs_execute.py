@@ -1,6 +1,6 @@
 """Every lab runs end to end in a fresh kernel: solved, every check passes; handed out, every check says "not done".
 
-One harness for all six labs; each is marked with its lab, so ``pytest -m lab5`` runs lab 5's
+One harness for every lab; each is marked with its lab, so ``pytest -m lab5`` runs lab 5's
 notebooks with its checks. Each notebook runs in a fresh kernel (nbclient) from ``labs/``, as a
 learner's JupyterLab would run it. That the learner notebooks are what their sources generate
 is tested once, in test_grading_make_labs.py.
@@ -16,14 +16,8 @@ import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
-LABS = {
-    "lab1": "lab1_prefill_decode.ipynb",
-    "lab2": "lab2_kv_cache.ipynb",
-    "lab3": "lab3_static_batching.ipynb",
-    "lab4": "lab4_continuous_batching.ipynb",
-    "lab5": "lab5_paged_attention.ipynb",
-    "lab6": "lab6_chunked_prefill.ipynb",
-}
+# Every solved notebook in labs/source is a lab: lab7_prefix_caching.ipynb -> "lab7".
+LABS = {path.name.split("_")[0]: path.name for path in sorted((ROOT / "labs" / "source").glob("lab*_*.ipynb"))}
 CELL_TIMEOUT_S = 600
 EACH_LAB = [pytest.param(name, marks=getattr(pytest.mark, lab), id=lab) for lab, name in LABS.items()]
 
