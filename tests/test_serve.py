@@ -377,6 +377,8 @@ def test_metrics_have_vllm_names_and_buckets_and_count_what_was_served(server, c
         "vllm:prompt_tokens": "counter",
         "vllm:generation_tokens": "counter",
         "vllm:request_success": "counter",
+        "vllm:prefix_cache_queries": "counter",
+        "vllm:prefix_cache_hits": "counter",
         "vllm:time_to_first_token_seconds": "histogram",
         "vllm:inter_token_latency_seconds": "histogram",
         "vllm:e2e_request_latency_seconds": "histogram",
@@ -434,3 +436,48 @@ def test_metrics_have_vllm_names_and_buckets_and_count_what_was_served(server, c
     assert delta("vllm:request_queue_time_seconds_count") == 3
     assert delta("vllm:inter_token_latency_seconds_count") == 15 - 3  # one gap per token after the first
     assert delta("vllm:num_preemptions_total") == 0
+
+
+# --- prefix caching ------------------------------------------------------------------------
+LONG_SYSTEM = "You answer questions about colours, briefly and kindly, in plain words. " * 6
+
+
+def shared_prefix_chats(model):
+    """Two chats with one long system prompt, their token ids, and the tokens the second can find cached."""
+    chats = [
+        [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": question}]
+        for question in ("Name a colour.", "Which colour is the sky?")
+    ]
+    ids = [encode_prompt(model.tokenizer, chat) for chat in chats]
+    common = next(i for i, (a, b) in enumerate(zip(*ids)) if a != b)
+    block_size = 16
+    reusable = min(common, len(ids[1]) - 1) // block_size * block_size  # whole blocks, never the last token
+    return chats, ids, reusable
+
+
+@pytest.mark.parametrize("caching", [True, False], ids=["caching", "no-caching"])
+def test_prefix_cache_counters_count_the_prompt_tokens_found_cached(model, caching):
+    chats, ids, reusable = shared_prefix_chats(model)
+    assert reusable >= 64, "the test needs a shared prefix of several blocks"
+    llm = make_llm(model, enable_prefix_caching=caching)
+    with ServerThread(llm) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        texts = []
+        for chat in chats:  # one after the other: the second finds what the first left in the cache
+            answer = client.chat.completions.create(
+                model=llm.describe()["model"],
+                messages=chat,
+                max_tokens=4,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
+            texts.append(answer.choices[0].message.content)
+        wait_for(lambda: scrape(server.url)["vllm:request_success_total{finished_reason=length}"] == 2, "both done")
+        after = scrape(server.url)
+    if caching:
+        assert after["vllm:prefix_cache_queries_total"] == len(ids[0]) + len(ids[1])
+        assert after["vllm:prefix_cache_hits_total"] == reusable
+    else:
+        assert after["vllm:prefix_cache_queries_total"] == after["vllm:prefix_cache_hits_total"] == 0
+    assert after["vllm:prompt_tokens_total"] == len(ids[0]) + len(ids[1])  # a hit is still a prompt token
+    assert texts == [expected_text(model, chat, 4) for chat in chats]  # the cache changes no token

@@ -4,6 +4,7 @@ It must answer a chat as the offline engine does (same greedy text), and stop on
 with a request still streaming: the stream is cut, the process ends, nothing hangs.
 """
 
+import argparse
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import pytest
 
 from labkit.engine import LLM
 from labkit.sampling import SamplingParams
+from labkit.serve.serve_cli import add_arguments, engine_dials
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 DIALS = ["--max-num-seqs", "4", "--max-model-len", "1024", "--num-gpu-blocks-override", "256"]
@@ -80,3 +82,14 @@ def test_sigterm_stops_it_with_a_stream_in_flight(served):
     assert process.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/health")
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [([], None), (["--enable-prefix-caching"], True), (["--no-enable-prefix-caching"], False)],
+)
+def test_the_prefix_caching_flag_reaches_the_engine_only_when_given(flags, expected):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    dials = engine_dials(parser.parse_args(flags))
+    assert dials.get("enable_prefix_caching") == expected  # left out: the engine's default (on, as vLLM V1)

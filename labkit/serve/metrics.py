@@ -5,7 +5,9 @@ they will see at work. Names, help texts and bucket edges follow vLLM's
 ``vllm/v1/metrics/loggers.py`` (V1 engine; ``inter_token_latency_seconds`` is its name since
 0.11 for what was ``time_per_output_token_seconds``). Every metric carries vLLM's labels
 ``model_name`` and ``engine``. Counters show up with ``_total`` appended, as Prometheus
-counters do (``vllm:prompt_tokens_total``).
+counters do (``vllm:prompt_tokens_total``). The prefix cache is read as vLLM's
+``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits`` (tokens, not blocks): the hit
+rate is the ratio of their increases over a window.
 
 Times come from the engine's own clock, so they are the engine's view: a request arrives when
 the server hands it to the engine loop, its tokens are stamped when the step that made them
@@ -105,6 +107,12 @@ class ServerMetrics:
         self.preemptions = make(Counter, "vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.prompt_tokens = make(Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = make(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
+        self.prefix_queries = make(
+            Counter, "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
+        )
+        self.prefix_hits = make(
+            Counter, "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
         success = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -137,12 +145,27 @@ class ServerMetrics:
             buckets=REQUEST_LATENCY_BUCKETS,
         )
 
-    def on_step(self, num_running: int, num_waiting: int, kv_usage: float, num_preempted: int) -> None:
-        """After each engine step: the batch it ran, the queue behind it, the cache it filled."""
+    def on_step(
+        self,
+        num_running: int,
+        num_waiting: int,
+        kv_usage: float,
+        num_preempted: int,
+        prefix_queries: int = 0,
+        prefix_hits: int = 0,
+    ) -> None:
+        """After each engine step: the batch it ran, the queue behind it, the cache it filled and found.
+
+        ``prefix_queries`` are the prompt tokens of the requests the step admitted (looked up in the
+        prefix cache), ``prefix_hits`` those found there; hits / queries is the hit rate, as in vLLM.
+        Both stay 0 with prefix caching off.
+        """
         self.running.set(num_running)
         self.waiting.set(num_waiting)
         self.kv_usage.set(kv_usage)
         self.preemptions.inc(num_preempted)
+        self.prefix_queries.inc(prefix_queries)
+        self.prefix_hits.inc(prefix_hits)
 
     def on_idle(self) -> None:
         """Nothing left to run: no batch, no queue, and every block back in the pool."""

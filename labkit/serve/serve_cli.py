@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="split long prompts over steps (on by default, as in vLLM V1)",
     )
     engine.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reuse the KV blocks of a prompt prefix already computed (on by default, as in vLLM V1)",
+    )
+    engine.add_argument(
         "--policy", help="scheduler policy: static, continuous, chunked, or module:Class for your own SchedulerPolicy"
     )
     parser.add_argument(
@@ -81,6 +87,7 @@ def engine_dials(args: argparse.Namespace) -> dict:
         gpu_memory_utilization=args.gpu_memory_utilization,
         num_blocks=args.num_gpu_blocks_override,
         enable_chunked_prefill=args.enable_chunked_prefill,
+        enable_prefix_caching=args.enable_prefix_caching,
         policy=resolve_policy(args.policy),
     )
     return {name: value for name, value in dials.items() if value is not None}
@@ -106,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     setup = llm.describe()
     print(
         f"labkit serve: {setup['model']} ({setup['device']}, {setup['dtype']}, policy {setup['policy']}, "
-        f"{setup['num_blocks']} blocks of {setup['block_size']}, max_model_len {setup['max_model_len']}) "
+        f"{setup['num_blocks']} blocks of {setup['block_size']}, max_model_len {setup['max_model_len']}, "
+        f"prefix caching {'on' if setup['enable_prefix_caching'] else 'off'}) "
         f"on {url_of(sock)}/v1",
         file=sys.stderr,
         flush=True,

@@ -210,6 +210,8 @@ class EngineWorker:
                 record.num_waiting,
                 record.blocks_used / max(record.blocks_total, 1),
                 len(record.preempted),
+                record.prefix_cache_queries,
+                record.prefix_cache_hits,
             )
         for output in outputs:
             live = self._live.get(output.request_id)
