@@ -51,6 +51,9 @@ class StepRecord:
     context_tokens: int = 0  # KV entries the step read: tokens its requests had computed (or found cached) before it
     prefix_cache_queries: int = 0  # prompt tokens of the requests admitted this step (vLLM's name)
     prefix_cache_hits: int = 0  # ... of which found in the prefix cache, not computed
+    num_drafts: int = 0  # speculative decoding: requests that verified drafts this step
+    num_draft_tokens: int = 0  # ... the draft tokens they verified (vLLM: spec_decode_num_draft_tokens)
+    num_accepted_tokens: int = 0  # ... of which accepted (vLLM: spec_decode_num_accepted_tokens)
 
     @property
     def duration(self) -> float:

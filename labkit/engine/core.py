@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 from labkit.engine.request import Request
 from labkit.engine.scheduler.base import SchedulerPolicy, SchedulerState
@@ -39,8 +39,23 @@ class Batch:
         return sum(request.num_computed_tokens for request, _ in self.work)
 
 
-# executor(batch, start) -> (request id -> sampled token for every sampler, the time the step ended)
-Executor = Callable[[Batch, float], tuple[dict[str, int], float]]
+# executor(batch, start) -> (request id -> sampled token for every sampler, the time the step ended).
+# A speculating sampler gets a list instead: its accepted draft tokens and one token of the target's own.
+Executor = Callable[[Batch, float], tuple[dict[str, "int | list[int]"], float]]
+
+
+class Proposer(Protocol):
+    """Speculative decoding's drafting side, as the step loop sees it (no tensors): see :mod:`labkit.spec`."""
+
+    num_speculative_tokens: int
+
+    def propose(self, request: Request, k: int) -> tuple[list[int], object]:
+        """Up to ``k`` draft tokens to follow ``request``'s sequence, and their draft probabilities (or None)."""
+        ...
+
+    def rollback(self, request: Request, num_rejected: int, blocks) -> None:
+        """Undo the KV of ``num_rejected`` draft tokens (see :func:`labkit.spec.rollback`)."""
+        ...
 
 
 @dataclass
@@ -55,9 +70,16 @@ class StepOutcome:
 class EngineCore:
     """Arrivals, the policy, and the bookkeeping of each step, for any executor."""
 
-    def __init__(self, policy: SchedulerPolicy, state: SchedulerState, eos_token_ids: list[int]):
+    def __init__(
+        self,
+        policy: SchedulerPolicy,
+        state: SchedulerState,
+        eos_token_ids: list[int],
+        proposer: Proposer | None = None,
+    ):
         self.policy = policy
         self.state = state
+        self.proposer = proposer  # None: no speculative decoding
         self.eos_token_ids = list(eos_token_ids)
         self.trace = Trace()
         self._pending: list[tuple[float, int, Request]] = []  # not yet arrived: (arrival, order, request)
@@ -101,6 +123,8 @@ class EngineCore:
         state.now = now
         outcome = StepOutcome(rejected=self._admit_arrivals(now))
         state.look_up_head()
+        if self.proposer is not None:
+            self._propose_drafts()
         plan = self.policy.schedule(state)
         if plan.is_empty:
             # Nothing ran, so nothing would change before the next arrival: a policy that plans
@@ -113,14 +137,39 @@ class EngineCore:
                 )
             return outcome
         work = [(state.requests[request_id], num_new) for request_id, num_new in plan.scheduled.items()]
+        if self.proposer is not None:
+            _fit_drafts_to_plan(state, plan)
         samplers = frozenset(request.request_id for request, num_new in work if request.num_missing_tokens == num_new)
         tokens, end = execute(Batch(work, samplers), now)
         record, outcome.progressed = state.complete_step(
-            plan, tokens, self.eos_token_ids, len(self.trace.steps), now, end
+            plan, tokens, self.eos_token_ids, len(self.trace.steps), now, end, rollback=self._rollback
         )
         self.trace.steps.append(record)
         outcome.record = record
         return outcome
+
+    def _propose_drafts(self) -> None:
+        """Give every running request that is decoding (prompt done, one token to compute) its draft tokens.
+
+        Requests still prefilling do not speculate. A draft never reaches past ``max_tokens`` or
+        ``max_model_len``: every token a step may emit must be one the request may still have.
+        """
+        state, k = self.state, self.proposer.num_speculative_tokens
+        for request in state.running:
+            request.set_drafts([])
+            if not request.is_decoding or request.num_missing_tokens != 1:
+                continue
+            room = min(
+                k,
+                request.params.max_tokens - len(request.output_token_ids) - 1,
+                state.max_model_len - request.num_tokens - 1,
+            )
+            if room > 0:
+                request.set_drafts(*self.proposer.propose(request, room))
+                request.trim_drafts(room)
+
+    def _rollback(self, request: Request, num_rejected: int) -> None:
+        self.proposer.rollback(request, num_rejected, self.state.blocks)
 
     def _admit_arrivals(self, now: float) -> list[Request]:
         """Move arrived requests into the queue; return those rejected as never fitting."""
@@ -131,3 +180,13 @@ class EngineCore:
             if not self.state.add(request):
                 rejected.append(request)
         return rejected
+
+
+def _fit_drafts_to_plan(state: SchedulerState, plan) -> None:
+    """Whatever the policy planned, a speculating request verifies only what it got: drafts past its tokens go,
+    and an unscheduled request's drafts are dropped (any policy works, even one that knows nothing of drafts)."""
+    for request in state.running:
+        if request.spec_token_ids:
+            request.trim_drafts(
+                plan.scheduled.get(request.request_id, 0) - (request.num_missing_tokens - len(request.spec_token_ids))
+            )

@@ -9,13 +9,14 @@ attention function are plain arguments, so a lab can swap in a learner's own.
 
 Dials carry vLLM's names: ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
 ``num_blocks`` or ``gpu_memory_utilization``, ``block_size``, ``enable_chunked_prefill``,
-``enable_prefix_caching``.
+``enable_prefix_caching``, ``speculative_config`` (speculative decoding, see :mod:`labkit.spec`).
 """
 
 from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import replace
 from typing import Callable, Sequence
 
 from tqdm.auto import tqdm
@@ -29,6 +30,8 @@ from labkit.kv.paged import AttentionFn, PagedKVCache, num_blocks_for_memory, pa
 from labkit.kv.prefix_cache import PrefixCachingBlockAllocator, supports_prefix_caching
 from labkit.models.tokens import Prompt, encode_prompt
 from labkit.sampling import SamplingParams
+from labkit.spec import parse_speculative_config
+from labkit.spec.proposers import DraftModelProposer, NgramProposer
 from labkit.trace import Trace
 
 
@@ -47,6 +50,14 @@ class LLM:
     cannot do it; asking for it with such an allocator is an error. ``attention`` is called as
     ``attention(layer, q, k_pool, v_pool, batch)``; ``clock`` returns seconds (swap in a fake
     one to control arrivals in a test).
+
+    ``speculative_config`` turns on speculative decoding, with vLLM's keys:
+    ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 1}``
+    (prompt lookup) or ``{"method": "draft_model", "model": <smaller model or name>, "num_speculative_tokens": k}``.
+    Each decoding request then verifies up to k drafts in the step's one pass (1 + k query tokens).
+    labkit's own keys ``propose``, ``accept_greedy``, ``accept_sampling`` and ``rollback`` plug in
+    a learner's function (lab 8). The default model, SmolLM2-135M, is already the smallest of its
+    family, so it has no smaller draft model: with it, use "ngram".
     """
 
     def __init__(
@@ -65,6 +76,7 @@ class LLM:
         enable_prefix_caching: bool | None = None,
         attention: AttentionFn = paged_attention,
         clock: Callable[[], float] = time.perf_counter,
+        speculative_config: dict | None = None,
     ):
         self.model = _resolve_model(model)
         cfg = self.model.config
@@ -86,7 +98,8 @@ class LLM:
             else f"off: the allocator {type(blocks).__name__} cannot cache prefixes"
         )
         self.state = SchedulerState(blocks, max_num_seqs, budget, self.max_model_len, enable_prefix_caching=caching)
-        self.core = EngineCore(self.policy, self.state, cfg.eos_token_ids)
+        self.speculative_config = parse_speculative_config(speculative_config)
+        self.core = EngineCore(self.policy, self.state, cfg.eos_token_ids, proposer=self._make_proposer())
         cache = PagedKVCache(
             cfg.num_layers,
             blocks.num_blocks,
@@ -97,10 +110,21 @@ class LLM:
             self.model.dtype,
             attention,
         )
-        self.runner = ModelRunner(self.model, cache)
+        self.runner = ModelRunner(self.model, cache, self.speculative_config)
         self._clock = clock
         self._ids = itertools.count()
         self.start_run()
+
+    def _make_proposer(self):
+        """The drafting side of speculative decoding, or None without it."""
+        config = self.speculative_config
+        if config is None:
+            return None
+        if config.method == "ngram":
+            return NgramProposer(config)
+        draft = _resolve_model(config.model)
+        config = self.speculative_config = replace(config, model=draft)
+        return DraftModelProposer(config, draft, self.model)
 
     def _make_allocator(self, block_allocator, num_blocks, block_size, utilization, max_num_seqs):
         if not isinstance(block_allocator, type):
@@ -150,6 +174,8 @@ class LLM:
         )
         if self._caching_note:
             setup["prefix_caching"] = self._caching_note
+        config = self.speculative_config
+        setup["speculative_decoding"] = "off" if config is None else config.describe()
         return setup
 
     @property

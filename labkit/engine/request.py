@@ -35,6 +35,10 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     message: str | None = None  # why it was rejected
+    # Speculative decoding: draft tokens proposed for this step, to be verified (and their draft
+    # probabilities, when the proposer has them). Scheduled like missing tokens, never part of the output.
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec_draft_probs: object = None
     record: RequestRecord = field(init=False)
     _prefill_target: int = field(init=False)  # tokens to compute before decoding starts
 
@@ -56,12 +60,28 @@ class Request:
 
     @property
     def num_missing_tokens(self) -> int:
-        """Tokens still to compute before the next output token can be sampled."""
-        return self.num_tokens - self.num_computed_tokens
+        """Tokens still to compute before the next output token can be sampled (draft tokens included)."""
+        return self.num_tokens + len(self.spec_token_ids) - self.num_computed_tokens
 
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def token_ids_with_drafts(self) -> list[int]:
+        """What the next pass feeds the model: the sequence, then this step's draft tokens."""
+        return self.prompt_token_ids + self.output_token_ids + self.spec_token_ids
+
+    def set_drafts(self, token_ids: list[int], probs: object = None) -> None:
+        self.spec_token_ids = list(token_ids)
+        self.spec_draft_probs = probs
+
+    def trim_drafts(self, keep: int) -> None:
+        """Keep only the first ``keep`` draft tokens (the step has no room for more)."""
+        keep = max(0, keep)
+        self.spec_token_ids = self.spec_token_ids[:keep]
+        if self.spec_draft_probs is not None:
+            self.spec_draft_probs = self.spec_draft_probs[:keep] if keep else None
 
     @property
     def is_decoding(self) -> bool:
@@ -87,6 +107,7 @@ class Request:
         """Recompute-style preemption: forget the cache, keep the tokens, wait again."""
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
+        self.set_drafts([])
         self._prefill_target = self.num_tokens
         self.record.num_preemptions += 1
 

@@ -18,30 +18,37 @@ from labkit.engine.core import Batch
 from labkit.engine.request import Request
 from labkit.kv.block_allocator import BlockAllocator
 from labkit.kv.paged import PagedBatch, PagedKVCache, SequenceSlice
-from labkit.sampling import make_generator, sample
+from labkit.sampling import filtered_probabilities, make_generator, sample
+from labkit.spec import SpeculativeConfig, one_hot_probs
 
 
 class ModelRunner:
     """Owns the model and the KV pools; ``execute`` runs one step."""
 
-    def __init__(self, model, cache: PagedKVCache):
+    def __init__(self, model, cache: PagedKVCache, speculative_config: SpeculativeConfig | None = None):
         self.model = model
         self.cache = cache
+        self.speculative_config = speculative_config
         self.generators: dict[str, torch.Generator | None] = {}
 
-    def execute(self, batch: Batch, blocks: BlockAllocator) -> dict[str, int]:
-        """Compute ``n`` new tokens for each (request, n) of the batch; return sampler id -> sampled token."""
+    def execute(self, batch: Batch, blocks: BlockAllocator) -> dict[str, int | list[int]]:
+        """Compute ``n`` new tokens for each (request, n) of the batch; return sampler id -> sampled token.
+
+        A speculating sampler (it carries draft tokens) gets the logits of all its 1 + k positions in
+        the same pass, and a list back: its accepted drafts and one token of the target's.
+        """
         work = sorted(batch.work, key=_row_order)
-        ids, positions, sequences, last_rows, samplers = [], [], [], [], []
+        ids, positions, sequences, logit_rows, samplers = [], [], [], [], []
         for request, num_new in work:
             start = request.num_computed_tokens
-            ids.extend(request.all_token_ids[start : start + num_new])
+            ids.extend(request.token_ids_with_drafts[start : start + num_new])
             positions.extend(range(start, start + num_new))
             sequences.append(
                 SequenceSlice(len(ids) - num_new, num_new, start + num_new, blocks.block_table(request.request_id))
             )
             if request.request_id in batch.samplers:
-                last_rows.append(len(ids) - 1)
+                num_rows = 1 + len(request.spec_token_ids)  # the last position, or every verified one
+                logit_rows.extend(range(len(ids) - num_rows, len(ids)))
                 samplers.append(request)
         device = self.model.device
         paged = PagedBatch.build(sequences, self.cache.block_size, device, self.model.dtype)
@@ -49,13 +56,37 @@ class ModelRunner:
             torch.tensor(ids, device=device),
             torch.tensor(positions, device=device),
             partial(self.cache.attend, batch=paged),
-            torch.tensor(last_rows, dtype=torch.long, device=device),
+            torch.tensor(logit_rows, dtype=torch.long, device=device),
         )
         if not samplers:
             return {}
-        generators = [self._generator(request) for request in samplers]
-        tokens = sample(logits, [request.params for request in samplers], generators).tolist()
-        return {request.request_id: token for request, token in zip(samplers, tokens)}
+        plain, plain_rows, tokens, row = [], [], {}, 0
+        for request in samplers:
+            num_rows = 1 + len(request.spec_token_ids)
+            if num_rows == 1:
+                plain.append(request)
+                plain_rows.append(row)
+            else:
+                tokens[request.request_id] = self._verify(request, logits[row : row + num_rows])
+            row += num_rows
+        if plain:
+            generators = [self._generator(request) for request in plain]
+            sampled = sample(logits[plain_rows], [request.params for request in plain], generators).tolist()
+            tokens.update({request.request_id: token for request, token in zip(plain, sampled)})
+        return tokens
+
+    def _verify(self, request: Request, logits: torch.Tensor) -> list[int]:
+        """Speculative decoding: what the target makes of the drafts, scored in one pass."""
+        config, draft = self.speculative_config, request.spec_token_ids
+        if request.params.greedy:
+            return list(config.accept_greedy(list(draft), logits.argmax(dim=-1).tolist()))
+        target_probs = torch.stack([filtered_probabilities(row, request.params) for row in logits])
+        draft_probs = request.spec_draft_probs
+        if draft_probs is None:
+            draft_probs = one_hot_probs(draft, logits.shape[-1], device=logits.device)
+        return list(
+            config.accept_sampling(list(draft), draft_probs.to(logits.device), target_probs, self._generator(request))
+        )
 
     def _generator(self, request: Request) -> torch.Generator | None:
         if request.request_id not in self.generators:

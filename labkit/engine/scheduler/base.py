@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from labkit.engine.request import Request, RequestStatus
 from labkit.kv.block_allocator import BlockAllocator
@@ -194,16 +195,20 @@ class SchedulerState:
     def complete_step(
         self,
         plan: SchedulerOutput,
-        new_tokens: dict[str, int],
+        new_tokens: dict[str, int | list[int]],
         eos_token_ids: list[int],
         index: int,
         start: float,
         end: float,
+        rollback: Callable[[Request, int], None] | None = None,
     ) -> tuple[StepRecord, list[Request]]:
         """Book a step that ran ``plan`` from ``start`` to ``end`` and sampled ``new_tokens``.
 
         Advances each request, appends its token (stamped ``end``), ends those that stop,
         and describes the step. Returns the record and the requests that got a token.
+        A speculating request gets a list: its accepted draft tokens and one of the target's;
+        ``rollback(request, num_rejected)`` undoes the KV of the drafts it rejected, and the
+        tokens are appended in order until one stops the request (none past a stop).
         """
         work = [(self.requests[request_id], num_new) for request_id, num_new in plan.scheduled.items()]
         num_prefill = sum(request.split_new_tokens(num_new)[0] for request, num_new in work)
@@ -227,22 +232,35 @@ class SchedulerState:
         self.now = end
         progressed = []
         for request, num_new in work:
+            drafts = request.spec_token_ids
+            request.set_drafts([])
             request.num_computed_tokens += num_new
-            self._cache_full_blocks(request, num_new)
-            if request.request_id not in new_tokens:
+            tokens = new_tokens.get(request.request_id)
+            tokens = [] if tokens is None else [tokens] if isinstance(tokens, int) else list(tokens)
+            if drafts and tokens:
+                num_accepted = check_verified(request, drafts, tokens)
+                (rollback or _no_rollback)(request, len(drafts) - num_accepted)
+                record.num_drafts += 1
+                record.num_draft_tokens += len(drafts)
+                record.num_accepted_tokens += num_accepted
+            # only verified tokens name blocks: those computed, all of them final
+            self._cache_full_blocks(request, num_new, (request.all_token_ids + tokens)[: request.num_computed_tokens])
+            if not tokens:
                 continue  # a prompt chunk: its first token comes with the last chunk
-            request.append_token(new_tokens[request.request_id], end)
-            reason = request.stop_reason(eos_token_ids, self.max_model_len)
-            if reason:
-                self.finish(request, reason)
+            for token in tokens:
+                request.append_token(token, end)
+                reason = request.stop_reason(eos_token_ids, self.max_model_len)
+                if reason:
+                    self.finish(request, reason)
+                    break
             progressed.append(request)
         return record, progressed
 
-    def _cache_full_blocks(self, request: Request, num_new: int) -> None:
+    def _cache_full_blocks(self, request: Request, num_new: int, token_ids: list[int]) -> None:
         """If the step filled a block of the request, name it so later requests can find it."""
         size, computed = self.blocks.block_size, request.num_computed_tokens
         if self.enable_prefix_caching and computed // size > (computed - num_new) // size:
-            self.blocks.cache_full_blocks(request.request_id, request.all_token_ids[:computed])
+            self.blocks.cache_full_blocks(request.request_id, token_ids)
 
     def abort(self, request: Request) -> None:
         """Drop an unfinished request wherever it is (its client went away): its blocks are freed now."""
@@ -258,6 +276,23 @@ class SchedulerState:
     @property
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+
+def check_verified(request: Request, drafts: list[int], tokens: list[int]) -> int:
+    """How many drafts the verifier accepted; refuses an answer that is not (accepted drafts) + one token."""
+    num_accepted = len(tokens) - 1
+    if not 0 <= num_accepted <= len(drafts) or tokens[:num_accepted] != drafts[:num_accepted]:
+        raise ValueError(
+            f"request {request.request_id!r}: verifying the drafts {drafts} gave {tokens}, which is not an accepted "
+            "prefix of the drafts followed by exactly one target token; the acceptance rule must return the drafts "
+            "it accepts, in order, then the target's correction (or bonus) token"
+        )
+    return num_accepted
+
+
+def _no_rollback(request: Request, num_rejected: int) -> None:
+    if num_rejected:
+        raise ValueError(f"request {request.request_id!r} rejected {num_rejected} drafts but no rollback was given")
 
 
 class SchedulerPolicy:
@@ -281,6 +316,8 @@ def schedule_running(state: SchedulerState, output: SchedulerOutput, budget: int
     for request in order:
         if request.status is not RequestStatus.RUNNING:
             continue  # preempted earlier in this loop
+        if request.spec_token_ids:
+            fit_drafts(state, request, budget)
         wanted = request.num_missing_tokens
         num_new = min(wanted, budget) if chunked else (wanted if wanted <= budget else 0)
         if num_new == 0:
@@ -289,3 +326,15 @@ def schedule_running(state: SchedulerState, output: SchedulerOutput, budget: int
             output.scheduled[request.request_id] = num_new
             budget -= num_new
     return budget
+
+
+def fit_drafts(state: SchedulerState, request: Request, budget: int) -> None:
+    """Speculative decoding: cut a request's draft tokens to what the token budget and free blocks allow.
+
+    Drafts are a bet, so they never cost anyone else a token or a block: they shrink (or go) before the
+    request's own next token would be cut or another request preempted.
+    """
+    request.trim_drafts(budget - 1)
+    needed = request.num_computed_tokens + request.num_missing_tokens
+    if request.spec_token_ids and not state.blocks.can_allocate(request.request_id, needed):
+        request.trim_drafts(0)
