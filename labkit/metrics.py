@@ -13,6 +13,11 @@ mean what the same names mean at work:
 - **Prefix cache**: ``prefix_cache_queries`` (prompt tokens of admitted requests, counted
   again when a preempted request is readmitted) and ``prefix_cache_hits`` (those found in
   the cache, not computed), summed over the steps; their ratio is the hit rate.
+- **Speculative decoding** (vLLM's names): ``spec_decode_num_drafts`` (request-steps that
+  verified drafts), ``spec_decode_num_draft_tokens`` and ``spec_decode_num_accepted_tokens``,
+  summed over the steps. The acceptance rate is accepted / draft tokens; the mean acceptance
+  length is 1 + accepted / drafts: tokens a speculating request gains per step, its own
+  target token included (1.0 means speculation never helped).
 - **Goodput**: completed requests per second that met *every* limit of an SLO given in
   milliseconds, like ``--goodput ttft:500 tpot:50``. As in vLLM, a request with a
   single output token counts as TPOT 0 here.
@@ -144,6 +149,9 @@ class Summary:
     mean_batch_size: float  # active sequences per step
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, over the steps
     prefix_cache_hits: int = 0  # ... of which found there
+    spec_decode_num_drafts: int = 0  # request-steps that verified draft tokens
+    spec_decode_num_draft_tokens: int = 0  # draft tokens verified
+    spec_decode_num_accepted_tokens: int = 0  # ... of which accepted
     slo: dict[str, float] | None = None
     num_good: int | None = None  # completed requests meeting every SLO limit
     goodput: float | None = None  # good requests / s
@@ -152,6 +160,18 @@ class Summary:
     def prefix_cache_hit_rate(self) -> float:
         """Share of looked-up prompt tokens found in the prefix cache; NaN with caching off."""
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else math.nan
+
+    @property
+    def spec_decode_acceptance_rate(self) -> float:
+        """Share of draft tokens the target accepted; NaN without speculation."""
+        drafted = self.spec_decode_num_draft_tokens
+        return self.spec_decode_num_accepted_tokens / drafted if drafted else math.nan
+
+    @property
+    def spec_decode_mean_acceptance_length(self) -> float:
+        """Tokens per speculating request-step: 1 (the target's own) + accepted drafts per step; NaN without."""
+        drafts = self.spec_decode_num_drafts
+        return 1 + self.spec_decode_num_accepted_tokens / drafts if drafts else math.nan
 
     @property
     def num_rejected(self) -> int:
@@ -183,6 +203,11 @@ class Summary:
             "prefix_cache_queries": self.prefix_cache_queries,
             "prefix_cache_hits": self.prefix_cache_hits,
             "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "spec_decode_num_drafts": self.spec_decode_num_drafts,
+            "spec_decode_num_draft_tokens": self.spec_decode_num_draft_tokens,
+            "spec_decode_num_accepted_tokens": self.spec_decode_num_accepted_tokens,
+            "spec_decode_acceptance_rate": self.spec_decode_acceptance_rate,
+            "spec_decode_mean_acceptance_length": self.spec_decode_mean_acceptance_length,
         }
         for name, dist in self.distributions().items():
             out[f"mean_{name}_ms"] = dist.mean
@@ -280,6 +305,9 @@ def summarize(trace: Trace, slo: str | Iterable[str] | Mapping[str, float] | Non
         mean_batch_size=active / len(trace.steps) if trace.steps else math.nan,
         prefix_cache_queries=sum(s.prefix_cache_queries for s in trace.steps),
         prefix_cache_hits=sum(s.prefix_cache_hits for s in trace.steps),
+        spec_decode_num_drafts=sum(s.num_drafts for s in trace.steps),
+        spec_decode_num_draft_tokens=sum(s.num_draft_tokens for s in trace.steps),
+        spec_decode_num_accepted_tokens=sum(s.num_accepted_tokens for s in trace.steps),
         slo=limits,
         num_good=num_good,
         goodput=per_second(num_good) if limits else None,
@@ -328,6 +356,12 @@ def format_summary(summary: Summary) -> str:
         lines.append(
             f"prefix cache {s.prefix_cache_hit_rate:.1%} hit rate: {s.prefix_cache_hits:,} of "
             f"{s.prefix_cache_queries:,} prompt tokens found cached"
+        )
+    if s.spec_decode_num_draft_tokens:
+        lines.append(
+            f"speculation  {s.spec_decode_acceptance_rate:.1%} of {s.spec_decode_num_draft_tokens:,} draft tokens "
+            f"accepted; mean acceptance length {_number(s.spec_decode_mean_acceptance_length, 2)} tokens "
+            f"per step over {s.spec_decode_num_drafts:,} speculating request-steps"
         )
     header = f"{'latency (ms)':<14}{'mean':>10}{'median':>10}{'p90':>10}{'p99':>10}{'std':>10}{'n':>8}"
     lines += ["", header, "-" * len(header)]

@@ -145,3 +145,21 @@ def test_bad_slo_strings_are_clear_errors(bad, message):
 def test_parse_slo_accepts_vllm_style():
     assert parse_slo("ttft:500 tpot:50") == {"ttft": 500.0, "tpot": 50.0}
     assert parse_slo(["ttft:500", "e2el:2000"]) == {"ttft": 500.0, "e2el": 2000.0}
+
+
+def test_speculative_decoding_counts_follow_vllm(trace):
+    # step 0: two requests verified 3 drafts each, 4 accepted in all; step 1: one request, 2 drafts, none accepted
+    trace.steps[0].num_drafts, trace.steps[0].num_draft_tokens, trace.steps[0].num_accepted_tokens = 2, 6, 4
+    trace.steps[1].num_drafts, trace.steps[1].num_draft_tokens, trace.steps[1].num_accepted_tokens = 1, 2, 0
+    s = summarize(trace)
+    assert (s.spec_decode_num_drafts, s.spec_decode_num_draft_tokens, s.spec_decode_num_accepted_tokens) == (3, 8, 4)
+    assert s.spec_decode_acceptance_rate == pytest.approx(4 / 8)
+    assert s.spec_decode_mean_acceptance_length == pytest.approx(1 + 4 / 3)
+    assert s.to_dict()["spec_decode_num_accepted_tokens"] == 4
+    assert "50.0% of 8 draft tokens accepted; mean acceptance length 2.33" in format_summary(s)
+
+
+def test_without_speculation_its_rates_are_nan_and_not_shown(trace):
+    s = summarize(trace)
+    assert math.isnan(s.spec_decode_acceptance_rate) and math.isnan(s.spec_decode_mean_acceptance_length)
+    assert "speculation" not in format_summary(s)
