@@ -87,6 +87,9 @@ def test_a_sweep_finds_the_highest_rate_within_the_promise(server):
     # a rate that lost a request never counts, whatever its latency
     lossy = {**summaries, 80.0: replace(summaries[40.0], num_completed=5)}
     assert best_rate(lossy, promise_ms=1e9) == 40.0
+    # a rate that passes above one that failed is noise: the promise must hold at every load below it
+    assert best_rate({**lossy, 160.0: summaries[5.0]}, promise_ms=1e9) == 40.0
+    assert best_rate({**summaries, 1.0: replace(summaries[5.0], num_completed=5)}, promise_ms=1e9) is None
 
 
 def test_workloads_and_urls():

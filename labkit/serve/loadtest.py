@@ -186,10 +186,23 @@ def api_base(url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
+def keeps_promise(summary: Summary, promise_ms: float) -> bool:
+    """Every request served, and p99 TPOT within ``promise_ms`` (a lost request breaks any promise)."""
+    return summary.num_completed == summary.num_requests and summary.tpot_ms.p99 <= promise_ms
+
+
 def best_rate(summaries: dict[float, Summary], promise_ms: float) -> float | None:
-    """The highest rate whose p99 TPOT is within ``promise_ms`` with every request served, or None."""
-    kept = [rate for rate, s in summaries.items() if s.num_completed == s.num_requests and s.tpot_ms.p99 <= promise_ms]
-    return max(kept, default=None)
+    """The highest rate below the first (lowest) rate that breaks the promise, or None if the lowest does.
+
+    A rate that happens to pass above one that failed is noise, not capacity: the promise has to
+    hold at every load up to the one we sign.
+    """
+    best = None
+    for rate in sorted(summaries):
+        if not keeps_promise(summaries[rate], promise_ms):
+            break
+        best = rate
+    return best
 
 
 def format_bench(summary: Summary, max_concurrency: int | None = None, errors: list[str] = ()) -> str:

@@ -1,0 +1,162 @@
+"""Reading ``/metrics`` over a window, as a dashboard does (lab 9): labkit's reading, and seeded scrapes to read.
+
+A Prometheus scrape is a snapshot of counters since the server started, gauges as they are
+now, and histograms as cumulative bucket counts. A dashboard panel is a *window*: counters
+and histograms are read as the increase between two scrapes, gauges as the last reading,
+and a percentile is estimated from the bucket counts the way Prometheus'
+``histogram_quantile`` does (linear inside the bucket that holds the rank). The check's
+scrapes come from a real :class:`~labkit.serve.metrics.ServerMetrics`, fed seeded events, so
+they are exactly what ``labkit serve`` would expose.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from labkit.labs.checking.shared import rng
+from labkit.serve.metrics import FINISH_REASONS, ServerMetrics
+
+TTFT = "vllm:time_to_first_token_seconds"
+KEYS = ("finished", "generation_tokens", "mean_ttft_s", "p90_ttft_s", "prefix_hit_rate", "running", "kv_usage")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Every sample of a scrape by name and labels, without the labels every series carries.
+
+    ``vllm:prompt_tokens_total``, ``vllm:request_success_total{finished_reason="stop"}``,
+    ``vllm:time_to_first_token_seconds_bucket{le="0.1"}`` ... -> value.
+    """
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = {k: v for k, v in sample.labels.items() if k not in ("model_name", "engine")}
+            key = sample.name + (
+                "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else ""
+            )
+            samples[key] = sample.value
+    return samples
+
+
+def buckets(samples: dict[str, float], name: str) -> list[tuple[float, float]]:
+    """A histogram's (upper edge, cumulative count) pairs in order, +Inf last."""
+    prefix = f'{name}_bucket{{le="'
+    pairs = [(float(key[len(prefix) : -2]), value) for key, value in samples.items() if key.startswith(prefix)]
+    return sorted(pairs)
+
+
+def histogram_quantile(q: float, edges_and_counts: list[tuple[float, float]]) -> float:
+    """Prometheus' estimate of the q-quantile from cumulative buckets: linear inside the bucket holding the rank."""
+    total = edges_and_counts[-1][1] if edges_and_counts else 0.0
+    if total <= 0:
+        return math.nan
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for edge, cumulative in edges_and_counts:
+        if cumulative >= rank:
+            if math.isinf(edge):  # the rank is past the last finite edge: that edge is all we know
+                return lower
+            return lower + (edge - lower) * (rank - below) / (cumulative - below)
+        lower, below = edge, cumulative
+    return lower
+
+
+def window(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Counters and histogram samples as increases over the window (a series new in ``after`` started at 0)."""
+    return {key: value - before.get(key, 0.0) for key, value in after.items()}
+
+
+def read_dashboard(before_text: str, after_text: str) -> dict[str, float]:
+    """labkit's reading of the window between two scrapes: the numbers of a serving dashboard."""
+    before, after = parse_metrics(before_text), parse_metrics(after_text)
+    grew = window(before, after)
+    queries = grew["vllm:prefix_cache_queries_total"]
+    return {
+        "finished": sum(grew[f'vllm:request_success_total{{finished_reason="{r}"}}'] for r in FINISH_REASONS),
+        "generation_tokens": grew["vllm:generation_tokens_total"],
+        "mean_ttft_s": grew[f"{TTFT}_sum"] / grew[f"{TTFT}_count"],
+        "p90_ttft_s": histogram_quantile(0.9, buckets(grew, TTFT)),
+        "prefix_hit_rate": grew["vllm:prefix_cache_hits_total"] / queries if queries else math.nan,
+        "running": after["vllm:num_requests_running"],
+        "kv_usage": after["vllm:kv_cache_usage_perc"],
+    }
+
+
+def typical_misreadings(before_text: str, after_text: str) -> dict[str, list[tuple[float, str]]]:
+    """For each number, the values the usual mistakes give, each with what the mistake is."""
+    before, after = parse_metrics(before_text), parse_metrics(after_text)
+    grew = window(before, after)
+    right = read_dashboard(before_text, after_text)
+    totals = read_dashboard("", after_text)  # the scrape read as if the server had started with the window
+    ttft = buckets(grew, TTFT)
+    upper_edge = next(edge for edge, count in ttft if count >= 0.9 * ttft[-1][1])
+    per_bucket = [(edge, count - (ttft[i - 1][1] if i else 0.0)) for i, (edge, count) in enumerate(ttft)]
+    since_start = (
+        "that is the total since the server started; a panel shows the increase over the window (after - before)"
+    )
+    wrong: dict[str, list[tuple[float, str]]] = {key: [(totals[key], since_start)] for key in KEYS[:5]}
+    wrong["finished"].append(
+        (
+            grew['vllm:request_success_total{finished_reason="stop"}'],
+            'you counted only finished_reason="stop"; requests also finish by length and by abort',
+        )
+    )
+    wrong["p90_ttft_s"] += [
+        (
+            upper_edge,
+            "that is the upper edge of the bucket holding the 90th percentile; Prometheus interpolates "
+            "linearly inside it (histogram_quantile)",
+        ),
+        (
+            histogram_quantile(0.9, per_bucket) if per_bucket[-1][1] > 0 else math.nan,
+            "bucket counts are cumulative (le = less or equal): each already includes the buckets below it",
+        ),
+        (right["mean_ttft_s"], "that is the mean, not the 90th percentile"),
+    ]
+    wrong["prefix_hit_rate"].append(
+        (
+            grew["vllm:prefix_cache_hits_total"] / grew["vllm:prompt_tokens_total"],
+            "divide by vllm:prefix_cache_queries (tokens looked up, preempted requests again), not by prompt tokens",
+        )
+    )
+    for key, name in (("running", "vllm:num_requests_running"), ("kv_usage", "vllm:kv_cache_usage_perc")):
+        wrong[key] = [
+            (grew[name], "a gauge is a reading of now: take its value in the last scrape, do not subtract"),
+            (before[name], "take the gauge from the later scrape (after), not the earlier one"),
+        ]
+    return wrong
+
+
+def seeded_scrapes(seed: int) -> tuple[str, str]:
+    """Two scrapes of a server that served seeded traffic, the second some requests after the first."""
+    r = rng(seed)
+    metrics = ServerMetrics("lab9-check")
+
+    def traffic(num_requests: int, running: int, waiting: int, kv: float) -> None:
+        for _ in range(num_requests):
+            prompt, answer = r.randint(20, 400), r.randint(4, 60)
+            looked_up = prompt + r.choice((0, 0, r.randint(10, prompt)))  # a preempted request is looked up again
+            metrics.on_step(
+                r.randint(1, 8), r.randint(0, 5), r.random(), int(r.random() < 0.2), looked_up, r.randint(0, prompt)
+            )
+            metrics.on_tokens(prompt, 1, r.choice((r.uniform(0.03, 0.3), r.uniform(0.3, 2.4))), [])
+            metrics.on_tokens(prompt, answer - 1, None, [r.uniform(0.02, 0.09) for _ in range(answer - 1)])
+            reason = r.choice(("stop", "stop", "length", "abort"))
+            metrics.on_finish(reason, r.uniform(0.5, 6.0), r.uniform(0.0, 0.5))
+        metrics.on_step(running, waiting, kv, 0)
+
+    traffic(r.randint(15, 30), r.randint(1, 8), r.randint(0, 4), round(r.uniform(0.1, 0.9), 3))
+    before = metrics.render().decode()
+    traffic(r.randint(20, 40), r.randint(1, 8), r.randint(0, 4), round(r.uniform(0.1, 0.9), 3))
+    return before, metrics.render().decode()
+
+
+def close(a: Any, b: float) -> bool:
+    """Equal up to rounding (both NaN counts as equal)."""
+    if not isinstance(a, (int, float)) or isinstance(a, bool):
+        return False
+    if math.isnan(b) or math.isnan(a):
+        return math.isnan(b) and math.isnan(a)
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)

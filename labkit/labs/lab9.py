@@ -1,0 +1,304 @@
+"""Lab 9, the capstone: the checks for the learner's engine loop, dashboard reading and SLO search.
+
+- ``engine_turn(llm, inbox, send)``: one turn of a server's engine loop: take every command
+  the HTTP side left (add a request, abort one whose client hung up), run one step, send each
+  request its new tokens. Driven with scripted clients on the tiny model: newcomers join the
+  very next step, a hang-up frees its blocks in that turn, every token is streamed as it is
+  made, and every answer equals the request decoded alone.
+- ``dashboard(before_text, after_text)``: the numbers of a serving dashboard from two
+  ``/metrics`` scrapes, compared with labkit's own reading of the same scrapes.
+- ``highest_rate(measure, rates, promise_ms)``: the highest request rate whose p99 TPOT keeps
+  the promise with nothing lost, measuring as few rates as it can; compared with labkit's rule
+  (``labkit loadtest``'s ``best_rate``) on replayed measurements.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from labkit.engine.reference import compare_to_solo, solo_greedy
+from labkit.grading.checks import Exercise, register
+from labkit.grading.result import Mismatch
+from labkit.labs.checking.learner_errors import diagnosed
+from labkit.labs.checking.serve_loop import client_script, drive
+from labkit.labs.checking.serve_metrics import KEYS, close, read_dashboard, seeded_scrapes, typical_misreadings
+from labkit.labs.checking.serve_sweep import SITUATIONS, highest_rate_oracle, replay, sweep_situations
+from labkit.labs.checking.shared import small_model
+from labkit.labs.hints import register_hints
+
+# --- lab9.engine_turn -------------------------------------------------------------------------
+
+
+def _run_loop(functions, inputs) -> dict[str, Any]:
+    return drive(functions[0], inputs["clients"])
+
+
+def _loop_oracle(inputs) -> dict[str, Any]:
+    model = small_model()
+    return {
+        "clients": inputs["clients"],
+        "solo": {
+            c["request_id"]: solo_greedy(model, c["prompt_ids"], c["max_tokens"], ignore_eos=True)
+            for c in inputs["clients"]
+            if c["hangs_up"] is None
+        },
+    }
+
+
+def check_turns(clients: list[dict[str, Any]], turns: list[dict[str, Any]]) -> Mismatch | None:
+    """Every command taken in its turn, one step a turn, newcomers in that very step, hang-ups freed at once."""
+    for number, turn in enumerate(turns):
+        if turn["inbox_left"]:
+            return Mismatch(
+                f"turn {number}: {turn['inbox_left']} commands were still in the inbox after your turn",
+                "Take every command out of the inbox each turn (inbox.pop(0) until it is empty): one left "
+                "there waits a whole step, or is applied again next turn.",
+            )
+        if len(turn["steps"]) > 1:
+            return Mismatch(
+                f"turn {number} ran {len(turn['steps'])} engine steps",
+                "One step per turn: the loop must come back to the inbox between steps, or a request that "
+                "arrives waits until the batch drains (that is static batching, across HTTP clients).",
+            )
+    for client in clients:
+        arrived = turns[client["arrives"]]["steps"]
+        if not arrived or client["request_id"] not in arrived[0]:
+            return Mismatch(
+                f"{client['request_id']} arrived at turn {client['arrives']} but that turn's step did not run it",
+                "Apply the commands first, then step: a request that came in joins the very next step. "
+                "Stepping first (or only when the engine is idle) makes every newcomer wait.",
+            )
+        if client["hangs_up"] is not None:
+            held = turns[client["hangs_up"]]["blocks"][client["request_id"]]
+            if held:
+                return Mismatch(
+                    f"{client['request_id']} hung up at turn {client['hangs_up']}, yet it still held {held} KV "
+                    "blocks after that turn",
+                    "An abort must reach the engine: llm.abort_request(request_id) stops the request and gives "
+                    "its blocks back at once. Dropping it on the HTTP side leaves the engine computing for nobody.",
+                )
+    return None
+
+
+def check_sent(expected: dict[str, Any], sent: list[dict[str, Any]]) -> Mismatch | None:
+    """Each client got its tokens as they were made, nothing after it hung up, and the solo answer."""
+    for client in expected["clients"]:
+        rid = client["request_id"]
+        mine = [s for s in sent if s["request_id"] == rid]
+        if client["hangs_up"] is not None:
+            late = [s["turn"] for s in mine if s["turn"] >= client["hangs_up"]]
+            if late:
+                return Mismatch(f"{rid} hung up at turn {client['hangs_up']} but was sent tokens at turn {late[0]}")
+            continue
+        counts = [len(s["tokens"]) for s in mine]
+        if counts != list(range(1, client["max_tokens"] + 1)):
+            what = "only when it finished" if counts == [client["max_tokens"]] else f"with token counts {counts}"
+            return Mismatch(
+                f"{rid} was sent its answer {what}; a streaming client needs each output as it is made "
+                f"(token counts 1, 2, ..., {client['max_tokens']})",
+                "send(output) for every output llm.step() returns, finished or not: that is what "
+                "streams each token to its client.",
+            )
+        problem = compare_to_solo(mine[-1]["tokens"], expected["solo"][rid])
+        if problem is not None:
+            return Mismatch(f"{rid}: {problem}", "Add each request with its own prompt ids and sampling params.")
+        if not mine[-1]["finished"]:
+            return Mismatch(f"{rid}: the last output it was sent is not marked finished")
+    return None
+
+
+def _compare_loop(expected, got) -> Mismatch | None:
+    return check_turns(expected["clients"], got["turns"]) or check_sent(expected, got["sent"])
+
+
+def _known_loop_error(record: dict[str, Any]) -> str | None:
+    if "already" in record["message"] or "duplicate" in record["message"].lower():
+        return "A command was applied twice: take each one out of the inbox (inbox.pop(0)) as you apply it."
+    return None
+
+
+register(
+    diagnosed(
+        Exercise(
+            id="lab9.engine_turn",
+            functions=("engine_turn",),
+            make_inputs=lambda seed: {"clients": client_script(seed)},
+            run=_run_loop,
+            oracle=_loop_oracle,
+            compare=_compare_loop,
+            tested="six scripted clients arrive over the turns of your loop on the tiny model, one hangs up "
+            "mid-answer: every command is taken in its turn, one step a turn, newcomers join that very step, the "
+            "hang-up's blocks are free after its turn, tokens are sent as they are made, and every answer equals "
+            "the request decoded alone",
+            hint="Commands first (add_request / abort_request), then one llm.step() if llm.has_unfinished(), then "
+            "send every output it returned.",
+            points=2.0,
+        ),
+        _known_loop_error,
+    )
+)
+
+# --- lab9.dashboard ---------------------------------------------------------------------------
+
+
+def _scrapes(seed: int) -> dict[str, str]:
+    before, after = seeded_scrapes(seed)
+    return {"before": before, "after": after}
+
+
+def _run_dashboard(functions, inputs) -> Any:
+    return functions[0](inputs["before"], inputs["after"])
+
+
+def _dashboard_oracle(inputs) -> dict[str, Any]:
+    return {
+        "right": read_dashboard(inputs["before"], inputs["after"]),
+        "wrong": typical_misreadings(inputs["before"], inputs["after"]),
+    }
+
+
+def _compare_dashboard(expected, got) -> Mismatch | None:
+    if not isinstance(got, dict):
+        return Mismatch(f"dashboard returned a {type(got).__name__}; return a dict with the keys {list(KEYS)}")
+    missing = [key for key in KEYS if key not in got]
+    if missing:
+        return Mismatch(f"the dict lacks {missing}; it needs {list(KEYS)}")
+    for key in KEYS:
+        right, value = expected["right"][key], got[key]
+        if close(value, right):
+            continue
+        for wrong, why in expected["wrong"].get(key, []):
+            if close(value, wrong) and not close(wrong, right):
+                return Mismatch(f"{key} = {value:.6g}, expected {right:.6g}: {why}")
+        shown = f"{value:.6g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
+        return Mismatch(f"{key} = {shown}, expected {right:.6g} (labkit's reading of the same two scrapes)")
+    return None
+
+
+register(
+    diagnosed(
+        Exercise(
+            id="lab9.dashboard",
+            functions=("dashboard",),
+            make_inputs=_scrapes,
+            run=_run_dashboard,
+            oracle=_dashboard_oracle,
+            compare=_compare_dashboard,
+            tested="two /metrics scrapes of a server that served seeded traffic: finished requests, generation "
+            "tokens, mean and p90 TTFT, prefix-cache hit rate over the window, and the running and KV-usage "
+            "gauges, each equal to labkit's own reading",
+            hint="Counters and histograms: after minus before. Gauges: the after scrape. p90: Prometheus' "
+            "histogram_quantile over the window's cumulative buckets.",
+            points=2.0,
+        )
+    )
+)
+
+# --- lab9.highest_rate ------------------------------------------------------------------------
+
+
+def _run_search(functions, inputs) -> dict[str, Any]:
+    answers = {}
+    for name, runs in inputs["situations"].items():
+        measured: list[float] = []
+        rate = functions[0](replay(runs, measured), list(inputs["rates"]), inputs["promise_ms"])
+        answers[name] = {"rate": None if rate is None else float(rate), "measured": measured}
+    return answers
+
+
+def _search_oracle(inputs) -> dict[str, Any]:
+    return {
+        name: highest_rate_oracle(runs, inputs["rates"], inputs["promise_ms"])
+        for name, runs in inputs["situations"].items()
+    }
+
+
+SEARCH_MISTAKES = {
+    "tail": "at that rate most requests were fast, but the p99 TPOT was over the promise: the mean or the median "
+    "hides the slowest 1% (use the 99th percentile: np.percentile(tpots, 99))",
+    "lost": "at that rate a request was lost (ok False): a request the server refused or broke off breaks the "
+    "promise however fast the others were",
+    "noise": "a rate that passes above one that failed is noise, not capacity: the promise has to hold at every "
+    "load up to the one you sign, so stop at the first rate that breaks it",
+    "hopeless": "even the lowest rate breaks the promise here: return None (no rate keeps it)",
+}
+
+
+def _compare_search(expected, got) -> Mismatch | None:
+    for name in SITUATIONS:
+        want, mine = expected[name], got[name]
+        if mine["rate"] != want["rate"]:
+            return Mismatch(
+                f"situation '{name}': you answered {mine['rate']}, labkit's rule gives {want['rate']}; "
+                + SEARCH_MISTAKES[name]
+            )
+    for name in SITUATIONS:
+        want, mine = expected[name], got[name]
+        if len(mine["measured"]) > len(want["measured"]):
+            return Mismatch(
+                f"situation '{name}': right answer, but you measured {mine['measured']} where "
+                f"{want['measured']} was enough",
+                "Each measurement is minutes of load on a real server: go up from the lowest rate and stop at "
+                "the first one that breaks the promise.",
+            )
+    return None
+
+
+def _known_search_error(record: dict[str, Any]) -> str | None:
+    if record["error"] == "TypeError" and "None" in record["message"]:
+        return (
+            "A lost request has ok False and no latencies (None). Look at ok first: one lost request breaks the "
+            "promise by itself; take the percentile over the requests that were served."
+        )
+    return None
+
+
+register(
+    diagnosed(
+        Exercise(
+            id="lab9.highest_rate",
+            functions=("highest_rate",),
+            make_inputs=sweep_situations,
+            run=_run_search,
+            oracle=_search_oracle,
+            compare=_compare_search,
+            tested="replayed load tests at six rates in four situations (a tail only the p99 sees, a lost request, "
+            "a rate passing again above a failure, a promise nothing keeps): your answer equals labkit's rule and "
+            "you measure no rate past the first that breaks the promise",
+            hint="Go up from the lowest rate; a rate keeps the promise if every request is ok and the 99th "
+            "percentile of TPOT is within it; stop at the first that does not and return the one before (or None).",
+            points=2.0,
+        ),
+        _known_search_error,
+    )
+)
+
+register_hints(
+    "lab9.engine_turn",
+    "The HTTP side and the engine meet in two places only: the inbox (commands in) and send (outputs out). "
+    "A turn is: empty the inbox into the engine, run one step, hand out what it made.",
+    "For each command: 'add' -> llm.add_request(prompt_ids, params, request_id=...); 'abort' -> "
+    "llm.abort_request(request_id). Then, only if llm.has_unfinished(), outputs = llm.step().",
+    "while inbox: kind, *rest = inbox.pop(0) ... then: for output in llm.step(): send(output). Do not wait for "
+    "output.finished: each output carries the tokens so far, and streaming clients want every one.",
+)
+register_hints(
+    "lab9.dashboard",
+    "A scrape is a snapshot since the server started. A dashboard shows a window: for counters and histograms "
+    "the increase between two scrapes; for gauges (running, KV usage) the value now.",
+    "Parse both texts with parse_metrics. finished = the increase of vllm:request_success_total summed over its "
+    "finished_reason labels; mean TTFT = increase of _sum over increase of _count; hit rate = increase of "
+    "prefix_cache_hits over increase of prefix_cache_queries.",
+    "p90: take the window's bucket counts (after - before, each le), sorted by le; rank = 0.9 * the +Inf count; "
+    "find the first bucket whose count >= rank and interpolate between its lower and upper edge: "
+    "lower + (upper - lower) * (rank - count_below) / (count - count_below).",
+)
+register_hints(
+    "lab9.highest_rate",
+    "A promise on p99 TPOT is about the slowest 1% of users, not the average one, and a lost request breaks it "
+    "outright. Go up in load and stop at the first rate that breaks it.",
+    "For rate in sorted(rates): requests = measure(rate); if any request is not ok, or "
+    "np.percentile([r['tpot_ms'] for r in requests], 99) > promise_ms: stop. Otherwise remember the rate.",
+    "Return the last rate that kept the promise, or None if the lowest already broke it; never measure past the "
+    "first failure.",
+)
