@@ -16,6 +16,12 @@ from dataclasses import asdict, dataclass, replace
 
 from labkit.sim.cost_model import MODELS, CostModel, ModelSpec, conversations_that_fit, get_model
 from labkit.sim.hardware import GB, TB, TFLOPS, Hardware, get_hardware
+from labkit.sim.speculation import (  # noqa: F401  (the planner's speculation figures live here too)
+    SpeculationPoint,
+    format_speculation,
+    speculation_breakeven_batch,
+    speculative_speedup,
+)
 
 # The lessons say "8B" and compute with 8.0e9 parameters (16 GB of BF16 weights); the real
 # checkpoint holds 8.03e9. Their figures are reproduced only with the round number.

@@ -218,6 +218,19 @@ class CostModel:
         """Seconds of a decode step: ``batch_size`` sequences, one new token each, ``mean_context`` cached."""
         return self.pass_time(batch_size, batch_size * mean_context)
 
+    def speculative_step_time(
+        self, batch_size: int, mean_context: float, k: int, draft_cost: "CostModel | None" = None
+    ) -> float:
+        """Seconds of a speculative decode step: each sequence verifies ``k`` drafts plus its own token.
+
+        One target pass computes ``batch_size x (k + 1)`` tokens while reading each sequence's context
+        once; a draft model (``draft_cost``) adds ``k`` passes of one token per sequence before it.
+        Prompt lookup drafts for free (``draft_cost=None``).
+        """
+        verify = self.pass_time(batch_size * (k + 1), batch_size * mean_context)
+        drafting = 0.0 if draft_cost is None else k * draft_cost.pass_time(batch_size, batch_size * mean_context)
+        return verify + drafting
+
     @property
     def single_stream_bound(self) -> float:
         """Tokens/s one sequence can never beat: every token must read all the weights."""
@@ -245,3 +258,16 @@ class CostModel:
         if per_sequence_gap <= 0:
             return float("inf")
         return self.weight_bytes / self.bandwidth / per_sequence_gap
+
+
+def expected_tokens_per_step(k: int, acceptance_rate: float) -> float:
+    """Tokens a sequence gains per speculative step: (1 - a^(k+1)) / (1 - a) (Leviathan et al.).
+
+    Each draft token is accepted with probability ``a``, independently, until the first rejection;
+    the target's own token always comes on top. k = 0 (no speculation) gives 1.
+    """
+    if k < 0 or not 0 <= acceptance_rate <= 1:
+        raise ValueError(f"need k >= 0 and an acceptance rate in [0, 1], got k={k}, acceptance_rate={acceptance_rate}")
+    if acceptance_rate == 1:
+        return k + 1.0
+    return (1 - acceptance_rate ** (k + 1)) / (1 - acceptance_rate)

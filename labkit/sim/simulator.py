@@ -21,6 +21,8 @@ from labkit.kv.prefix_cache import PrefixCachingBlockAllocator
 from labkit.sampling_params import SamplingParams
 from labkit.sim.cost_model import CostModel, ModelSpec, conversations_that_fit
 from labkit.sim.hardware import Hardware
+from labkit.sim.spec_proposer import SimulatedProposer
+from labkit.spec import parse_speculative_config
 from labkit.trace import Trace
 from labkit.workloads import RequestSpec, Workload
 
@@ -68,6 +70,7 @@ def simulate(
     max_num_batched_tokens: int | None = None,
     max_model_len: int | None = None,
     enable_prefix_caching: bool = True,
+    speculative_config: dict | None = None,
     use_tqdm: bool = False,
 ) -> Trace:
     """Run ``workload`` through ``policy`` with step times from ``cost``; return the trace.
@@ -76,6 +79,12 @@ def simulate(
     except that ``max_model_len`` defaults to the longest request in the workload. Get
     ``num_blocks`` for a real card from :func:`blocks_that_fit`. Prefix caching sees the
     prefixes the workload declares (see :func:`prompt_token_ids`).
+
+    ``speculative_config`` simulates speculative decoding: ``{"method": "ngram", "num_speculative_tokens":
+    k, "acceptance_rate": a}``. Every decoding request verifies up to k drafts in its step (1 + k tokens
+    priced by the cost model), each accepted with probability ``a`` until the first rejection (a seeded
+    draw, so runs repeat); rejected KV is rolled back as in the engine. ``"method": "draft_model"`` with
+    ``"model"``: the draft's :class:`CostModel` adds its k one-token passes over the speculating requests.
     """
     policy = make_policy(policy)
     max_model_len = max_model_len or int(max(workload.prompt_lens + workload.output_lens))
@@ -88,7 +97,9 @@ def simulate(
         max_model_len,
         enable_prefix_caching=enable_prefix_caching,
     )
-    core = EngineCore(policy, state, NO_END_TOKENS)
+    speculation = parse_speculative_config(speculative_config, simulated=True)
+    proposer = None if speculation is None else SimulatedProposer(speculation)
+    core = EngineCore(policy, state, NO_END_TOKENS, proposer=proposer)
     core.trace.meta = dict(
         simulated=True,
         workload=workload.name,
@@ -100,12 +111,16 @@ def simulate(
         num_blocks=num_blocks,
         block_size=block_size,
         enable_prefix_caching=enable_prefix_caching,
+        speculative_decoding="off" if speculation is None else speculation.describe(),
     )
 
-    def execute(batch: Batch, start: float) -> tuple[dict[str, int], float]:
-        """The cost-model executor: no tokens computed, only the pass's duration."""
+    def execute(batch: Batch, start: float) -> tuple[dict[str, int | list[int]], float]:
+        """The cost-model executor: no tokens computed, only the pass's duration (and drawn acceptances)."""
         end = start + cost.pass_time(batch.num_tokens, batch.context_tokens)
-        return dict.fromkeys(batch.samplers, PLACEHOLDER_TOKEN), end
+        if proposer is None:
+            return dict.fromkeys(batch.samplers, PLACEHOLDER_TOKEN), end
+        end += proposer.drafting_time(batch)
+        return {request_id: proposer.verify(batch, request_id) for request_id in batch.samplers}, end
 
     arrivals = enumerate(workload)
     index, upcoming = next(arrivals, (None, None))
