@@ -84,3 +84,12 @@ def test_bench_json(course_model, capsys):
     results = json.loads(out)
     assert len(results["serving"]) == 5 and all(row["completed"] == 2 for row in results["serving"].values())
     assert "running (a)" in err
+
+
+def test_plan_speculate_shows_the_speedup_by_batch_and_where_it_stops(capsys):
+    assert main(["plan", "--gpu", "h100-sxm", "--speculate", "4", "--acceptance", "0.5", "--prompt", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "speed-up" in out and "speculation stops paying at a batch of" in out
+    assert main(["plan", "--gpu", "h100-sxm", "--speculate", "4", "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)["speculation"]
+    assert figures["points"][0]["batch_size"] == 1 and figures["points"][0]["speedup"] > 1

@@ -6,6 +6,7 @@ override any figure, for example::
     labkit plan --gpu h100-sxm --model qwen3-8b --prompt 2000 --answer 400 --promise-ms 40 --price 3
     labkit plan --example sale --memory-fraction 0.95
     labkit plan --example sale --json   # every figure, for a script or a notebook
+    labkit plan --gpu h100-sxm --speculate 4 --acceptance 0.7   # speculative decoding's speed-up by batch size
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from labkit.capacity import FRIENDS_EXAMPLE, SALE_EXAMPLE, plan
+from labkit.capacity import (
+    FRIENDS_EXAMPLE,
+    SALE_EXAMPLE,
+    format_speculation,
+    plan,
+    speculation_breakeven_batch,
+    speculative_speedup,
+)
 from labkit.cli import print_json
 from labkit.sim.cost_model import MODELS, get_model
 from labkit.sim.hardware import GB, PRESETS, TB, TFLOPS, get_hardware
@@ -43,6 +51,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overhead-ms", type=float, help="fixed cost of every forward pass, ms (0)")
     parser.add_argument("--promise-ms", type=float, help="promised time between a user's tokens, ms")
     parser.add_argument("--price", type=float, help="price per GPU-hour, dollars")
+    parser.add_argument(
+        "--speculate",
+        type=int,
+        metavar="K",
+        help="also show speculative decoding with K draft tokens per step: speed-up against batch size",
+    )
+    parser.add_argument(
+        "--acceptance", type=float, default=0.7, help="with --speculate: chance each draft token is accepted (0.7)"
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of the table")
 
 
@@ -90,9 +107,45 @@ def _inputs(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = plan(**_inputs(args))
+    inputs = _inputs(args)
+    result = plan(**inputs)
+    speculation = None if args.speculate is None else _speculation(args, inputs, result.conversations)
     if args.json:
-        print_json(result.to_dict())
-    else:
-        print(result)
+        figures = result.to_dict()
+        if speculation is not None:
+            figures["speculation"] = speculation
+        print_json(figures)
+        return 0
+    print(result)
+    if speculation is not None:
+        print(speculation["table"])
+        where = speculation["breakeven_batch"]
+        print(
+            (f"speculation stops paying at a batch of {where}" if where else "speculation pays at every batch to 4,096")
+            + f" (k = {args.speculate}, acceptance {args.acceptance:.0%}, drafts free as with prompt lookup; "
+            "the verification pass at the card's peak arithmetic rate, as the plan above)"
+        )
     return 0
+
+
+def _speculation(args: argparse.Namespace, inputs: dict, conversations: int) -> dict:
+    """Speculative decoding on the plan's card, model and mean context, for batches up to what fits."""
+    settings = dict(
+        k=args.speculate,
+        acceptance_rate=args.acceptance,
+        hardware=inputs["hardware"],
+        model=inputs["model"],
+        context_len=inputs["prompt_len"] + inputs["answer_len"] / 2,
+        overhead_s=inputs.get("overhead_s", 0.0),
+        flops_fraction=1.0,
+        memory_fraction=inputs.get("memory_fraction", 0.9),
+    )
+    batches = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if b <= max(conversations, 1)]
+    points = speculative_speedup(batches, **settings)
+    return dict(
+        k=args.speculate,
+        acceptance_rate=args.acceptance,
+        points=[dict(vars(p), speedup=p.speedup) for p in points],
+        breakeven_batch=speculation_breakeven_batch(**settings),
+        table=format_speculation(points),
+    )
