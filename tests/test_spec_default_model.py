@@ -1,0 +1,65 @@
+"""Speculative decoding on the real default model: greedy answers are those of plain decoding, and prompt
+lookup is accepted often on prompts that ask to repeat or edit a given text.
+
+Batched verification of 1 + k tokens runs other matrix shapes than a one-token decode, so an answer may
+part from plain decoding at a near-tie (top-2 logits within 1e-4 in the solo run); the test forgives that
+and reports how often it happened, as the engine's other default-model tests do.
+"""
+
+import pytest
+
+from labkit.engine import LLM
+from labkit.engine.reference import compare_to_solo, solo_greedy
+from labkit.metrics import summarize
+from labkit.models.tokens import encode_prompt
+from labkit.sampling import SamplingParams
+
+TEXT = "The quick brown fox jumps over the lazy dog. The dog sleeps in the warm afternoon sun."
+CHATS = [
+    f"Repeat this sentence exactly: {TEXT}",
+    f"Rewrite this text with 'fox' replaced by 'cat': {TEXT}",
+    "What is the capital of France?",
+    "Give me three tips for learning to play the guitar.",
+]
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def solo_runs(default_model_on_path):
+    model = default_model_on_path
+    prompts = [[{"role": "user", "content": text}] for text in CHATS]
+    return prompts, [solo_greedy(model, encode_prompt(model.tokenizer, p), MAX_TOKENS) for p in prompts]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+def test_greedy_answers_do_not_change_with_prompt_lookup(default_model_on_path, solo_runs, k):
+    prompts, solos = solo_runs
+    config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+    llm = LLM(
+        default_model_on_path,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        num_blocks=64,
+        max_model_len=512,
+        speculative_config=config,
+    )
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS), use_tqdm=False)
+    for output, solo in zip(outputs, solos):
+        problem = compare_to_solo(output.token_ids, solo)
+        assert problem is None, f"chat {output.prompt[0]['content'][:40]!r} with k={k}: {problem}"
+    assert llm.state.blocks.num_free_blocks == 64
+    summary = summarize(llm.trace)
+    assert summary.spec_decode_num_accepted_tokens > 0, "repeating a given text must accept some drafts"
+    assert "ngram" in llm.describe()["speculative_decoding"]
+
+
+def test_the_default_model_has_no_smaller_sibling_for_a_draft(default_model_on_path):
+    """SmolLM2-135M is the smallest of its family; a draft model of another vocabulary is refused by name."""
+    from labkit.models import tiny_model
+
+    with pytest.raises(ValueError, match="vocabulary of .* tokens but the target"):
+        LLM(
+            default_model_on_path,
+            num_blocks=16,
+            speculative_config={"method": "draft_model", "model": tiny_model(), "num_speculative_tokens": 2},
+        )
