@@ -1,0 +1,135 @@
+"""``labkit serve`` as a child process, and load and scrapes against it, for notebooks (lab 9).
+
+A notebook that starts a server must never leave it behind: :class:`ServeProcess` starts
+``labkit serve`` on a free loopback port (``--port 0``), waits for the line that says where it
+listens, keeps reading its log so it never blocks on a full pipe, and stops it with SIGTERM
+(then SIGKILL) on ``stop()``, at the end of a ``with`` block, or when the kernel exits.
+
+Jupyter already runs an event loop, so :func:`measure` runs ``labkit loadtest``'s async load in
+a thread of its own and hands back one plain dict per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+
+from labkit.serve.loadtest import api_base, make_workload, run_load
+from labkit.trace import Trace
+
+
+class ServeProcess:
+    """``labkit serve ARGS`` in a child process on 127.0.0.1 and a free port; ``url`` once it listens."""
+
+    def __init__(self, *args: str, startup_timeout_s: float = 180.0):
+        command = [sys.executable, "-m", "labkit.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+        self.process = subprocess.Popen(
+            command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+        atexit.register(self.stop)
+        self.log: list[str] = []
+        lines: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._read_log, args=(lines,), daemon=True).start()
+        self.url = self._wait_for_url(lines, startup_timeout_s)
+
+    def _read_log(self, lines: queue.SimpleQueue) -> None:
+        for line in self.process.stderr:
+            self.log.append(line.rstrip())
+            lines.put(line)
+        lines.put(None)
+
+    def _wait_for_url(self, lines: queue.SimpleQueue, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                line = None
+            if line is not None:
+                found = re.search(r" on (http://\S+)/v1", line)
+                if found:
+                    return found.group(1)
+                continue
+            self.stop()
+            tail = "\n".join(self.log[-10:])
+            raise RuntimeError(f"labkit serve did not say where it listens (exit code {self.process.poll()}):\n{tail}")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM (a graceful stop), then SIGKILL if it has not ended within ``timeout_s``."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def scrape(url: str) -> str:
+    """The server's ``/metrics`` page, as Prometheus text."""
+    return httpx.get(url.rstrip("/") + "/metrics", timeout=30).text
+
+
+def per_request(trace: Trace) -> list[dict]:
+    """One dict per request as a user saw it: ``ok`` and TTFT, TPOT, end-to-end latency in ms (None if lost)."""
+    rows = []
+    for record in trace.requests:
+        ok = record.finish_time is not None and record.finish_reason != "rejected" and record.output_len > 0
+        if not ok:
+            rows.append({"ok": False, "ttft_ms": None, "tpot_ms": None, "e2el_ms": None})
+            continue
+        first = record.first_token_time
+        tpot = (record.finish_time - first) / (record.output_len - 1) if record.output_len > 1 else 0.0
+        rows.append(
+            {
+                "ok": True,
+                "ttft_ms": (first - record.arrival_time) * 1000.0,
+                "tpot_ms": tpot * 1000.0,
+                "e2el_ms": (record.finish_time - record.arrival_time) * 1000.0,
+            }
+        )
+    return rows
+
+
+def load(url: str, rate: float, num_prompts: int = 8, input_len: int = 32, output_len: int = 16, seed: int = 0):
+    """``labkit loadtest``'s load (random prompts, Poisson arrivals at ``rate``): the run's trace and errors."""
+    workload = make_workload("random", num_prompts, rate, seed=seed, input_len=input_len, output_len=output_len)
+    base = api_base(url)
+    model = httpx.get(base + "/models", timeout=30).json()["data"][0]["id"]
+    result: dict = {}
+
+    def run() -> None:  # a thread with its own event loop: the notebook's loop is busy running the cell
+        result["value"] = asyncio.run(run_load(base, workload, model, ignore_eos=True))
+
+    thread = threading.Thread(target=run, name="labkit-load")
+    thread.start()
+    thread.join()
+    if "value" not in result:
+        raise RuntimeError(f"the load against {url} did not complete")
+    return result["value"]
+
+
+def measure(url: str, rate: float, **load_options) -> list[dict]:
+    """Load the server at ``rate`` requests/s and return what each request's user saw (see :func:`per_request`)."""
+    trace, _errors = load(url, rate, **load_options)
+    return per_request(trace)
