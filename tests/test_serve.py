@@ -481,3 +481,31 @@ def test_prefix_cache_counters_count_the_prompt_tokens_found_cached(model, cachi
         assert after["vllm:prefix_cache_queries_total"] == after["vllm:prefix_cache_hits_total"] == 0
     assert after["vllm:prompt_tokens_total"] == len(ids[0]) + len(ids[1])  # a hit is still a prompt token
     assert texts == [expected_text(model, chat, 4) for chat in chats]  # the cache changes no token
+
+
+# --- speculative decoding ----------------------------------------------------------------------
+def test_speculation_counters_are_the_engines_own_and_only_shown_when_it_is_on(model, server):
+    assert not any(name.startswith("vllm:spec_decode") for name in scrape(server.url))  # off: absent, as in vLLM
+    # the model drafts for itself: every draft is accepted, so the counters have something to count
+    config = {"method": "draft_model", "model": model, "num_speculative_tokens": 3}
+    prompt, params = [5, 6, 7, 8, 9] * 4, SamplingParams(max_tokens=24, ignore_eos=True)
+    offline = make_llm(model, speculative_config=config)
+    alone = offline.generate([prompt], params, use_tqdm=False)[0]
+    steps = offline.trace.steps
+    llm = make_llm(model, speculative_config=config)
+    with ServerThread(llm) as served:
+        client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+        answer = client.completions.create(
+            model=llm.describe()["model"], prompt=prompt, max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
+        )
+        wait_for(lambda: scrape(served.url)["vllm:request_success_total{finished_reason=length}"] == 1, "done")
+        after = scrape(served.url)
+    assert answer.choices[0].text == alone.text  # speculation changes no token
+    drafts = sum(s.num_drafts for s in steps)
+    draft_tokens = sum(s.num_draft_tokens for s in steps)
+    accepted = sum(s.num_accepted_tokens for s in steps)
+    assert 0 < drafts < 24 and accepted > 0
+    assert after["vllm:spec_decode_num_drafts_total"] == drafts
+    assert after["vllm:spec_decode_num_draft_tokens_total"] == draft_tokens
+    assert after["vllm:spec_decode_num_accepted_tokens_total"] == accepted <= draft_tokens
+    assert after["vllm:generation_tokens_total"] == 24

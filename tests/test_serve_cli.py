@@ -93,3 +93,18 @@ def test_the_prefix_caching_flag_reaches_the_engine_only_when_given(flags, expec
     add_arguments(parser)
     dials = engine_dials(parser.parse_args(flags))
     assert dials.get("enable_prefix_caching") == expected  # left out: the engine's default (on, as vLLM V1)
+
+
+def test_the_speculative_config_is_json_as_in_vllm(capsys):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = '{"method": "ngram", "num_speculative_tokens": 3}'
+    assert engine_dials(parser.parse_args(["--speculative-config", config]))["speculative_config"] == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+    }
+    assert "speculative_config" not in engine_dials(parser.parse_args([]))  # off unless asked for
+    for bad, said in (("{method: ngram}", "not valid JSON"), ("[3]", "expected a JSON object")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--speculative-config", bad])
+        assert said in capsys.readouterr().err

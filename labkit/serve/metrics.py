@@ -7,7 +7,10 @@ they will see at work. Names, help texts and bucket edges follow vLLM's
 ``model_name`` and ``engine``. Counters show up with ``_total`` appended, as Prometheus
 counters do (``vllm:prompt_tokens_total``). The prefix cache is read as vLLM's
 ``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits`` (tokens, not blocks): the hit
-rate is the ratio of their increases over a window.
+rate is the ratio of their increases over a window. With speculative decoding on (and only
+then, as in vLLM) ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens`` and
+``..._num_accepted_tokens`` count the drafts verified; accepted over draft tokens is the
+acceptance rate.
 
 Times come from the engine's own clock, so they are the engine's view: a request arrives when
 the server hands it to the engine loop, its tokens are stamped when the step that made them
@@ -93,7 +96,7 @@ LABELS = ("model_name", "engine")
 class ServerMetrics:
     """The Prometheus metrics of one server; the engine loop calls the ``on_*`` methods."""
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, speculative: bool = False):
         disable_created_metrics()  # no ``*_created`` series, as vLLM (process-wide, like its own setting)
         self.registry = CollectorRegistry()
         labels = dict(model_name=model_name, engine="0")
@@ -113,6 +116,13 @@ class ServerMetrics:
         self.prefix_hits = make(
             Counter, "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
         )
+        self.spec = None  # vLLM shows the speculation counters only when speculative decoding is on
+        if speculative:
+            self.spec = (
+                make(Counter, "vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+                make(Counter, "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+                make(Counter, "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+            )
         success = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -153,12 +163,14 @@ class ServerMetrics:
         num_preempted: int,
         prefix_queries: int = 0,
         prefix_hits: int = 0,
+        spec_counts: tuple[int, int, int] = (0, 0, 0),
     ) -> None:
         """After each engine step: the batch it ran, the queue behind it, the cache it filled and found.
 
         ``prefix_queries`` are the prompt tokens of the requests the step admitted (looked up in the
         prefix cache), ``prefix_hits`` those found there; hits / queries is the hit rate, as in vLLM.
-        Both stay 0 with prefix caching off.
+        Both stay 0 with prefix caching off. ``spec_counts`` are the step's speculation: requests
+        that verified drafts, draft tokens verified, and those accepted.
         """
         self.running.set(num_running)
         self.waiting.set(num_waiting)
@@ -166,6 +178,9 @@ class ServerMetrics:
         self.preemptions.inc(num_preempted)
         self.prefix_queries.inc(prefix_queries)
         self.prefix_hits.inc(prefix_hits)
+        if self.spec is not None:
+            for counter, count in zip(self.spec, spec_counts):
+                counter.inc(count)
 
     def on_idle(self) -> None:
         """Nothing left to run: no batch, no queue, and every block back in the pool."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 
 
@@ -48,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="reuse the KV blocks of a prompt prefix already computed (on by default, as in vLLM V1)",
     )
     engine.add_argument(
+        "--speculative-config",
+        type=json_config,
+        help='speculative decoding as JSON with vLLM\'s keys, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' '
+        "(off by default)",
+    )
+    engine.add_argument(
         "--policy", help="scheduler policy: static, continuous, chunked, or module:Class for your own SchedulerPolicy"
     )
     parser.add_argument(
@@ -61,6 +68,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="on Ctrl-C/SIGTERM, seconds to let requests in flight finish (10)",
     )
+
+
+def json_config(text: str) -> dict:
+    """A JSON object from the command line (as ``vllm serve --speculative-config``)."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(
+            f'not valid JSON ({err.msg}); quote it whole, e.g. \'{{"method": "ngram", "num_speculative_tokens": 3}}\''
+        ) from None
+    if not isinstance(config, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object {{...}}, got {type(config).__name__}")
+    return config
 
 
 def resolve_policy(spec: str | None):
@@ -88,6 +108,7 @@ def engine_dials(args: argparse.Namespace) -> dict:
         num_blocks=args.num_gpu_blocks_override,
         enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,
+        speculative_config=args.speculative_config,
         policy=resolve_policy(args.policy),
     )
     return {name: value for name, value in dials.items() if value is not None}
@@ -114,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"labkit serve: {setup['model']} ({setup['device']}, {setup['dtype']}, policy {setup['policy']}, "
         f"{setup['num_blocks']} blocks of {setup['block_size']}, max_model_len {setup['max_model_len']}, "
-        f"prefix caching {'on' if setup['enable_prefix_caching'] else 'off'}) "
+        f"prefix caching {'on' if setup['enable_prefix_caching'] else 'off'}, "
+        f"speculative decoding {setup['speculative_decoding']}) "
         f"on {url_of(sock)}/v1",
         file=sys.stderr,
         flush=True,

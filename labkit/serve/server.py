@@ -32,7 +32,8 @@ def make_server(
 ) -> tuple[uvicorn.Server, socket.socket, EngineWorker]:
     """A uvicorn server for ``llm`` bound to ``host:port`` (not started), its socket and its engine worker."""
     name = served_model_name or llm.describe()["model"]
-    worker = EngineWorker(llm, ServerMetrics(name), max_waiting)
+    metrics = ServerMetrics(name, speculative=getattr(llm, "speculative_config", None) is not None)
+    worker = EngineWorker(llm, metrics, max_waiting)
     app = build_app(worker, name, api_key)
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=shutdown_timeout

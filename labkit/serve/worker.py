@@ -212,6 +212,7 @@ class EngineWorker:
                 len(record.preempted),
                 record.prefix_cache_queries,
                 record.prefix_cache_hits,
+                (record.num_drafts, record.num_draft_tokens, record.num_accepted_tokens),
             )
         for output in outputs:
             live = self._live.get(output.request_id)
