@@ -1,11 +1,18 @@
-"""Prefix caching on the default model: chats that share a long system prompt, served with it on and off.
+"""Prefix caching on the default model: chats that share a long system prompt, served with it on and off;
+then a multi-turn ShareGPT replay, where each turn resends the history, and its hit rate.
 
 Every request is the same system prompt (a support bot's policy, about ``--system-tokens``
 tokens) and one short question of its own, all arriving at once. Both runs use the same
 engine settings and a KV pool that holds every request whole, so the only difference is
 whether the shared blocks are computed once or once per request. Measured on this machine.
 
+The replay (``--conversations``, 0 to skip it) serves turn 1 of every conversation together,
+then turn 2 (whose prompt is turn 1's, its recorded reply and a new question), and so on, on
+one engine with caching on: the hit rate is prefix_cache_hits / prefix_cache_queries over all
+turns, and the same per turn.
+
 Usage: .venv/bin/python scripts/prefix_cache_bench.py [--requests 32] [--system-tokens 1000] [--max-tokens 32]
+       [--conversations 8] [--turns 3]
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from labkit.metrics import summarize
 from labkit.models import load_model
 from labkit.models.tokens import encode_prompt
 from labkit.sampling import SamplingParams
+from labkit.workloads import sharegpt_multiturn
 
 BLOCK_SIZE = 16
 TOPICS = (
@@ -79,12 +87,53 @@ def serve(model, prompts, caching: bool, max_tokens: int, num_blocks: int) -> di
     }
 
 
+def multiturn_replay(model, conversations: int, turns: int, max_tokens: int, max_prompt_tokens: int) -> None:
+    """Serve a multi-turn ShareGPT replay turn by turn with caching on; print its hit rate, overall and per turn."""
+    workload = sharegpt_multiturn(
+        conversations,
+        seed=0,
+        tokenizer=model.tokenizer,
+        min_turns=turns,
+        max_turns=turns,
+        max_prompt_tokens=max_prompt_tokens,
+        max_output_tokens=max_tokens,
+    )
+    rounds: dict[int, list] = {}
+    for request in workload:
+        rounds.setdefault(int(request.request_id.rsplit("-turn", 1)[1]), []).append(request)
+    longest = max(workload.prompt_lens) + max_tokens
+    llm = LLM(
+        model,
+        max_num_seqs=conversations,
+        max_model_len=longest,
+        num_blocks=turns * conversations * (-(-longest // BLOCK_SIZE)),
+    )
+    print(
+        f"\nmulti-turn ShareGPT replay: {conversations} conversations x {turns} turns, prompts of "
+        f"{min(workload.prompt_lens)}-{max(workload.prompt_lens)} tokens, {max_tokens} output tokens each, caching on"
+    )
+    print("| turn | requests | prompt tokens (queries) | found in cache (hits) | hit rate |")
+    print("|---|---|---|---|---|")
+    total_queries = total_hits = 0
+    for turn, requests in sorted(rounds.items()):
+        params = [SamplingParams(max_tokens=r.output_len, ignore_eos=True) for r in requests]
+        llm.generate([r.prompt for r in requests], params, use_tqdm=False)
+        summary = summarize(llm.trace)
+        queries, hits = summary.prefix_cache_queries, summary.prefix_cache_hits
+        total_queries, total_hits = total_queries + queries, total_hits + hits
+        print(f"| {turn} | {len(requests)} | {queries:,} | {hits:,} | {hits / queries:.1%} |")
+    print(f"| all | {len(workload)} | {total_queries:,} | {total_hits:,} | {total_hits / total_queries:.1%} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--system-tokens", type=int, default=1000)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=1, help="runs per setting; the table shows medians")
+    parser.add_argument("--conversations", type=int, default=8, help="multi-turn replay: conversations (0: skip)")
+    parser.add_argument("--turns", type=int, default=3, help="multi-turn replay: turns per conversation")
+    parser.add_argument("--max-prompt-tokens", type=int, default=1500, help="multi-turn replay: longest prompt")
     args = parser.parse_args()
 
     model = load_model()
@@ -116,6 +165,8 @@ def main() -> None:
         f"fewer; TTFT p50 {off['TTFT p50 (s)'] / on['TTFT p50 (s)']:.1f}x lower; output tok/s "
         f"{on['output tok/s'] / off['output tok/s']:.1f}x"
     )
+    if args.conversations:
+        multiturn_replay(model, args.conversations, args.turns, args.max_tokens, args.max_prompt_tokens)
 
 
 if __name__ == "__main__":

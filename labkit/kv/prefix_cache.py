@@ -20,8 +20,8 @@ makes: :meth:`take_cached_prefix` when a request is about to be admitted, and
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Mapping, Sequence
 
 from labkit.kv.block_allocator import BlockAllocator, OutOfBlocksError
 
@@ -31,6 +31,55 @@ NO_PARENT = 0  # the hash chain's start: the first block's parent
 def block_hash(parent: int, token_ids: Sequence[int]) -> int:
     """The name of a full block: its tokens and, through the parent's hash, every token before them."""
     return hash((parent, tuple(token_ids)))
+
+
+# --- the four pieces, as plain functions (lab 7 has learners write them; the allocator calls them) ---
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = NO_PARENT) -> list[int]:
+    """The hash chain of the *full* blocks of ``token_ids`` (a last partial block gets none), from ``parent``."""
+    hashes = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = block_hash(parent, token_ids[start : start + block_size])
+        hashes.append(parent)
+    return hashes
+
+
+def longest_cached_prefix(
+    hashes: Sequence[int], num_prompt_tokens: int, block_size: int, cached: Mapping[int, int]
+) -> list[int]:
+    """The blocks of the longest run of ``hashes`` found in ``cached`` (hash -> block), from the first.
+
+    The run stops at the first miss, and leaves at least the prompt's last token to compute:
+    its logits give the first output token.
+    """
+    blocks = []
+    for key in hashes[: (num_prompt_tokens - 1) // block_size]:
+        block = cached.get(key)
+        if block is None:
+            break
+        blocks.append(block)
+    return blocks
+
+
+def release_block(block: int, refs: list[int], is_cached: bool, free: deque[int], evictable: OrderedDict) -> None:
+    """Drop one reference to ``block``; the last one puts it on ``free``, or, if it is cached, at the
+    most-recent end of ``evictable`` (where it stays findable)."""
+    refs[block] -= 1
+    if refs[block]:
+        return
+    if is_cached:
+        evictable[block] = None
+    else:
+        free.append(block)
+
+
+def pick_block(free: deque[int], evictable: OrderedDict) -> int:
+    """Take a block for new tokens: a never-used one first, else the least recently freed cached one."""
+    if free:
+        return free.popleft()
+    block, _ = evictable.popitem(last=False)
+    return block
 
 
 class PrefixCachingBlockAllocator(BlockAllocator):
@@ -47,18 +96,34 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self._held: dict[str, list[int]] = {}  # seq -> cached blocks taken for it, not yet in its table
         self.num_evictions = 0
 
+    # --- the replaceable pieces (lab 7 plugs a learner's functions in here) -----------------
+    def hash_blocks(self, token_ids: Sequence[int], known: list[int]) -> list[int]:
+        """The hashes of the full blocks of ``token_ids``; ``known`` are those of its first blocks, already made."""
+        start = len(known) * self.block_size
+        return known + block_hashes(token_ids[start:], self.block_size, known[-1] if known else NO_PARENT)
+
+    def find_cached_prefix(self, hashes: list[int], num_prompt_tokens: int) -> list[int]:
+        """The cached blocks a prompt of ``num_prompt_tokens`` tokens (full blocks' ``hashes``) can take."""
+        return longest_cached_prefix(hashes, num_prompt_tokens, self.block_size, self._cached)
+
+    def release(self, block: int) -> None:
+        """Drop one reference to a block that has one."""
+        release_block(block, self._refs, self._hash_of[block] is not None, self._free, self._evictable)
+
+    def pick(self) -> int:
+        """Take a block off the free or evictable list (at least one is not empty)."""
+        return pick_block(self._free, self._evictable)
+
     # --- single blocks ---------------------------------------------------------------
     def allocate_block(self) -> int:
         """A block for new tokens: one holding nothing reusable, else the least recently freed cached one."""
-        if self._free:
-            block = self._free.popleft()
-        elif self._evictable:
-            block, _ = self._evictable.popitem(last=False)
+        if not self._free and not self._evictable:
+            raise OutOfBlocksError(f"all {self.num_blocks} blocks are in use; free some or preempt a sequence")
+        block = self.pick()
+        if self._hash_of[block] is not None:  # evicted: its content leaves the map
             del self._cached[self._hash_of[block]]
             self._hash_of[block] = self._content[block] = None
             self.num_evictions += 1
-        else:
-            raise OutOfBlocksError(f"all {self.num_blocks} blocks are in use; free some or preempt a sequence")
         self._refs[block] = 1
         return block
 
@@ -68,13 +133,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             raise ValueError(f"block {block!r} does not belong to this pool (ids 0..{self.num_blocks - 1})")
         if self._refs[block] == 0:
             raise ValueError(f"block {block} is already free (double free)")
-        self._refs[block] -= 1
-        if self._refs[block]:
-            return
-        if self._hash_of[block] is None:
-            self._free.append(block)
-        else:
-            self._evictable[block] = None
+        self.release(block)
 
     def _take(self, block: int) -> None:
         """One more reference to a cached block; a free one leaves the evictable list."""
@@ -88,24 +147,24 @@ class PrefixCachingBlockAllocator(BlockAllocator):
 
         The blocks go first into the table at the sequence's next :meth:`allocate`, so they are
         not counted by :meth:`num_new_blocks` for it; :meth:`free` lets them go. The caller
-        leaves out the tokens it must compute (at least the last one, whose logits it needs).
+        leaves out the tokens it must compute (at least the last one, whose logits it needs), so
+        ``token_ids`` is a prompt one token short.
         """
         if seq_id in self._tables or seq_id in self._held:
             raise ValueError(f"sequence {seq_id!r} already holds blocks; look up its prefix before allocating")
-        size, parent, held, chain = self.block_size, NO_PARENT, [], []
-        for start in range(0, len(token_ids) - size + 1, size):
-            tokens = tuple(token_ids[start : start + size])
-            key = block_hash(parent, tokens)
-            block = self._cached.get(key)
-            if block is None or self._content[block] != (parent, tokens):  # a miss, or a hash collision
+        size, parent, held = self.block_size, NO_PARENT, []
+        hashes = self.hash_blocks(token_ids, [])
+        for index, block in enumerate(self.find_cached_prefix(hashes, len(token_ids) + 1)):
+            tokens = tuple(token_ids[index * size : (index + 1) * size])
+            if self._content[block] != (parent, tokens):  # a hash collision: the map's block holds other tokens
                 break
-            self._take(block)
             held.append(block)
-            chain.append(key)
-            parent = key
+            parent = hashes[index]
+        for block in held:
+            self._take(block)
         if held:
             self._held[seq_id] = held
-            self._chains[seq_id] = chain
+            self._chains[seq_id] = hashes[: len(held)]
         return len(held) * size
 
     def cache_full_blocks(self, seq_id: str, token_ids: Sequence[int]) -> None:
@@ -115,16 +174,18 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         """
         chain = self._chains.setdefault(seq_id, [])
         table, size = self._tables.get(seq_id, []), self.block_size
-        for index in range(len(chain), min(len(token_ids) // size, len(table))):
-            parent = chain[-1] if chain else NO_PARENT
-            tokens = tuple(token_ids[index * size : (index + 1) * size])
-            key = block_hash(parent, tokens)
+        num_full = min(len(token_ids) // size, len(table))
+        if num_full <= len(chain):
+            return
+        hashes = self.hash_blocks(token_ids[: num_full * size], chain)
+        for index in range(len(chain), num_full):
+            parent = hashes[index - 1] if index else NO_PARENT
+            key, block = hashes[index], table[index]
             chain.append(key)
-            block = table[index]
             if key not in self._cached and self._hash_of[block] is None:
                 self._cached[key] = block
                 self._hash_of[block] = key
-                self._content[block] = (parent, tokens)
+                self._content[block] = (parent, tuple(token_ids[index * size : (index + 1) * size]))
 
     # --- sequences -------------------------------------------------------------------
     def allocate(self, seq_id: str, num_tokens: int) -> list[int]:

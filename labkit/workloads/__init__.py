@@ -7,6 +7,7 @@
 """
 
 from labkit.workloads.arrivals import LogNormal, arrival_times, replay_workload, sample_lengths, synthetic_workload
+from labkit.workloads.multiturn import sharegpt_multiturn
 from labkit.workloads.sale import sale_workload
 from labkit.workloads.sharegpt import ShareGPTData, load_sharegpt, read_conversations, sharegpt_prompts
 from labkit.workloads.spec import RequestSpec, Workload
@@ -24,6 +25,7 @@ __all__ = [
     "replay_workload",
     "sale_workload",
     "sample_lengths",
+    "sharegpt_multiturn",
     "sharegpt_prompts",
     "synthetic_workload",
 ]

@@ -1,0 +1,128 @@
+"""Multi-turn ShareGPT replay: every turn of a conversation resends the whole history, as a chat app does.
+
+A chat model keeps no state between calls, so turn k of a conversation is sent as the
+system template, turns 1 .. k-1 (the user's messages and the recorded replies) and the
+k-th user message. Turn k's prompt therefore starts with turn k-1's prompt: the prefix
+cache should find it. This module turns ShareGPT conversations into such requests, each
+turn arriving ``think_time_s`` after the previous one (an open loop: it does not wait for
+the answer), conversations starting ``conversation_gap_s`` apart.
+
+The history holds the *recorded* replies, not the ones the engine generates, so the cache
+finds each turn's previous prompt but not the reply after it (a replay with the engine's own
+replies would find both). A prompt longer than ``max_prompt_tokens`` ends its conversation:
+cutting it would break the shared prefix. Prompts are chat messages; pass a tokenizer for
+exact lengths (without one, lengths are estimates and the engine still counts real tokens).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from labkit.workloads.sharegpt import load_sharegpt
+from labkit.workloads.spec import RequestSpec, Workload
+from labkit.workloads.tokens import estimate_tokens
+
+ROLES = {"human": "user", "gpt": "assistant"}
+TEMPLATE_TOKENS_PER_TURN = 4  # the estimate's allowance for a chat turn's header, without a tokenizer
+
+
+def exchanges(conversation: dict) -> list[tuple[str, str]]:
+    """The (user message, recorded reply) pairs of a conversation, in order, up to the first that breaks the
+    alternation or is empty."""
+    turns = conversation.get("conversations") or []
+    pairs = []
+    for question, answer in zip(turns[0::2], turns[1::2]):
+        if question.get("from") != "human" or answer.get("from") != "gpt":
+            break
+        if not question.get("value") or not answer.get("value"):
+            break
+        pairs.append((question["value"], answer["value"]))
+    return pairs
+
+
+def turn_messages(pairs: list[tuple[str, str]], turn: int) -> list[dict[str, str]]:
+    """The chat messages sent for ``turn`` (0-based): every earlier exchange, then this turn's user message."""
+    messages = []
+    for question, answer in pairs[:turn]:
+        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    return messages + [{"role": "user", "content": pairs[turn][0]}]
+
+
+def _length(messages: list[dict[str, str]], tokenizer) -> int:
+    if tokenizer is None:
+        return sum(estimate_tokens(m["content"]) + TEMPLATE_TOKENS_PER_TURN for m in messages)
+    from labkit.models.tokens import encode_prompt  # here, so lengths-only users never import torch
+
+    return len(encode_prompt(tokenizer, messages))
+
+
+def _count(text: str, tokenizer) -> int:
+    return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer else estimate_tokens(text)
+
+
+def sharegpt_multiturn(
+    num_conversations: int,
+    seed: int = 0,
+    tokenizer=None,
+    *,
+    min_turns: int = 2,
+    max_turns: int = 4,
+    max_prompt_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+    think_time_s: float = 5.0,
+    conversation_gap_s: float = 1.0,
+    limit: int | None = None,
+) -> Workload:
+    """``num_conversations`` seeded ShareGPT conversations of ``min_turns`` to ``max_turns`` turns, one request
+    per turn, each resending the history; in order of arrival.
+
+    A turn's answer length is its recorded reply's (clipped to ``max_output_tokens``). Conversations with
+    fewer than ``min_turns`` usable turns (within ``max_prompt_tokens``) are skipped.
+    """
+    if num_conversations < 1:
+        raise ValueError(f"num_conversations must be >= 1, got {num_conversations!r}")
+    if not 1 <= min_turns <= max_turns:
+        raise ValueError(f"need 1 <= min_turns <= max_turns, got {min_turns} and {max_turns}")
+    if think_time_s < 0 or conversation_gap_s < 0:
+        raise ValueError("think_time_s and conversation_gap_s must be >= 0 seconds")
+    data = load_sharegpt(limit)
+    requests: list[RequestSpec] = []
+    chosen = 0
+    for index in np.random.default_rng(seed).permutation(len(data.conversations)).tolist():
+        conversation = data.conversations[index]
+        pairs = exchanges(conversation)[:max_turns]
+        turns = []
+        for turn in range(len(pairs)):
+            messages = turn_messages(pairs, turn)
+            prompt_len = _length(messages, tokenizer)
+            if max_prompt_tokens is not None and prompt_len > max_prompt_tokens:
+                break
+            output_len = max(1, _count(pairs[turn][1], tokenizer))
+            if max_output_tokens is not None:
+                output_len = min(output_len, max_output_tokens)
+            start = chosen * conversation_gap_s
+            request_id = f"sharegpt-{conversation.get('id', index)}-turn{turn + 1}"
+            turns.append(RequestSpec(request_id, start + turn * think_time_s, prompt_len, output_len, messages))
+        if len(turns) < min_turns:
+            continue
+        requests += turns
+        chosen += 1
+        if chosen == num_conversations:
+            break
+    else:
+        raise ValueError(
+            f"only {chosen} conversations with at least {min_turns} usable turns among the "
+            f"{len(data.conversations):,} read; ask for fewer, lower min_turns or raise limit"
+        )
+    requests.sort(key=lambda r: r.arrival_time)
+    meta = {
+        "seed": seed,
+        "source": str(data.path),
+        "turns": (min_turns, max_turns),
+        "think_time_s": think_time_s,
+        "conversation_gap_s": conversation_gap_s,
+        "max_prompt_tokens": max_prompt_tokens,
+        "max_output_tokens": max_output_tokens,
+        "lengths": "tokens" if tokenizer else "estimated",
+    }
+    return Workload(tuple(requests), name="sharegpt-multiturn", meta=meta)
