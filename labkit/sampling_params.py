@@ -20,6 +20,7 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    n: int = 1  # answers per prompt; they share the prompt's KV blocks through the prefix cache
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -28,6 +29,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n (answers per prompt) must be a whole number >= 1, got {self.n!r}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
 

@@ -84,6 +84,7 @@ class EngineCore:
         self.trace = Trace()
         self._pending: list[tuple[float, int, Request]] = []  # not yet arrived: (arrival, order, request)
         self._pending_ids: set[str] = set()
+        self._held: list[Request] = []  # arrived answers of an n > 1 prompt, waiting for a sibling's prompt
         self._order = itertools.count()
 
     def add(self, request: Request) -> None:
@@ -96,7 +97,7 @@ class EngineCore:
         self.trace.requests.append(request.record)
 
     def has_unfinished(self) -> bool:
-        return bool(self._pending) or self.state.has_unfinished
+        return bool(self._pending) or bool(self._held) or self.state.has_unfinished
 
     def abort(self, request_id: str) -> bool:
         """Stop a request that has not finished, arrived or not; False if there is none by that id."""
@@ -106,6 +107,11 @@ class EngineCore:
             heapq.heapify(self._pending)
             self._pending_ids.discard(request_id)
             request.mark_finished("abort", self.state.now)
+            return True
+        held = next((r for r in self._held if r.request_id == request_id), None)
+        if held is not None:
+            self._held.remove(held)
+            held.mark_finished("abort", self.state.now)
             return True
         if request_id not in self.state.requests:
             return False
@@ -173,13 +179,29 @@ class EngineCore:
 
     def _admit_arrivals(self, now: float) -> list[Request]:
         """Move arrived requests into the queue; return those rejected as never fitting."""
-        rejected = []
+        rejected, arrived = [], []
         while self._pending and self._pending[0][0] <= now:
             request = heapq.heappop(self._pending)[2]
             self._pending_ids.discard(request.request_id)
-            if not self.state.add(request):
+            arrived.append(request)
+        ready, self._held = self._held, []
+        for request in ready + arrived:
+            if self._waits_for_sibling(request):
+                self._held.append(request)
+            elif not self.state.add(request):
                 rejected.append(request)
         return rejected
+
+    def _waits_for_sibling(self, request: Request) -> bool:
+        """One of n answers joins once its sibling's prompt is computed, so it finds those blocks cached
+        (vLLM shares them the same way); at once if the sibling is gone or prefix caching is off."""
+        parent_id = request.parent_id
+        if parent_id is None or not self.state.enable_prefix_caching:
+            return False
+        if parent_id in self._pending_ids:
+            return True
+        parent = self.state.requests.get(parent_id)
+        return parent is not None and parent.num_computed_tokens < parent.num_prompt_tokens
 
 
 def _fit_drafts_to_plan(state: SchedulerState, plan) -> None:

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 from tqdm.auto import tqdm
 
 from labkit.engine.core import Batch, EngineCore
-from labkit.engine.request import Request, RequestOutput
+from labkit.engine.request import CompletionOutput, Request, RequestOutput
 from labkit.engine.runner import ModelRunner
 from labkit.engine.scheduler import SchedulerPolicy, SchedulerState, make_policy, token_budget
 from labkit.kv.block_allocator import BlockAllocator
@@ -192,10 +192,19 @@ class LLM:
         arrival_time: float | None = None,
     ) -> str:
         """Queue a prompt (text, chat messages or token ids); it joins once the clock passes ``arrival_time``."""
+        params = params or SamplingParams()
+        if params.n > 1:
+            raise ValueError(
+                f"SamplingParams(n={params.n}) asks for several answers, which generate() groups per prompt; "
+                "in the step API add one request per answer (n=1, a seed each) yourself"
+            )
+        return self._add(prompt, params, request_id, arrival_time)
+
+    def _add(self, prompt, params, request_id=None, arrival_time=None, parent_id=None) -> str:
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         token_ids = encode_prompt(self.model.tokenizer, prompt)
         arrival = self.now() if arrival_time is None else float(arrival_time)
-        self.core.add(Request(request_id, token_ids, params or SamplingParams(), arrival, prompt=prompt))
+        self.core.add(Request(request_id, token_ids, params, arrival, prompt=prompt, parent_id=parent_id))
         return request_id
 
     def has_unfinished(self) -> bool:
@@ -263,7 +272,8 @@ class LLM:
                 f"got {len(params)} and {len(arrivals)}"
             )
         self.start_run()
-        ids = [self.add_request(p, sp, arrival_time=t) for p, sp, t in zip(prompts, params, arrivals)]
+        groups = [self._add_answers(p, sp or SamplingParams(), t) for p, sp, t in zip(prompts, params, arrivals)]
+        ids = [request_id for group in groups for request_id in group]
         finished: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc=f"generate ({self.policy.name})", disable=not use_tqdm) as bar:
             while self.has_unfinished():
@@ -274,7 +284,23 @@ class LLM:
                 tokens = sum(r.output_len for r in self.trace.requests)
                 bar.set_postfix(tok_per_s=f"{tokens / max(self.now(), 1e-9):.1f}", refresh=False)
         self.trace.meta["num_preemptions"] = sum(r.num_preemptions for r in self.trace.requests)
-        return [finished[i] for i in ids]
+        return [_grouped([finished[i] for i in group]) for group in groups]
+
+    def _add_answers(self, prompt, params: SamplingParams, arrival: float) -> list[str]:
+        """One request per answer (``params.n`` of them), each with its own seed; the first one's prompt
+        blocks are cached before the others join, so they compute only what is theirs (as vLLM's n)."""
+        first = self._add(prompt, replace(params, n=1), arrival_time=arrival)
+        siblings = [
+            self._add(
+                prompt,
+                replace(params, n=1, seed=None if params.seed is None else params.seed + index),
+                request_id=f"{first}.{index}",
+                arrival_time=arrival,
+                parent_id=first,
+            )
+            for index in range(1, params.n)
+        ]
+        return [first] + siblings
 
 
 def serve_workload(llm: LLM, workload, use_tqdm: bool = False) -> Trace:
@@ -320,3 +346,12 @@ def _resolve_policy(policy, enable_chunked_prefill: bool | None) -> SchedulerPol
             "pass only one of them"
         )
     return resolved
+
+
+def _grouped(answers: list[RequestOutput]) -> RequestOutput:
+    """One output per prompt: the first answer's fields, and every answer in ``outputs`` (vLLM's shape)."""
+    first = answers[0]
+    if len(answers) == 1:
+        return first
+    completions = [CompletionOutput(i, a.token_ids, a.text, a.finish_reason) for i, a in enumerate(answers)]
+    return replace(first, num_preemptions=sum(a.num_preemptions for a in answers), outputs=completions)

@@ -39,6 +39,7 @@ class Request:
     # probabilities, when the proposer has them). Scheduled like missing tokens, never part of the output.
     spec_token_ids: list[int] = field(default_factory=list)
     spec_draft_probs: object = None
+    parent_id: str | None = None  # one of n answers to a prompt: it waits until this sibling's prompt is cached
     record: RequestRecord = field(init=False)
     _prefill_target: int = field(init=False)  # tokens to compute before decoding starts
 
@@ -138,10 +139,22 @@ class Request:
 
 
 @dataclass
+class CompletionOutput:
+    """One answer to a prompt (vLLM's name): with ``SamplingParams(n=...)`` a prompt has several."""
+
+    index: int
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str | None = None
+
+
+@dataclass
 class RequestOutput:
     """What the engine hands back for a request: its tokens so far, and whether it is done.
 
     ``text`` is decoded once the request finishes (None before, and for a model without tokenizer).
+    ``outputs`` lists the prompt's answers, as in vLLM: several with ``SamplingParams(n=...)``
+    (``generate`` groups them; ``token_ids`` and ``text`` are then the first answer's), else one.
     """
 
     request_id: str
@@ -153,3 +166,8 @@ class RequestOutput:
     finish_reason: str | None = None
     message: str | None = None
     num_preemptions: int = 0
+    outputs: list[CompletionOutput] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.outputs:
+            self.outputs = [CompletionOutput(0, self.token_ids, self.text, self.finish_reason)]
