@@ -72,7 +72,7 @@ CASES = [
         "continuous_schedule",
         (("if num_new > budget or not state.blocks.can_allocate(head.request_id, num_new):", "if num_new > budget:"),),
         FAIL,
-        "the run stopped: OutOfBlocksError",
+        "your function continuous_schedule raised OutOfBlocksError",
     ),
     ("lab4.ten_replies", "continuous_schedule", (), PASS, "PASS"),
     (
@@ -81,6 +81,69 @@ CASES = [
         (("    if output.preempted:\n", "    if output.preempted or state.running:\n"),),
         FAIL,
         "static batching takes 84",
+    ),
+    ("lab4.preemption", "choose_victim", (), PASS, "PASS"),
+    (
+        "lab4.preemption",
+        "choose_victim",
+        (("return state.running[-1]", "return state.running[0]"),),
+        FAIL,
+        "you preempted the oldest running request",
+    ),
+    (
+        "lab4.preemption",
+        "choose_victim",
+        (("return state.running[-1]", "return request"),),
+        FAIL,
+        "the request being scheduled itself, while the newer",
+    ),
+    (
+        "lab4.preemption",
+        "choose_victim",
+        (("return state.running[-1]", "return state.waiting[0] if state.waiting else None"),),
+        FAIL,
+        "which is not running",
+    ),
+    ("lab4.serving_metrics", "serving_metrics", (), PASS, "PASS"),
+    (
+        "lab4.serving_metrics",
+        "serving_metrics",
+        (("/ (r.output_len - 1) * 1000", "/ r.output_len * 1000"),),
+        FAIL,
+        "TPOT included the first token",
+    ),
+    (
+        "lab4.serving_metrics",
+        "serving_metrics",
+        (
+            (
+                "gaps = np.concatenate([np.diff(r.token_times) for r in records]) * 1000",
+                "gaps = np.array([np.mean(np.diff(r.token_times)) for r in records]) * 1000",
+            ),
+        ),
+        FAIL,
+        "ITL was averaged per request",
+    ),
+    (
+        "lab4.serving_metrics",
+        "serving_metrics",
+        (("all(m[name] <= limit", "any(m[name] <= limit"),),
+        FAIL,
+        "goodput counted requests that missed one SLO limit",
+    ),
+    (
+        "lab4.serving_metrics",
+        "serving_metrics",
+        (("(r.first_token_time - r.arrival_time) * 1000", "(r.first_token_time - r.arrival_time)"),),
+        FAIL,
+        "seconds, not milliseconds",
+    ),
+    (
+        "lab4.serving_metrics",
+        "serving_metrics",
+        (('[{"ttft": a, "tpot": b}', '[{"ttft": a / 1000, "tpot": b / 1000}'),),
+        FAIL,
+        "were seconds compared with limits in milliseconds",
     ),
     ("lab5.block_allocator", "PagedBlockAllocator", (), PASS, "PASS"),
     (
@@ -193,12 +256,36 @@ def test_check_verdict(exercise_id, name, edits, status, words):
     assert words in result.message
 
 
-@pytest.mark.lab5
 @pytest.mark.parametrize(
     "exercise_id, name, old, new, error",
     [
-        ("lab5.slot_mapping", "slot_mapping", "range(start, end)", "range(start, end + 1)", "IndexError"),
-        ("lab5.paged_attention", "paged_attention", "[:context_len]", "", "RuntimeError"),
+        pytest.param(
+            "lab4.continuous_schedule",
+            "continuous_schedule",
+            "num_new = request.num_missing_tokens",
+            "num_new = request.missing_tokens",
+            "AttributeError",
+            marks=pytest.mark.lab4,
+        ),
+        pytest.param(
+            "lab4.serving_metrics",
+            "serving_metrics",
+            "for r in records]) * 1000",
+            "for r in records.values()]) * 1000",
+            "AttributeError",
+            marks=pytest.mark.lab4,
+        ),
+        pytest.param(
+            "lab5.slot_mapping",
+            "slot_mapping",
+            "range(start, end)",
+            "range(start, end + 1)",
+            "IndexError",
+            marks=pytest.mark.lab5,
+        ),
+        pytest.param(
+            "lab5.paged_attention", "paged_attention", "[:context_len]", "", "RuntimeError", marks=pytest.mark.lab5
+        ),
     ],
 )
 def test_an_exception_in_the_learners_code_names_their_function_and_line(exercise_id, name, old, new, error):
@@ -223,3 +310,26 @@ def test_a_policy_that_schedules_nothing_fails_instead_of_hanging():
 
     result = evaluate("lab6.chunked_schedule", lambda state: SchedulerOutput())
     assert result.status == FAIL and "slots were in use while" in result.message
+
+
+@pytest.mark.lab4
+@pytest.mark.parametrize("seed", range(8))
+def test_the_preemption_check_pool_is_too_small_for_every_seed(seed):
+    from labkit.labs import lab4
+
+    run = lab4.serve_choosing(lab4.preemption_requests(seed), lab4.newest)
+    assert run["error"] is None and run["preemptions"] > 0
+    assert all(choice["victim"] == choice["running"][-1] for choice in run["choices"])
+
+
+@pytest.mark.lab4
+def test_a_metrics_trace_tells_every_mistake_apart_from_the_right_answer():
+    from labkit.labs import lab4
+
+    for seed in range(50):
+        inputs = lab4.metrics_inputs(seed)
+        trace, slo = inputs["trace"], inputs["slo"]
+        right = lab4.metrics_expected(trace, slo)
+        for name, mistakes in lab4.metric_mistakes(trace, slo).items():
+            for mistake, wrong in mistakes.items():
+                assert abs(wrong - right[name]) > 1e-6 * abs(right[name]), (seed, name, mistake)

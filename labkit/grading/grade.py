@@ -1,6 +1,10 @@
 """Grade submitted lab notebooks: run each in a sandboxed kernel, judge it outside, write reports.
 
     labkit grade SUBMISSION.ipynb [...] --out DIR [--lab LAB] [--cell-timeout S] [--total-timeout S] [--jobs N]
+                 [--hint-penalty F]
+
+Each exercise's report says how many hints (labkit.hint) the notebook showed for it; they cost
+nothing unless --hint-penalty F takes F x the exercise's points per hint from a passed exercise.
 
 Writes DIR/NAME.json, DIR/NAME.xml (JUnit) and DIR/NAME.md for each submission,
 DIR/grades.csv for all of them and DIR/checksums.json last. Exits 0 once everything is
@@ -44,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="address space each sandboxed kernel may use, in GiB; 0: no limit (default 8)",
     )
     parser.add_argument(
+        "--hint-penalty",
+        type=float,
+        default=0.0,
+        help="fraction of an exercise's points taken per labkit.hint shown, e.g. 0.1 (default 0: hints are "
+        "only reported)",
+    )
+    parser.add_argument(
         "--no-sandbox",
         action="store_true",
         help="run kernels without bubblewrap: each submission can then read and change the others' work",
@@ -81,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as error:
             print(f"error: --lab {args.lab}: {error}")
             return 2
+    if not 0 <= args.hint_penalty <= 1:
+        print("error: --hint-penalty must be between 0 (hints only reported) and 1 (a hint costs all the points)")
+        return 2
     if args.memory_gb < 0:
         print("error: --memory-gb must be 0 (no limit) or a positive number of GiB")
         return 2
@@ -100,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         kernel_name=args.kernel,
         sandbox=use_sandbox,
         memory_bytes=int(args.memory_gb * 2**30) or None,
+        hint_penalty=args.hint_penalty,
     )
     try:
         grades = grade_submissions(args.submissions, settings, seed=args.seed, jobs=args.jobs)

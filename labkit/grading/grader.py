@@ -38,9 +38,10 @@ from labkit.cache import CACHE_ENV, cache_root
 from labkit.grading import kernel_session as ks
 from labkit.grading import sandbox
 from labkit.grading.checks import Exercise, exercises_for_lab, lab_module
+from labkit.grading.hint_counts import read_hint_counts, weigh_hints
 from labkit.grading.judge import expected_outputs, verdict
 from labkit.grading.judge_process import judge_result, start_judges
-from labkit.grading.kernel_side import attempt_code
+from labkit.grading.kernel_side import attempt_code, hint_counts_code
 from labkit.grading.result import CRASHED, ERROR, NOT_RUN, TIMEOUT, CheckResult
 from labkit.grading.submissions import SubmissionError, code_cells, infer_lab, read_notebook, submission_names
 from labkit.models.default_model import ModelCacheError, contents_verified
@@ -61,6 +62,7 @@ class GradeSettings:
     sandbox: bool = True  # each kernel in a bubblewrap sandbox of its own (see sandbox.py)
     memory_bytes: int | None = 8 << 30  # address space a sandboxed kernel may use; None: no limit
     setup_timeout: float = 300.0  # seconds for the grader's own imports in a fresh kernel
+    hint_penalty: float = 0.0  # fraction of an exercise's points taken per hint shown (0: reported only)
 
 
 @dataclass
@@ -280,6 +282,8 @@ class Grader:
                         handed_in[exercise.id] = name
                     else:
                         grade.results.append(_kernel_problem(exercise, outcome))
+                hints_file = f"hints-{secrets.token_hex(16)}.json"
+                session.run_grader_code(hint_counts_code(str(folder / hints_file)))  # no file: no hints counted
                 if session.setup_problem:
                     grade.notes.append(f"the grader's setup code failed in the kernel: {session.setup_problem.detail}")
                 if session.restarts:
@@ -292,6 +296,10 @@ class Grader:
                         exercise, folder, handed_in[exercise.id], expected[exercise.id], settings.cell_timeout
                     )
                     grade.results.append(result)
+            hints = read_hint_counts(folder / hints_file)
+        grade.results = [
+            weigh_hints(result, hints.get(result.exercise, 0), settings.hint_penalty) for result in grade.results
+        ]
         order = [exercise.id for exercise in exercises]
         grade.results.sort(key=lambda result: order.index(result.exercise))
 

@@ -9,6 +9,7 @@ compares with its own oracle, so patching this module earns nothing.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,23 @@ def save_attempt(exercise_id: str, seed: int, path: str, namespace: Mapping[str,
     """Run the exercise's learner functions from `namespace` and torch.save the outcome to `path`."""
     attempt = attempt_in_namespace(get_exercise(exercise_id), namespace, seed)
     torch.save(attempt.to_record(), path)
+
+
+def save_hint_counts(path: str) -> None:
+    """Write how many hints each exercise showed in this kernel (labkit.hint), as JSON, to `path`."""
+    from labkit.labs.hints import hints_shown
+
+    with open(path, "w") as file:
+        json.dump(hints_shown(), file)
+
+
+def hint_counts_code(path: str) -> str:
+    """The code the grader sends to the kernel, after the notebook ran, to learn the hint counts."""
+    return (
+        "import labkit.grading.kernel_side as _labkit_kernel_side\n"
+        f"_labkit_kernel_side.save_hint_counts({path!r})\n"
+        "del _labkit_kernel_side\n"
+    )
 
 
 def attempt_code(exercise_id: str, seed: int, path: str) -> str:

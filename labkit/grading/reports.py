@@ -63,9 +63,10 @@ def to_markdown(grade: SubmissionGrade) -> str:
         lines += [f"**Not graded:** {grade.error}", ""]
     if grade.results:
         lines += [f"Lab `{grade.lab}`; the grader's inputs came from seed {grade.seed}.", ""]
-        lines += ["| Exercise | Result | Points |", "|---|---|---|"]
+        lines += ["| Exercise | Result | Points | Hints shown |", "|---|---|---|---|"]
         lines += [
-            f"| `{result.exercise}` | {result.label} | {_points(result.points)} / {_points(result.max_points)} |"
+            f"| `{result.exercise}` | {result.label} | {_points(result.points)} / {_points(result.max_points)} "
+            f"| {result.hints_shown} |"
             for result in grade.results
         ]
         lines += ["", "## Feedback", ""]

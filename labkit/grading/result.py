@@ -53,6 +53,7 @@ class CheckResult:
     exercise: str = ""
     status: str = ""
     max_points: float = 0.0
+    hints_shown: int = 0  # tiers of labkit.hint the notebook showed for this exercise (see hint_counts)
 
     @property
     def label(self) -> str:
@@ -68,4 +69,5 @@ class CheckResult:
             "points": self.points,
             "max_points": self.max_points,
             "message": self.message,
+            "hints_shown": self.hints_shown,
         }

@@ -73,6 +73,23 @@ def capture(functions: Sequence[Any], work: Callable[[], Any]) -> Any:
         return {RAISED: raised_record(error, functions)}
 
 
+def noting_errors(function: Callable[..., Any]) -> tuple[Callable[..., Any], list[dict[str, Any]]]:
+    """``function`` wrapped so that what it raises is noted (then raised on), for checks where the engine,
+    not the check, calls the learner's code and turns an exception into a failed run."""
+    records: list[dict[str, Any]] = []
+
+    def noted(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except NotImplementedError:
+            raise
+        except Exception as error:
+            records.append(raised_record(error, [function]))
+            raise
+
+    return noted, records
+
+
 def raised_in(got: Any) -> dict[str, Any] | None:
     """The record of an exception if ``got`` is one, else None."""
     return got[RAISED] if isinstance(got, dict) and RAISED in got else None

@@ -1,0 +1,44 @@
+"""How many hints each exercise showed, in the graded run, and what an instructor may make them cost.
+
+``labkit.hint`` counts the tiers it showed in the kernel (:mod:`labkit.labs.hints`). After the
+notebook has run, the grader asks the kernel for those counts (the hint cells the learner kept
+ran again) and records them next to each verdict. They are reported, not penalised: only an
+instructor who asks for it (``labkit grade --hint-penalty 0.1``) takes that fraction of the
+exercise's points per hint shown, from an exercise that passed, never below zero.
+
+The counts come from the learner's kernel, so they are information, not evidence: a learner can
+delete a hint cell or patch the counter. Read them as "hints the notebook still asks for".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from labkit.grading.result import CheckResult
+
+MAX_COUNTED = 99  # more than any exercise has tiers; caps a tampered file
+
+
+def read_hint_counts(path: Path) -> dict[str, int]:
+    """Exercise id -> hints shown, from the file the kernel wrote; anything malformed counts as none."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        str(key): min(int(value), MAX_COUNTED)
+        for key, value in data.items()
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0
+    }
+
+
+def weigh_hints(result: CheckResult, shown: int, penalty: float = 0.0) -> CheckResult:
+    """The verdict with its hint count recorded, and ``penalty`` x max points taken per hint if asked."""
+    points = result.points
+    if penalty and result.passed and shown:
+        points = max(0.0, result.points - penalty * shown * result.max_points)
+    return dataclasses.replace(result, hints_shown=shown, points=round(points, 6))
