@@ -5,9 +5,9 @@ the scheduler, the requests and the step loop are plain Python that the simulato
 and importing them must not load torch and the model code.
 """
 
-from labkit.engine.request import Request, RequestOutput, RequestStatus
+from labkit.engine.request import CompletionOutput, Request, RequestOutput, RequestStatus
 
-__all__ = ["LLM", "Request", "RequestOutput", "RequestStatus", "serve_workload"]
+__all__ = ["LLM", "CompletionOutput", "Request", "RequestOutput", "RequestStatus", "serve_workload"]
 
 
 def __getattr__(name: str):
