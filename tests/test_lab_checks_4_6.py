@@ -236,6 +236,40 @@ CASES = [
         FAIL,
         "a chunk of its prompt had blocks and budget",
     ),
+    ("lab6.choose_budget", "choose_budget", (), PASS, "PASS"),
+    (
+        "lab6.choose_budget",
+        "choose_budget",
+        (
+            (
+                "cost.pass_time(middle, context_tokens) * 1000 <= itl_ms",
+                "cost.pass_time(middle, context_tokens) <= itl_ms",
+            ),
+        ),
+        FAIL,
+        "you compared seconds with milliseconds",
+    ),
+    (
+        "lab6.choose_budget",
+        "choose_budget",
+        (("cost.pass_time(middle, context_tokens)", "cost.pass_time(middle, 0)"),),
+        FAIL,
+        "you left out the KV context the step reads",
+    ),
+    (
+        "lab6.choose_budget",
+        "choose_budget",
+        (("    return low", "    return low + 1"),),
+        FAIL,
+        "breaks the promise",
+    ),
+    (
+        "lab6.choose_budget",
+        "choose_budget",
+        (("    return low", "    return low - 1"),),
+        FAIL,
+        "which is larger",
+    ),
 ]
 
 
@@ -266,6 +300,22 @@ def test_check_verdict(exercise_id, name, edits, status, words):
             "num_new = request.missing_tokens",
             "AttributeError",
             marks=pytest.mark.lab4,
+        ),
+        pytest.param(
+            "lab6.chunked_schedule",
+            "chunked_schedule",
+            "num_new = min(request.num_missing_tokens, budget)",
+            "num_new = min(request.missing_tokens, budget)",
+            "AttributeError",
+            marks=pytest.mark.lab6,
+        ),
+        pytest.param(
+            "lab6.choose_budget",
+            "choose_budget",
+            "cost.pass_time(middle, context_tokens)",
+            "cost.time(middle, context_tokens)",
+            "AttributeError",
+            marks=pytest.mark.lab6,
         ),
         pytest.param(
             "lab4.serving_metrics",
@@ -333,3 +383,44 @@ def test_a_metrics_trace_tells_every_mistake_apart_from_the_right_answer():
         for name, mistakes in lab4.metric_mistakes(trace, slo).items():
             for mistake, wrong in mistakes.items():
                 assert abs(wrong - right[name]) > 1e-6 * abs(right[name]), (seed, name, mistake)
+
+
+def chunks_verdict(*edits: tuple[str, str], schedule_edits: tuple[tuple[str, str], ...] = ()):
+    """lab6.prefill_chunks with the solved (or edited) prediction and exercise 1's (or an edited) policy."""
+    predict = answer("lab6.prefill_chunks", "prefill_chunks", edits)
+    schedule = answer("lab6.chunked_schedule", "chunked_schedule", schedule_edits)
+    return evaluate("lab6.prefill_chunks", predict, schedule)
+
+
+@pytest.mark.lab6
+@pytest.mark.parametrize(
+    "edits, words",
+    [
+        ((), "PASS"),
+        ((("room = budget - num_decoding", "room = budget"),), "decoding requests take one token each"),
+        ((("([rest] if rest else [])", "([room] if rest else [])"),), "the last chunk is only what is left"),
+        ((("([rest] if rest else [])", "[]"),), "the last, shorter chunk is missing"),
+    ],
+)
+def test_prefill_chunks_names_the_mistake(edits, words):
+    result = chunks_verdict(*edits)
+    assert result.status == (PASS if not edits else FAIL), result.message
+    assert words in result.message
+
+
+@pytest.mark.lab6
+def test_prefill_chunks_says_fix_exercise_1_first_when_the_policy_is_wrong():
+    result = chunks_verdict(schedule_edits=(("decoding + prompts", "prompts + decoding"),))
+    assert result.status == FAIL and "Fix exercise 1 first" in result.message
+
+
+@pytest.mark.lab6
+@pytest.mark.parametrize("seed", range(20))
+def test_every_budget_case_tells_the_mistakes_apart(seed):
+    from labkit.labs import lab6
+
+    for case in lab6.budget_cases(seed):
+        right = lab6.largest_budget(case["cost"], case["itl_ms"], case["context_tokens"])
+        assert 0 < right < lab6.MAX_BUDGET
+        assert lab6.largest_budget(case["cost"], case["itl_ms"], 0) != right
+        assert lab6.largest_budget(case["cost"], case["itl_ms"] * 1000, case["context_tokens"]) != right

@@ -1,6 +1,8 @@
-"""Hints in tiers (labkit.hint) and the gate of demo cells (passed), on cheap exercises of labs 2 and 5."""
+"""Hints in tiers (labkit.hint) and the gate of demo cells (passed), on cheap exercises of labs 2, 4, 5 and 6."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -8,7 +10,9 @@ import labkit
 from labkit.labs import hints
 from labkit.labs.checking.gate import passed
 
-pytestmark = [pytest.mark.lab2, pytest.mark.lab5]
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = [pytest.mark.lab2, pytest.mark.lab4, pytest.mark.lab5, pytest.mark.lab6]
 
 
 @pytest.fixture(autouse=True)
@@ -26,10 +30,31 @@ def fresh_hint_counts(monkeypatch):
         "lab5.block_allocator",
         "lab5.slot_mapping",
         "lab5.paged_attention",
+        "lab4.continuous_schedule",
+        "lab4.ten_replies",
+        "lab4.preemption",
+        "lab4.serving_metrics",
+        "lab6.chunked_schedule",
+        "lab6.choose_budget",
+        "lab6.prefill_chunks",
     ],
 )
-def test_every_exercise_of_labs_2_and_5_has_at_least_two_tiers(exercise_id):
+def test_every_exercise_of_labs_2_4_5_and_6_has_at_least_two_tiers(exercise_id):
     assert len(hints.tiers(exercise_id)) >= 2
+
+
+@pytest.mark.parametrize("lab", ["lab4", "lab6"])
+def test_labs_4_and_6_have_three_exercises_and_their_cells_no_code_hints(lab):
+    import nbformat
+
+    from labkit.grading.checks import exercises_for_lab
+    from labkit.labs.checking.gate import exercise_number
+
+    assert max(exercise_number(exercise) for exercise in exercises_for_lab(lab)) >= 3
+    source = next((ROOT / "labs" / "source").glob(f"{lab}_*.ipynb"))
+    for cell in nbformat.read(source, as_version=4).cells:
+        if any(tag.startswith("exercise:") for tag in cell.metadata.get("tags", [])):
+            assert "# HINT" not in cell.source
 
 
 def test_each_call_shows_the_next_tier_and_the_kernel_counts_them(capsys):
@@ -82,3 +107,13 @@ def test_a_demo_cell_runs_only_once_its_exercise_passes(capsys):
     for wrong in (off_by_one, blank):
         assert not _gate({"passed": passed, "slot_mapping": wrong})
         assert "skipped until exercise 2 passes" in capsys.readouterr().out
+
+
+def test_a_lab4_demo_cell_waits_for_its_exercise_by_number(capsys):
+    def serving_metrics(trace, slo):
+        return {"ttft_ms": 0.0, "tpot_ms": 0.0, "itl_ms": 0.0, "goodput": 0.0}
+
+    namespace = {"passed": passed, "serving_metrics": serving_metrics}
+    exec("result = passed('lab4.serving_metrics')", namespace)
+    assert namespace["result"] is False
+    assert "skipped until exercise 3 passes" in capsys.readouterr().out
