@@ -403,20 +403,30 @@ def sampling_cases(seed: int) -> list[dict[str, Any]]:
     return cases
 
 
-def _run_sampling(functions, cases) -> list[list[tuple[list[int], list[int]]]]:
-    """Per case, TRIALS (draft, returned tokens) pairs: the drafts drawn from q here, the rule's generator seeded."""
+def _run_sampling(functions, cases) -> list[torch.Tensor]:
+    """Per case, one row per draw: the k draft tokens (drawn from q here), how many tokens the rule returned,
+    and those tokens (at most k + 1 kept, -1 after them). A tensor, so 3,000 draws stay one compact value."""
     accept = functions[0]
     outs = []
     for case in cases:
         draw = torch_generator(case["seed"])
         generator = torch_generator(case["seed"] + 10_000)
         p, q = case["p"], case["q"]
-        results = []
-        for _ in range(TRIALS):
+        k = q.shape[0]
+        rows = torch.full((TRIALS, 2 * k + 2), -1, dtype=torch.int64)
+        for trial in range(TRIALS):
             draft = [int(torch.multinomial(row, 1, generator=draw)) for row in q]
-            results.append((draft, [int(t) for t in accept(list(draft), q.clone(), p.clone(), generator)]))
-        outs.append(results)
+            out = [int(t) for t in accept(list(draft), q.clone(), p.clone(), generator)]
+            rows[trial, :k] = torch.tensor(draft)
+            rows[trial, k] = len(out)
+            rows[trial, k + 1 : k + 1 + min(len(out), k + 1)] = torch.tensor(out[: k + 1], dtype=torch.int64)
+        outs.append(rows)
     return outs
+
+
+def _draws(rows: torch.Tensor, k: int) -> list[tuple[list[int], list[int], int]]:
+    """(draft, returned tokens as kept, how many were returned) for each row of a case."""
+    return [(row[:k].tolist(), row[k + 1 : k + 1 + min(int(row[k]), k + 1)].tolist(), int(row[k])) for row in rows]
 
 
 def _sampling_oracle(cases) -> dict[str, Any]:
@@ -424,20 +434,22 @@ def _sampling_oracle(cases) -> dict[str, Any]:
 
 
 def _compare_sampling(expected, got) -> Mismatch | None:
-    for index, (case, results) in enumerate(zip(expected["cases"], got)):
+    for index, (case, rows) in enumerate(zip(expected["cases"], got)):
         p, q = case["p"], case["q"]
+        results = _draws(rows, q.shape[0])
         k, vocab = q.shape
         where = f"case {index} (k = {k}, vocabulary {vocab}{', a one-hot draft' if q.max() == 1 else ''})"
-        for draft, out in results:
-            if not 1 <= len(out) <= k + 1 or out[:-1] != draft[: len(out) - 1]:
+        for draft, out, returned in results:
+            if not 1 <= returned <= k + 1 or out[:-1] != draft[: len(out) - 1]:
+                more = f" and {returned - len(out)} more" if returned > len(out) else ""
                 return Mismatch(
-                    f"{where}: draft {draft}, returned {out}",
+                    f"{where}: draft {draft}, returned {out}{more}",
                     f"Return the accepted drafts (a prefix of the draft) and then one token: 1 to k + 1 = {k + 1} "
                     "tokens in all.",
                 )
-        first = frequencies([out[0] for _, out in results], vocab)
-        full = [out for _, out in results if len(out) == k + 1]
-        whole_draft_only = [out for draft, out in results if out == draft]
+        first = frequencies([out[0] for _, out, _ in results], vocab)
+        full = [out for _, out, _ in results if len(out) == k + 1]
+        whole_draft_only = [out for draft, out, _ in results if out == draft]
         seen = total_variation(first, p[0])
         if seen > TOLERANCE:
             rule, distance = closest_rule(p[0], q[0], first)
