@@ -140,10 +140,10 @@ register(
 
 # --- lab4.preemption: whom to preempt when blocks run out -------------------------------------
 
-# A pool too small for the workload: 12 blocks of 4 tokens hold 48 tokens, and six requests of
-# 8-12 prompt tokens and 14-24 output tokens need up to 34 each. Prefix caching is off, so only
+# A pool too small for the workload: 10 blocks of 4 tokens hold 40 tokens, and six requests of
+# 6-10 prompt tokens and 10-16 output tokens need up to 25 each. Prefix caching is off, so only
 # the learner's choice decides who loses their blocks.
-PREEMPT_DIALS = dict(max_num_seqs=4, num_blocks=12, block_size=4, enable_prefix_caching=False)
+PREEMPT_DIALS = dict(max_num_seqs=4, num_blocks=10, block_size=4, enable_prefix_caching=False)
 
 
 class VictimNotRunning(RuntimeError):
@@ -152,7 +152,7 @@ class VictimNotRunning(RuntimeError):
 
 def preemption_requests(seed: int) -> list[CheckRequest]:
     """Six requests arriving in the first ticks, together needing about three times the pool."""
-    return random_requests(seed, 6, prompt_range=(8, 12), output_range=(14, 24), arrival_span=4)
+    return random_requests(seed, 6, prompt_range=(6, 10), output_range=(10, 16), arrival_span=4)
 
 
 def reserve_choosing(state, request, num_new: int, output, choose_victim, choices: list) -> bool:
@@ -305,7 +305,7 @@ register(
             run=lambda functions, inputs: serve_choosing(inputs["requests"], functions[0]),
             oracle=solo_oracle,
             compare=_compare_preemption,
-            tested="6 seeded requests on a pool of 12 blocks of 4 (too small for them, so requests are preempted), "
+            tested="6 seeded requests on a pool of 10 blocks of 4 (too small for them, so requests are preempted), "
             "continuous batching with your choose_victim: every choice is the newest running request, preemptions "
             "happened, and every request's greedy tokens equal decoding it alone",
             hint="Think of what each running request has already computed, and who was promised service first. "
