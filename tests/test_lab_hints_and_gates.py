@@ -117,3 +117,20 @@ def test_a_lab4_demo_cell_waits_for_its_exercise_by_number(capsys):
     exec("result = passed('lab4.serving_metrics')", namespace)
     assert namespace["result"] is False
     assert "skipped until exercise 3 passes" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("lab", ["lab1", "lab2", "lab3", "lab4", "lab5", "lab6"])
+def test_every_lab_states_its_time_and_how_it_was_obtained(lab):
+    """One rule for all: the solved run's time, 12 minutes per exercise and 10 for the measurements."""
+    import re
+
+    import nbformat
+
+    source = next((ROOT / "labs" / "source").glob(f"{lab}_*.ipynb"))
+    cells = nbformat.read(source, as_version=4).cells
+    intro = cells[0].source
+    match = re.search(r"\*\*Time: about (\d+) minutes\.\*\* How we got it: the solved notebook runs in", intro)
+    assert match, f"{lab}: no time estimate with how it was obtained"
+    exercises = sum(any(t.startswith("exercise:") for t in c.metadata.get("tags", [])) for c in cells)
+    assert f"({exercises} exercises)" in intro
+    assert abs(int(match.group(1)) - (12 * exercises + 10)) <= 5
