@@ -1,11 +1,15 @@
-"""Lab 4, continuous batching: the checks for the learner's iteration-level scheduling decision.
+"""Lab 4, continuous batching: the checks for the learner's scheduling decision, preemption choice and metrics.
 
-The learner writes ``continuous_schedule(state) -> SchedulerOutput``: running requests get
-their next tokens, then waiting requests join from the head of the queue while a batch slot,
-free blocks and the token budget allow. The checks serve seeded requests on the tiny model
-with that function as the engine's policy and compare each request's tokens with the request
-decoded alone, watch every decision for idle slots and overfull batches, and count the steps
-of the lesson's ten replies against static batching.
+- ``continuous_schedule(state) -> SchedulerOutput``: running requests get their next tokens,
+  then waiting requests join from the head of the queue while a batch slot, free blocks and the
+  token budget allow. Served on the tiny model as the engine's policy, each request's tokens
+  compared with the request decoded alone, every decision watched for idle slots and overfull
+  batches, and the steps of the lesson's ten replies counted against static batching.
+- ``choose_victim(state, request) -> Request``: whom to preempt when the blocks run out. Plugged
+  into continuous batching on a pool too small for the workload; every choice must be the newest
+  running request (vLLM's), and the tokens must still equal solo decoding.
+- ``serving_metrics(trace, slo) -> dict``: mean TTFT, TPOT and ITL (ms) and goodput (requests/s)
+  from a seeded trace, checked against ``labkit.metrics.summarize`` on the same trace.
 """
 
 from __future__ import annotations

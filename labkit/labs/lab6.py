@@ -1,11 +1,15 @@
-"""Lab 6, chunked prefill: the checks for the learner's token-budget policy.
+"""Lab 6, chunked prefill: the checks for the learner's token-budget policy, budget choice and chunk plan.
 
-The learner writes ``chunked_schedule(state) -> SchedulerOutput``: every decoding request
-gets its one token first, then prompts (running ones mid-prefill, then new ones from the
-queue) get chunks of whatever budget ``max_num_batched_tokens`` leaves. The check serves
-seeded requests plus one long prompt that arrives mid-run, on the tiny model, and watches
-every step: under budget, no decode skipped for a prompt, no budget left idle while a
-prompt waits, and each request's tokens equal to decoding it alone.
+- ``chunked_schedule(state) -> SchedulerOutput``: every decoding request gets its one token first,
+  then prompts (running ones mid-prefill, then new ones from the queue) get chunks of whatever budget
+  ``max_num_batched_tokens`` leaves. Served on the tiny model with seeded requests plus one long
+  prompt that arrives mid-run, every step watched: under budget, no decode skipped for a prompt, no
+  budget left idle while a prompt waits, and each request's tokens equal to decoding it alone.
+- ``choose_budget(cost, itl_ms, context_tokens) -> int``: the largest budget whose full step the
+  cost model predicts within an inter-token-latency promise (the notebook then checks it on the
+  real engine with a cost model fitted on the machine).
+- ``prefill_chunks(prompt_len, budget, num_decoding) -> list[int]``: the decode-first chunks of a
+  long prompt, checked by arithmetic and against the learner's own policy in the engine.
 """
 
 from __future__ import annotations
