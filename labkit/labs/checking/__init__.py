@@ -5,7 +5,8 @@
 - :mod:`~labkit.labs.checking.recording`: a stand-in model that writes down every forward pass;
 - :mod:`~labkit.labs.checking.diagnose`: turns such a recording into "layer 0, position 3: not causal";
 - :mod:`~labkit.labs.checking.learner_errors`: an exception in the learner's code reported as "your
-  function f raised X at line N of your cell", with the exercise's hint;
+  function f raised X at line N of your cell", with the exercise's hint (``noting_errors`` for a
+  function the engine calls, such as a scheduling policy);
 - :mod:`~labkit.labs.checking.gate`: ``passed(exercise_id)``, so a demo cell runs only once its
   exercise passes its check;
 - :mod:`~labkit.labs.checking.engine_runs`: the engine run with a learner's scheduler, allocator
