@@ -203,3 +203,15 @@ def test_demo_cells_wait_for_their_checks(capsys):
     namespace["cached_prefix"] = wrong
     exec("result = passed('lab7.cached_prefix')", namespace)
     assert not namespace["result"] and "skipped until exercise 2 passes" in capsys.readouterr().out
+
+
+def test_the_lab_states_its_time_by_the_labs_rule():
+    """As labs 1-6: the solved run's time, 12 minutes per exercise and 10 for the measurements."""
+    import re
+
+    cells = nbformat.read(SOURCE, as_version=4).cells
+    match = re.search(
+        r"\*\*Time: about (\d+) minutes\.\*\* How we got it: the solved notebook runs in", cells[0].source
+    )
+    assert match, "no time estimate with how it was obtained"
+    assert "(3 exercises)" in cells[0].source and abs(int(match.group(1)) - (12 * 3 + 10)) <= 5
