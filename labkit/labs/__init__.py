@@ -1,6 +1,6 @@
 """The course's labs, in two kinds of module that are easy to tell apart.
 
-- ``lab1`` ... ``lab6``: the **exercise specs**, one module per lab notebook: what each
+- ``lab1`` ... ``lab9``: the **exercise specs**, one module per lab notebook: what each
   exercise asks for, the inputs a check builds from a seed, the oracle it compares with,
   and the hints. Importing one registers its exercises with :mod:`labkit.grading`, which
   finds them by these names (``labkit.labs.lab5``).
