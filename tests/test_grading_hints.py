@@ -9,11 +9,10 @@ import nbformat
 import pytest
 
 from labkit.cli import main
-from labkit.grading import sandbox
+from labkit.grading import hint_counts, sandbox
 from labkit.grading.hint_counts import read_hint_counts, weigh_hints
 from labkit.grading.kernel_side import save_hint_counts
 from labkit.grading.result import CheckResult
-from labkit.labs import hints
 
 FIXTURES = Path(__file__).parent / "fixtures" / "grading"
 
@@ -39,7 +38,7 @@ def test_a_failed_exercise_loses_nothing_more_for_its_hints():
 
 
 def test_the_kernel_writes_this_kernels_counts(tmp_path, monkeypatch):
-    monkeypatch.setattr(hints, "_shown", {"lab4.preemption": 2})
+    monkeypatch.setattr(hint_counts, "_shown", {"lab4.preemption": 2})
     save_hint_counts(str(tmp_path / "hints.json"))
     assert read_hint_counts(tmp_path / "hints.json") == {"lab4.preemption": 2}
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import labkit
+from labkit.grading import hint_counts
 from labkit.labs import hints
 from labkit.labs.checking.gate import passed
 
@@ -17,7 +18,7 @@ pytestmark = [pytest.mark.lab2, pytest.mark.lab4, pytest.mark.lab5, pytest.mark.
 
 @pytest.fixture(autouse=True)
 def fresh_hint_counts(monkeypatch):
-    monkeypatch.setattr(hints, "_shown", {})
+    monkeypatch.setattr(hint_counts, "_shown", {})
 
 
 @pytest.mark.parametrize(

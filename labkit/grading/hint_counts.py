@@ -20,6 +20,20 @@ from labkit.grading.result import CheckResult
 
 MAX_COUNTED = 99  # more than any exercise has tiers; caps a tampered file
 
+# In a learner's kernel: exercise id -> how many hint tiers labkit.hint has shown. It lives here,
+# below labkit.labs, so that the grader's kernel-side code can read it without importing the labs.
+_shown: dict[str, int] = {}
+
+
+def note_hint_shown(exercise_id: str, number: int) -> None:
+    """Record that the exercise's hint number `number` (1-based) was shown in this kernel."""
+    _shown[exercise_id] = max(number, _shown.get(exercise_id, 0))
+
+
+def hints_shown() -> dict[str, int]:
+    """Exercise id -> how many of its hints this kernel has shown."""
+    return dict(_shown)
+
 
 def read_hint_counts(path: Path) -> dict[str, int]:
     """Exercise id -> hints shown, from the file the kernel wrote; anything malformed counts as none."""

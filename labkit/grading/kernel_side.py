@@ -17,6 +17,7 @@ import torch
 
 from labkit.grading.attempt import attempt_in_namespace
 from labkit.grading.checks import get_exercise
+from labkit.grading.hint_counts import hints_shown
 
 
 def save_attempt(exercise_id: str, seed: int, path: str, namespace: Mapping[str, Any]) -> None:
@@ -27,8 +28,6 @@ def save_attempt(exercise_id: str, seed: int, path: str, namespace: Mapping[str,
 
 def save_hint_counts(path: str) -> None:
     """Write how many hints each exercise showed in this kernel (labkit.hint), as JSON, to `path`."""
-    from labkit.labs.hints import hints_shown
-
     with open(path, "w") as file:
         json.dump(hints_shown(), file)
 

@@ -12,9 +12,11 @@ whoever grades the notebook can ask for it; the count is reported, never taken a
 from __future__ import annotations
 
 from labkit.grading.checks import get_exercise
+from labkit.grading.hint_counts import hints_shown, note_hint_shown
+
+__all__ = ["hint", "hints_shown", "register_hints", "tiers"]
 
 _TIERS: dict[str, tuple[str, ...]] = {}
-_shown: dict[str, int] = {}
 
 
 def register_hints(exercise_id: str, *tiers: str) -> None:
@@ -33,12 +35,7 @@ def tiers(exercise_id: str) -> tuple[str, ...]:
 def hint(exercise_id: str) -> None:
     """Show the next hint of an exercise; after the last, show the last again."""
     levels = tiers(exercise_id)
-    number = min(_shown.get(exercise_id, 0) + 1, len(levels))
-    _shown[exercise_id] = number
+    number = min(hints_shown().get(exercise_id, 0) + 1, len(levels))
+    note_hint_shown(exercise_id, number)
     more = "call again for the next one" if number < len(levels) else "that is the last one"
     print(f"Hint {number} of {len(levels)} for {exercise_id} ({more}):\n{levels[number - 1]}")
-
-
-def hints_shown() -> dict[str, int]:
-    """Exercise id -> how many of its hints this kernel has shown."""
-    return dict(_shown)
