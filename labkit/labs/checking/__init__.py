@@ -11,4 +11,11 @@
   exercise passes its check;
 - :mod:`~labkit.labs.checking.engine_runs`: the engine run with a learner's scheduler, allocator
   or attention plugged in, on a ticking clock, and judged against solo decoding (labs 4-6).
+- :mod:`~labkit.labs.checking.prefix_runs`: the prefix-caching allocator with a learner's hash chain,
+  lookup or free plugged in, and its pool compared with labkit's after every call (lab 7);
+- :mod:`~labkit.labs.checking.spec_runs`: the engine with speculation on and a learner's proposer,
+  acceptance rule or rollback plugged in (lab 8); :mod:`~labkit.labs.checking.spec_sampling`: a
+  speculative-sampling rule judged by the distribution it produces;
+- :mod:`~labkit.labs.checking.serve_loop`, :mod:`~labkit.labs.checking.serve_metrics`,
+  :mod:`~labkit.labs.checking.serve_sweep`: lab 9's engine loop, ``/metrics`` window and SLO search.
 """
