@@ -1,0 +1,83 @@
+"""``labkit grade`` grades the real labs: solved exercises earn every point, handed-out blanks none.
+
+The demo grader test uses a toy lab; these make sure labs whose checks run the engine on a
+learner's pieces (lab 7's allocator, lab 8's speculation, lab 9's server loop), graded with a
+seed of their own, go through the same path. The submissions keep each notebook's first code
+cell (its imports) and its exercise cells: the measurements and the server demos would only cost
+time, and no check depends on them (test_lab9_sandbox covers the loopback lab 9's demos need).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit.cli import main
+from labkit.grading import sandbox
+from labkit.models import default_model
+
+LABS = Path(__file__).resolve().parents[1] / "labs"
+GRADED = [
+    pytest.param(
+        "lab7_prefix_caching",
+        {"lab7.block_hashes", "lab7.cached_prefix", "lab7.lru_free"},
+        False,
+        marks=pytest.mark.lab7,
+    ),
+    pytest.param(
+        "lab8_speculative_decoding",
+        {"lab8.propose_ngram", "lab8.accept_greedy", "lab8.rollback", "lab8.accept_sampling"},
+        True,
+        marks=pytest.mark.lab8,
+    ),
+    pytest.param(
+        "lab9_serving", {"lab9.engine_turn", "lab9.dashboard", "lab9.highest_rate"}, False, marks=pytest.mark.lab9
+    ),
+]
+
+
+def exercises_only(path: Path) -> nbformat.NotebookNode:
+    """The notebook with its first code cell (the imports) and its exercise cells, nothing else."""
+    notebook = nbformat.read(path, as_version=4)
+    cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    kept = [cells[0]] + [c for c in cells if any(t.startswith("exercise:") for t in c.metadata.get("tags", []))]
+    return nbformat.v4.new_notebook(cells=kept, metadata=notebook.metadata)
+
+
+def use_model_cache(needs_model: bool, tmp_path: Path, monkeypatch) -> None:
+    """A lab whose checks need no default model gets an empty cache, kept apart from the machine's.
+
+    The grader also refuses a model cache whose record has no checksums (one converted by an older
+    labkit): then a lab that needs the model converts it afresh into a cache of its own (slow, once).
+    """
+    if needs_model:
+        try:
+            default_model.verify_cache(default_model.default_model_dir(), contents=True)
+            return
+        except default_model.ModelCacheError:
+            pass
+    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("name, exercises, needs_model", GRADED)
+def test_solved_exercises_earn_full_marks_and_blanks_none(name, exercises, needs_model, tmp_path, monkeypatch):
+    use_model_cache(needs_model, tmp_path, monkeypatch)
+    paths = []
+    for kind, notebook in (("solved", LABS / "source" / f"{name}.ipynb"), ("handed_out", LABS / f"{name}.ipynb")):
+        paths.append(tmp_path / f"{kind}.ipynb")
+        nbformat.write(exercises_only(notebook), paths[-1])
+    out = tmp_path / "grades"
+    no_sandbox = ["--no-sandbox"] if sandbox.sandbox_problem() else []
+    args = ["grade", *map(str, paths), "--out", str(out), "--cell-timeout", "300", "--seed", "7"]
+    assert main(args + no_sandbox) == 0
+    solved, handed_out = (json.loads((out / f"{kind}.json").read_text()) for kind in ("solved", "handed_out"))
+    lab = name.split("_")[0]
+    assert solved["lab"] == handed_out["lab"] == lab and solved["error"] is None
+    assert {e["id"]: e["status"] for e in solved["exercises"]} == dict.fromkeys(exercises, "pass"), solved
+    assert solved["score"] == solved["max_score"] > 0
+    assert {e["id"]: e["status"] for e in handed_out["exercises"]} == dict.fromkeys(exercises, "not_done")
+    assert handed_out["score"] == 0
+    assert all("NotImplementedError" in e["message"] for e in handed_out["exercises"])
