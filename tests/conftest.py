@@ -62,3 +62,15 @@ def pytest_report_header(config):
         f"machine: {cpu}; torch threads {cpu_threads()[0]} ({cpu_threads()[1]})",
         f"torch {torch.__version__}, default device {default_device()}; matmuls {paths}",
     ]
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models' matrices are too small to share out; one torch thread is faster and steadier.
+
+    Use it for a whole module with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -9,7 +9,6 @@ how many such near-ties it met. Afterwards every block must be free.
 import random
 
 import pytest
-import torch
 
 from labkit.device import default_device
 from labkit.engine import LLM
@@ -22,13 +21,7 @@ from labkit.sampling import SamplingParams
 NUM_REQUESTS = 48
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model's matrices are too small to share out; one thread is faster and steadier."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

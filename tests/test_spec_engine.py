@@ -11,7 +11,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from labkit.engine import LLM
 from labkit.models import tiny_model
@@ -20,12 +19,7 @@ from labkit.sampling import SamplingParams
 NUM_REQUESTS = 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -26,12 +26,7 @@ TEMPERATURE = 1.5
 TV_BOUND = 0.05  # sampling noise alone: about 0.5 * sum sqrt(p (1 - p) / N) * 0.8 < 0.03 here
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
