@@ -34,6 +34,7 @@ from labkit.labs.checking.shared import (
     torch_generator,
     transformers_logits,
 )
+from labkit.labs.hints import register_hints
 
 # --- lab1.causal_mask ---------------------------------------------------------------------
 
@@ -266,4 +267,46 @@ register(
             "sequence and to the output.",
         )
     )
+)
+
+
+# --- hints, one tier per labkit.hint() call: the idea, the structure, then near-code -----
+
+register_hints(
+    "lab1.causal_mask",
+    "Query i may look at key j exactly when j is not after i. Draw the T x T grid: the allowed cells are the "
+    "diagonal and everything below it.",
+    "Start from a T x T grid of True and keep only its lower triangle, diagonal included; the result must be bool.",
+    "torch.tril keeps the lower triangle (diagonal included) of a matrix; torch.ones(T, T, dtype=torch.bool) is the "
+    "grid to start from.",
+)
+register_hints(
+    "lab1.attention",
+    "Each query head scores every key it may see (q·k / √D), turns the scores into weights that sum to 1 (softmax, "
+    "with forbidden keys at -inf so they get weight 0), and returns the weighted sum of the values. With "
+    "grouped-query attention, several query heads read the same KV head.",
+    "1. Give every query head its KV head: repeat each KV head Hq // Hkv times along the head axis, for k and v. "
+    "2. Scores [Hq, Tq, Tk], divided by √D. 3. Where the mask is False, -inf. 4. Softmax over the keys (the last "
+    "axis). 5. Weighted sum of the values, back to [Tq, Hq, D].",
+    'k.repeat_interleave(Hq // Hkv, dim=1) (same for v); torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(D); '
+    'scores.masked_fill(~mask, float("-inf")); torch.softmax(scores, dim=-1); '
+    'torch.einsum("hqk,khd->qhd", weights, v).',
+)
+register_hints(
+    "lab1.prefill",
+    "One call to model.forward does the whole prompt. You supply the tokens, their positions 0 .. T-1, and an "
+    "attend callback that is your attention with your causal mask.",
+    "Make the ids and the positions as integer tensors of length T on model.device, and the T x T mask on the same "
+    "device; define attend(layer, q, k, v) that returns attention(q, k, v, mask); return what model.forward gives.",
+    "torch.tensor(prompt_ids, device=model.device); torch.arange(T, device=model.device); "
+    "causal_mask(T).to(model.device); model.forward(ids, positions, attend).",
+)
+register_hints(
+    "lab1.generate_without_cache",
+    "Without a cache the model remembers nothing: every step reruns the whole sequence so far (prompt plus the "
+    "tokens chosen) and keeps only the prediction of its last position.",
+    "Keep a growing copy of the sequence. Repeat max_new_tokens times: prefill it, take the most likely token of "
+    "the last row, append it to the sequence and to the new tokens. Return only the new tokens.",
+    "token = int(prefill(model, sequence)[-1].argmax()); copy prompt_ids first (list(prompt_ids)) so the caller's "
+    "list is left alone.",
 )

@@ -21,6 +21,7 @@ from labkit.labs.checking.diagnose import check_logits, check_positions
 from labkit.labs.checking.learner_errors import diagnosed
 from labkit.labs.checking.recording import RecordingModel
 from labkit.labs.checking.shared import course_model, pick_prompts, rng
+from labkit.labs.hints import register_hints
 from labkit.viz.timeline import batch_spans
 from labkit.workloads import LogNormal
 
@@ -396,4 +397,53 @@ register(
             "(max - length); utilisation = useful / (useful + padded).",
         )
     )
+)
+
+
+# --- hints, one tier per labkit.hint() call: the idea, the structure, then near-code -----
+
+register_hints(
+    "lab3.left_pad",
+    "Every row is as wide as the longest prompt. A shorter prompt sits at the right end of its row, so that all "
+    "rows end in the same column; the pads fill the left. Positions count from each prompt's own first token.",
+    "Start from a [B, L] tensor full of pad_id, and [B, L] zeros for is_real (bool) and positions (long). For each "
+    "row, fill its last len(prompt) columns: the prompt's ids, True, and 0 .. len(prompt)-1.",
+    "torch.full((B, L), pad_id, dtype=torch.long); torch.zeros(B, L, dtype=torch.bool); for row b, start = L - "
+    "len(prompt): ids[b, start:] = torch.tensor(prompt); is_real[b, start:] = True; "
+    "positions[b, start:] = torch.arange(len(prompt)).",
+)
+register_hints(
+    "lab3.padded_causal_mask",
+    "Two rules must both hold: the key is a real token of this row, and it is not after the query. The first "
+    "depends on the row and the key; the second on the query and the key, the same for every row.",
+    "Make the causal [num_queries, Tk] mask for the last num_queries of Tk columns, on key_is_real's device; give "
+    "it a row axis and give key_is_real a query axis, so that both broadcast to [B, num_queries, Tk]; combine them "
+    "with a logical and.",
+    "causal_mask(num_queries, key_is_real.shape[1], key_is_real.device)[None, :, :] & key_is_real[:, None, :].",
+)
+register_hints(
+    "lab3.generate_static_batch",
+    "One prefill pass over the padded rectangle, then one pass per step in which every row adds one token. The "
+    "batch runs until the longest request is done; a row that finished early keeps decoding, but its extra tokens "
+    "are not kept.",
+    "left_pad the prompts; make a PaddedBatchCache for the model's layers and the B rows; add the prompt's columns "
+    "(is_real) and prefill the flattened rectangle, asking only for each row's last column. Then repeat: argmax "
+    "per row, keep the token if that row still wants more, stop after the longest request's last token; else add "
+    "one real column for every row and run the B tokens at each row's next position (its prompt length, then +1 "
+    "per step).",
+    "cache = PaddedBatchCache(model.config.num_layers, B, padded_causal_mask); cache.add_columns(is_real); "
+    "logits = model.forward(ids.flatten(), positions.flatten(), cache.attend, torch.arange(B) * L + L - 1) "
+    "(everything on model.device); each step: tokens = logits.argmax(dim=-1); "
+    "cache.add_columns(torch.ones(B, 1, dtype=torch.bool)); logits = model.forward(tokens, next_positions, "
+    "cache.attend).",
+)
+register_hints(
+    "lab3.padding_waste",
+    "A batch holds all its slots until its longest request finishes, so each member's slot is useful for its own "
+    "length and padded for the rest of the batch's steps.",
+    "Cut the lengths into consecutive groups of batch_size (the last may be smaller). A group runs as many steps as "
+    "its longest member; useful is the sum of all lengths; padded adds, for every member, the group's steps minus "
+    "its length; utilisation is useful / (useful + padded).",
+    "for first in range(0, len(output_lens), batch_size): group = output_lens[first : first + batch_size]; "
+    "padded += sum(max(group) - n for n in group).",
 )
