@@ -86,7 +86,8 @@ register(
             oracle=_mask_oracle,
             compare=_compare_masks,
             tested="causal_mask(n) for n = 1, 2, 5 and one more: a bool [n, n] tensor, True where query i may see key j",
-            hint="Query i may look at keys 0..i and no further: True on and below the diagonal (torch.tril of ones, dtype bool).",
+            hint="Query i may look at keys 0..i and no further: True on and below the diagonal, a bool tensor. "
+            'labkit.hint("lab1.causal_mask") shows more.',
         )
     )
 )
@@ -148,8 +149,9 @@ register(
             compare=_compare_attention,
             tested="attention(q, k, v, mask) on 3 random cases (4 query heads, 2 KV heads, head_dim 8, "
             "5x5, 1x6 and 3x7 queries x keys) against softmax(q·kᵀ/√D + mask)·v",
-            hint="Per query head h use KV head h // (Hq // Hkv); scores = q·kᵀ / √D; set masked scores to -inf; "
-            "softmax over the keys; weighted sum of v. Return [Tq, Hq, D].",
+            hint="Each group of Hq // Hkv query heads shares one KV head; scores are q·kᵀ / √D, forbidden keys get -inf "
+            "before the softmax over the keys, and the weights mix the values back to [Tq, Hq, D]. "
+            'labkit.hint("lab1.attention") shows more.',
         )
     )
 )
@@ -199,8 +201,8 @@ register(
             compare=_compare_prefill,
             tested="prefill(model, prompt) on a short prompt with the default model: one forward pass, positions "
             "0..T-1, causal attention at every layer, logits [T, vocab] equal to transformers' own forward pass",
-            hint="ids = torch.tensor(prompt); positions = torch.arange(T); attend = your attention with causal_mask(T); "
-            "return model.forward(ids, positions, attend).",
+            hint="One model.forward over the whole prompt: its ids, positions 0 .. T-1, and an attend that is your attention "
+            'with your causal mask, all on model.device. labkit.hint("lab1.prefill") shows more.',
         )
     )
 )
@@ -263,8 +265,8 @@ register(
             compare=_compare_generate,
             tested="generate_without_cache(model, prompt, n) with the default model: every step reruns the whole sequence "
             "(positions from 0) and the n greedy tokens equal transformers' greedy choice",
-            hint="Loop n times: logits = prefill(model, sequence); next = int(logits[-1].argmax()); append it to the "
-            "sequence and to the output.",
+            hint="Every step reruns the whole sequence so far through prefill and keeps the last row's most likely token, "
+            'appended to the sequence and to the output. labkit.hint("lab1.generate_without_cache") shows more.',
         )
     )
 )

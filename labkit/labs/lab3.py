@@ -102,8 +102,8 @@ register(
             compare=_compare_pad,
             tested="left_pad(prompts, pad_id) on 4 prompts of lengths 3, 1, 5 and one more: ids, is_real and positions "
             "[B, L] (positions of pads are not checked)",
-            hint="L = the longest prompt; row b = (L - len(prompt b)) pads, then the prompt; positions 0..len-1 on the "
-            "real tokens.",
+            hint="Rows are as wide as the longest prompt; a shorter prompt sits at the right end of its row, pads on the "
+            'left; positions count from each prompt\'s first real token. labkit.hint("lab3.left_pad") shows more.',
         )
     )
 )
@@ -171,8 +171,8 @@ register(
             compare=_compare_masks,
             tested="padded_causal_mask(key_is_real, num_queries) for a left-padded prefill (5 queries) and two decode "
             "passes (1 and 2 new columns): bool [B, Tq, Tk]",
-            hint="causal_mask(num_queries, num_keys)[None] & key_is_real[:, None, :]: a query sees a key when the key is real "
-            "and not after it.",
+            hint="A query sees a key when the key is real in its row and not after the query (the causal rule aligned to "
+            'the last columns). labkit.hint("lab3.padded_causal_mask") shows more.',
         )
     )
 )
@@ -317,8 +317,9 @@ register(
             tested="generate_static_batch(model, prompts, max_new_tokens, pad_id) on 3 prompts of different lengths with the "
             "default model: left-padded prefill, one token per row per step until the longest ends, and every "
             "sequence equal to its solo greedy run",
-            hint="left_pad, cache.add_columns(is_real), prefill with logits_indices at each row's last column; then each "
-            "step: argmax per row, add_columns(all True), forward the B new tokens at positions = tokens so far.",
+            hint="Prefill the padded rectangle once, reading each row's last column; then each step adds one real column "
+            "for every row, at the position that counts that row's tokens so far, until the longest request ends. "
+            'labkit.hint("lab3.generate_static_batch") shows more.',
         )
     )
 )
@@ -393,8 +394,9 @@ register(
             compare=_compare_waste,
             tested="padding_waste(output_lens, batch_size) on a 10-token and a 500-token answer together, a short list with a "
             "partial last batch, and 24 skewed lengths",
-            hint="Batch in order, batch_size at a time; a batch runs max(its lengths) steps; padded = sum over members of "
-            "(max - length); utilisation = useful / (useful + padded).",
+            hint="A batch holds every slot until its longest request ends: a member's slot is useful for its own length "
+            "and padded for the rest; utilisation is useful over all slot-steps held. "
+            'labkit.hint("lab3.padding_waste") shows more.',
         )
     )
 )
