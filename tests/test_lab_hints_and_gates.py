@@ -19,8 +19,6 @@ pytestmark = [pytest.mark.lab2, pytest.mark.lab4, pytest.mark.lab5, pytest.mark.
 LABS = sorted(path.name.partition("_")[0] for path in (ROOT / "labs" / "source").glob("lab*_*.ipynb"))
 # Code that the learner notebook may show in an exercise's blank: the generated placeholder, nothing else.
 BLANK_COMMENT = "# Your code here."
-# Not F's file: lab 2's exercises 3 and 4 still carry `# HINT:` lines in labs/source/lab2_kv_cache.ipynb.
-LABS_WITH_CODE_HINTS_LEFT = {"lab2"}
 
 
 @pytest.fixture(autouse=True)
@@ -73,21 +71,7 @@ def test_every_exercise_of_every_lab_has_at_least_two_tiers(lab):
     assert all(count >= 2 for count in few.values()), f"{lab}: exercises with fewer than two hint tiers: {few}"
 
 
-@pytest.mark.parametrize(
-    "lab",
-    [
-        pytest.param(
-            lab,
-            marks=[getattr(pytest.mark, lab)]
-            + (
-                [pytest.mark.xfail(strict=True, reason="lab 2's exercises 3 and 4 still have # HINT lines")]
-                if lab in LABS_WITH_CODE_HINTS_LEFT
-                else []
-            ),
-        )
-        for lab in LABS
-    ],
-)
+@pytest.mark.parametrize("lab", [pytest.param(lab, marks=getattr(pytest.mark, lab)) for lab in LABS])
 def test_no_learner_exercise_cell_gives_code_away(lab):
     """The learner sees the signature, the docstring, given scaffolding and a blank: no hints in code."""
     cells = _exercise_cells(_learner_notebook(lab))
