@@ -377,7 +377,15 @@ def calibrate_engine(llm, seed: int = 0) -> Calibration:
     Where no step was memory-bound (a CPU, whose matrix arithmetic is slow next to its
     memory), the bandwidth is measured by a copy probe instead, and the rest is fitted.
     """
-    work = time_engine_steps(llm, seed)
+    return calibration_from_steps(llm, time_engine_steps(llm, seed))
+
+
+def calibration_from_steps(llm, work: StepWork) -> Calibration:
+    """Fit ``llm``'s cost model to steps timed on it, probing the bandwidth where no step was memory-bound.
+
+    :func:`calibrate_engine` hands it the full sweep; a shorter sweep of other waves (say, the
+    shapes one load test will send) goes through the same fit.
+    """
     sizes = model_sizes(llm.model)
     bandwidth_source = "fitted"
     try:
@@ -389,8 +397,6 @@ def calibrate_engine(llm, seed: int = 0) -> Calibration:
 
         cost = fit_cost_model(work, **sizes, bandwidth=measure_bandwidth(device=llm.model.device))
         bandwidth_source = "probed"
-    predicted = np.array([cost.pass_time(int(n), int(c)) for n, c in zip(work.new_tokens, work.context_tokens)])
-    error = float(np.median(np.abs(predicted / work.seconds - 1.0)) * 100)
     return Calibration(
         machine=machine_name(),
         device=str(llm.model.device),
@@ -398,9 +404,15 @@ def calibrate_engine(llm, seed: int = 0) -> Calibration:
         dtype=str(llm.model.dtype).removeprefix("torch."),
         cost=asdict(cost),
         num_steps=len(work),
-        median_step_error_pct=error,
+        median_step_error_pct=median_step_error_pct(cost, work),
         bandwidth_source=bandwidth_source,
     )
+
+
+def median_step_error_pct(cost: CostModel, work: StepWork) -> float:
+    """Median of |predicted - measured| / measured over the timed steps, in percent."""
+    predicted = np.array([cost.pass_time(int(n), int(c)) for n, c in zip(work.new_tokens, work.context_tokens)])
+    return float(np.median(np.abs(predicted / work.seconds - 1.0)) * 100)
 
 
 # --- checking the prediction on a new workload ---------------------------------------------

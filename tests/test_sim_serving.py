@@ -1,0 +1,157 @@
+"""The simulator's prediction of a load sweep: the load tester's own requests, the client's TPOT, its best-rate rule."""
+
+import numpy as np
+import pytest
+
+from labkit.metrics import summarize
+from labkit.serve.loadtest import best_rate, make_workload
+from labkit.sim import serving
+from labkit.sim.cost_model import CostModel
+from labkit.sim.serving import (
+    RatePrediction,
+    format_predictions,
+    predict_sweep,
+    predicted_highest_rate,
+    quick_waves,
+    random_load,
+)
+from labkit.sim.simulator import simulate
+
+# About what a quick calibration fits for SmolLM2-135M in fp32 on a 2-core CPU: overhead-heavy steps.
+CPU_LIKE = CostModel(
+    bandwidth=30e9,
+    flops=90e9,
+    weight_bytes=5.4e8,
+    overhead_s=0.04,
+    kv_bytes_per_token=46_080.0,
+    flops_per_token=2.7e8,
+    attention_s_per_token=2e-5,
+)
+DIALS = dict(max_num_seqs=8, max_model_len=512, num_blocks=256, block_size=16)
+
+
+def test_the_simulated_requests_are_the_load_testers_own(monkeypatch):
+    seen = []
+
+    def recording_simulate(workload, cost, policy, **dials):
+        trace = simulate(workload, cost, policy, **dials)
+        seen.append((workload, trace))
+        return trace
+
+    monkeypatch.setattr(serving, "simulate", recording_simulate)
+    predict_sweep(CPU_LIKE, [2.0, 8.0], num_prompts=6, input_len=40, output_len=10, seed=3)
+    assert len(seen) == 2
+    for rate, (workload, trace) in zip([2.0, 8.0], seen):
+        sent = make_workload("random", 6, rate, seed=3, input_len=40, output_len=10)
+        assert workload.arrival_times.tolist() == sent.arrival_times.tolist()
+        assert workload.prompt_lens.tolist() == sent.prompt_lens.tolist() == [40] * 6
+        assert workload.output_lens.tolist() == sent.output_lens.tolist() == [10] * 6
+        assert [r.arrival_time for r in trace.requests] == sent.arrival_times.tolist()
+        assert [r.output_len for r in trace.requests] == [10] * 6  # every answer runs to its full length
+    assert seen[0][0].arrival_times.tolist() != seen[1][0].arrival_times.tolist()  # the rate moves the arrivals
+
+
+def test_random_load_is_make_workload_for_any_seed():
+    for seed in (0, 5):
+        ours = random_load(5, 3.0, input_len=20, output_len=7, seed=seed)
+        theirs = make_workload("random", 5, 3.0, seed=seed, input_len=20, output_len=7)
+        assert ours == theirs
+
+
+def test_tpot_is_the_clients_finish_minus_first_token_over_the_tokens_after_the_first():
+    (alone,) = predict_sweep(CPU_LIKE, [1.0], num_prompts=1, input_len=32, output_len=12, **DIALS)
+    decode_steps = [CPU_LIKE.pass_time(1, 32 + k) for k in range(11)]  # tokens 2..12, each reading its context
+    assert alone.p99_tpot_ms == pytest.approx(np.mean(decode_steps) * 1000)
+    assert alone.median_tpot_ms == pytest.approx(alone.p99_tpot_ms)
+    assert alone.p99_ttft_ms == pytest.approx(CPU_LIKE.pass_time(32, 0) * 1000)  # the prefill, not part of TPOT
+    assert (alone.completed, alone.num_requests, alone.lost) == (1, 1, 0)
+
+
+def test_a_saturating_load_predicts_worse_tpot_as_the_rate_rises():
+    rates = [0.5, 1, 2, 4, 8, 16, 32]
+    predictions = predict_sweep(CPU_LIKE, rates, num_prompts=16, input_len=32, output_len=12, **DIALS)
+    assert [p.rate for p in predictions] == rates
+    assert all(p.completed == 16 for p in predictions)
+    p99 = [p.p99_tpot_ms for p in predictions]
+    assert all(later >= earlier * 0.97 for earlier, later in zip(p99, p99[1:])), p99
+    assert p99[-1] > 1.5 * p99[0]  # batches of 8 cost more per step than one sequence alone
+    ttft = [p.p99_ttft_ms for p in predictions]
+    assert ttft[-1] > 3 * ttft[0]  # and the queue grows
+
+
+def test_a_load_the_server_would_refuse_is_a_clear_error():
+    with pytest.raises(ValueError, match="more than max_model_len=40.*refuse every request"):
+        predict_sweep(CPU_LIKE, [1.0], num_prompts=2, input_len=32, output_len=12, max_model_len=40)
+
+
+def prediction(rate: float, p99_tpot_ms: float, completed: int = 6, num_requests: int | None = 6) -> RatePrediction:
+    return RatePrediction(rate, p99_tpot_ms, p99_tpot_ms / 2, 100.0, completed, num_requests)
+
+
+def test_highest_rate_stops_at_the_first_broken_promise():
+    sweep = [prediction(1, 50), prediction(2, 80), prediction(4, 200), prediction(8, 90)]
+    assert predicted_highest_rate(sweep, promise_ms=100) == 2  # 8 req/s passing after 4 failed is noise
+    assert predicted_highest_rate(list(reversed(sweep)), promise_ms=100) == 2  # order of the list does not matter
+    assert predicted_highest_rate(sweep, promise_ms=250) == 8
+    assert predicted_highest_rate(sweep, promise_ms=80) == 2  # the promise is "at most", not "below"
+
+
+def test_no_rate_when_the_lowest_breaks_the_promise_or_loses_a_request():
+    sweep = [prediction(1, 50), prediction(2, 80)]
+    assert predicted_highest_rate(sweep, promise_ms=40) is None
+    assert predicted_highest_rate([], promise_ms=40) is None
+    lossy = [prediction(1, 50, completed=5), prediction(2, 60)]
+    assert predicted_highest_rate(lossy, promise_ms=100) is None  # a lost request breaks any promise
+    assert predicted_highest_rate([prediction(1, 50, completed=5, num_requests=None)], 100) == 1  # count unknown
+
+
+def test_the_rule_agrees_with_the_load_testers_best_rate_on_the_same_runs():
+    rates = [1, 2, 4, 8, 16]
+    predictions = predict_sweep(CPU_LIKE, rates, num_prompts=6, input_len=32, output_len=12, **DIALS)
+    summaries = {
+        rate: summarize(simulate(random_load(6, rate, input_len=32, output_len=12), CPU_LIKE, "chunked", **DIALS))
+        for rate in rates
+    }
+    assert [p.p99_tpot_ms for p in predictions] == [summaries[rate].tpot_ms.p99 for rate in rates]
+    p99 = sorted(p.p99_tpot_ms for p in predictions)
+    promises = [p99[0] - 1] + [(a + b) / 2 for a, b in zip(p99, p99[1:])] + [p99[-1] + 1]
+    answers = {predicted_highest_rate(predictions, promise) for promise in promises}
+    assert len(answers) >= 3  # the promises really do move the answer
+    for promise in promises:
+        assert predicted_highest_rate(predictions, promise) == best_rate(summaries, promise)
+
+
+def test_the_table_puts_the_measurement_beside_the_prediction():
+    table = format_predictions([prediction(1, 50.0), prediction(2, 80.0)], measured_p99_tpot_ms=[75.0, 120.0])
+    lines = table.splitlines()
+    assert "measured" in lines[0] and len(lines) == 4
+    assert lines[2].split()[-2:] == ["75.0", "1.50"] and lines[3].split()[-2:] == ["120.0", "1.50"]
+    assert "measured" not in format_predictions([prediction(1, 50.0)])
+
+
+def test_quick_waves_run_batches_from_one_to_max_num_seqs():
+    assert [batch for batch, _ in quick_waves(8)] == [1, 2, 4, 8]
+    assert [batch for batch, _ in quick_waves(6)] == [1, 2, 4, 6]
+    assert [batch for batch, _ in quick_waves(1)] == [1]
+    assert [batch for batch, _ in quick_waves(256)][-1] == serving.QUICK_MAX_BATCH  # seconds, not minutes
+    with pytest.raises(ValueError, match="at least 1"):
+        quick_waves(0)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_quick_calibration_predicts_the_tiny_engines_steps_within_a_loose_factor():
+    from labkit.engine import LLM, serve_workload
+    from labkit.models import tiny_model
+    from labkit.sim.calibrate import model_sizes, step_work
+    from labkit.workloads import synthetic_workload
+
+    llm = LLM(tiny_model(), **DIALS)
+    calibration = serving.sweep_calibration(llm)
+    cost = serving.quick_calibration(llm, seed=1)
+    assert isinstance(cost, CostModel) and calibration.num_steps >= 40
+    assert cost.weight_bytes == model_sizes(llm.model)["weight_bytes"]  # counted, not fitted
+    # A new load of the sweep's shape, served for real: the fit must say roughly how long its steps took.
+    measured = step_work(serve_workload(llm, synthetic_workload(6, 8.0, 32, 12, vocab_size=256, seed=11)))
+    predicted = np.array([cost.pass_time(int(n), int(c)) for n, c in zip(measured.new_tokens, measured.context_tokens)])
+    ratio = float(np.median(predicted / measured.seconds))
+    assert 0.5 < ratio < 2.0, ratio
