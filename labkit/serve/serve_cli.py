@@ -16,6 +16,8 @@ import importlib
 import json
 import sys
 
+from labkit.serve.admission import admission_within
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -63,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="answer 503 + Retry-After while this many requests wait to start (off by default)",
     )
     parser.add_argument(
+        "--max-queue-delay-ms",
+        type=milliseconds,
+        metavar="MS",
+        help="labkit only (vllm serve has no such option): answer 503 + Retry-After to a request predicted to "
+        "wait longer than this before it starts (off by default; see labkit.serve.admission)",
+    )
+    parser.add_argument(
         "--shutdown-timeout",
         type=float,
         default=10.0,
@@ -81,6 +90,17 @@ def json_config(text: str) -> dict:
     if not isinstance(config, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object {{...}}, got {type(config).__name__}")
     return config
+
+
+def milliseconds(text: str) -> float:
+    """A delay in ms from the command line: a number, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 ms or more (and finite), got {text}")
+    return value
 
 
 def resolve_policy(spec: str | None):
@@ -114,6 +134,13 @@ def engine_dials(args: argparse.Namespace) -> dict:
     return {name: value for name, value in dials.items() if value is not None}
 
 
+def admission_hook(args: argparse.Namespace):
+    """labkit's admission rule for ``--max-queue-delay-ms``, or None (admit everything)."""
+    if args.max_queue_delay_ms is None:
+        return None
+    return admission_within(args.max_queue_delay_ms)
+
+
 def run(args: argparse.Namespace) -> int:
     from labkit.engine import LLM
     from labkit.models import load_model
@@ -128,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         args.port,
         api_key=args.api_key,
         max_waiting=args.max_waiting,
+        admission=admission_hook(args),
         served_model_name=args.served_model_name,
         shutdown_timeout=args.shutdown_timeout,
     )

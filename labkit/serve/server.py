@@ -15,6 +15,7 @@ import time
 
 import uvicorn
 
+from labkit.serve.admission import AdmissionHook
 from labkit.serve.app import build_app
 from labkit.serve.metrics import ServerMetrics
 from labkit.serve.worker import EngineWorker
@@ -27,13 +28,18 @@ def make_server(
     *,
     api_key: str | None = None,
     max_waiting: int | None = None,
+    admission: AdmissionHook | None = None,
     served_model_name: str | None = None,
     shutdown_timeout: float = 10.0,
 ) -> tuple[uvicorn.Server, socket.socket, EngineWorker]:
-    """A uvicorn server for ``llm`` bound to ``host:port`` (not started), its socket and its engine worker."""
+    """A uvicorn server for ``llm`` bound to ``host:port`` (not started), its socket and its engine worker.
+
+    ``admission``, if given, is asked about every request before it is accepted (see
+    :mod:`~labkit.serve.admission`).
+    """
     name = served_model_name or llm.describe()["model"]
     metrics = ServerMetrics(name, speculative=getattr(llm, "speculative_config", None) is not None)
-    worker = EngineWorker(llm, metrics, max_waiting)
+    worker = EngineWorker(llm, metrics, max_waiting, admission)
     app = build_app(worker, name, api_key)
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=shutdown_timeout
@@ -60,7 +66,8 @@ class ServerThread:
     """``labkit serve`` in a background thread, for tests and notebooks.
 
     ``with ServerThread(llm) as server:`` starts it on a free loopback port (``server.url``)
-    and stops it on the way out, however the block ends.
+    and stops it on the way out, however the block ends. ``options`` are :func:`make_server`'s
+    (``api_key``, ``max_waiting``, ``admission``, ...).
     """
 
     def __init__(self, llm, host: str = "127.0.0.1", port: int = 0, **options):

@@ -7,6 +7,10 @@ left it sleeps until a request comes. HTTP handlers never touch the engine: they
 commands on a queue and read outputs from their own :class:`Handle`, so a request that
 arrives mid-run joins the very next step, exactly as in vLLM's ``AsyncLLM``.
 
+Before it accepts a request, :meth:`EngineWorker.submit` can ask an admission hook (see
+:mod:`~labkit.serve.admission`) whether the queue it would join still keeps the server's
+promise; a hook that says no turns the request away with 503 and ``Retry-After``.
+
 The loop also feeds :class:`~labkit.serve.metrics.ServerMetrics` from each step's record,
 and restarts the engine's trace whenever it goes idle so a long-running server keeps only
 the current busy spell in memory.
@@ -15,19 +19,25 @@ the current busy spell in memory.
 from __future__ import annotations
 
 import asyncio
+import math
+import numbers
 import queue
+import statistics
 import threading
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
 
 from labkit.engine.request import RequestOutput
 from labkit.sampling_params import SamplingParams
+from labkit.serve.admission import AdmissionHook, QueueSnapshot
 from labkit.serve.metrics import FINISH_REASONS, ServerMetrics
 from labkit.serve.protocol import APIError
 
 _STOP = None  # the command that ends the loop
+SERVICE_WINDOW = 16  # the service time the admission hook sees is the median of this many finished requests
 
 
 class Handle:
@@ -84,25 +94,38 @@ class _Live:
     scheduled_at: float | None = None
     last_token_at: float | None = None
     num_tokens: int = 0
-    queued: bool = True  # accepted but not yet run: counts against max_waiting
+    state: str = "queued"  # "queued" (accepted, not yet run), "running" (started), "gone" (finished or aborted)
 
 
 class EngineWorker:
     """Owns the engine and runs its loop in a background thread."""
 
-    def __init__(self, llm, metrics: ServerMetrics, max_waiting: int | None = None):
+    def __init__(
+        self,
+        llm,
+        metrics: ServerMetrics,
+        max_waiting: int | None = None,
+        admission: AdmissionHook | None = None,
+    ):
         if max_waiting is not None and max_waiting < 1:
             raise ValueError(f"max_waiting must be at least 1 (or None for no bound), got {max_waiting}")
+        if admission is not None and not callable(admission):
+            raise TypeError(f"admission must be a function of a QueueSnapshot, got {admission!r}")
         self.llm = llm
         self.metrics = metrics
         self.max_waiting = max_waiting
+        self.admission = admission
         setup = llm.describe()
+        self.max_num_seqs = setup["max_num_seqs"]
         # the longest sequence one request may reach: max_model_len, or what the whole KV cache holds
         self.context_limit = min(setup["max_model_len"], setup["num_blocks"] * setup["block_size"] + 1)
         self.error: str | None = None  # why the loop died, if it did
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}  # touched by the loop thread only
+        # the counts the admission hook sees, kept by both threads under the lock
         self._num_queued = 0
+        self._num_running = 0
+        self._service_s: deque[float] = deque(maxlen=SERVICE_WINDOW)  # start -> finish of recent requests
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="labkit-engine-loop", daemon=True)
 
@@ -114,8 +137,17 @@ class EngineWorker:
     def healthy(self) -> bool:
         return self.error is None and self._thread.is_alive()
 
+    def queue_snapshot(self) -> QueueSnapshot:
+        """What a request arriving now would be shown: the queue, the batch, the recent service time."""
+        with self._lock:
+            return self._snapshot()
+
+    def _snapshot(self) -> QueueSnapshot:  # with the lock held
+        service_s = statistics.median(self._service_s) if self._service_s else None
+        return QueueSnapshot(self._num_queued, self._num_running, self.max_num_seqs, service_s)
+
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Handle:
-        """Hand a request to the loop; 503 with Retry-After if the waiting queue is full."""
+        """Hand a request to the loop; 503 with Retry-After if the queue is full or the admission hook says no."""
         if not self.healthy:
             raise APIError(
                 503,
@@ -132,10 +164,44 @@ class EngineWorker:
                     code="queue_full",
                     headers={"Retry-After": "1"},
                 )
+            if self.admission is not None:
+                self._admit(self._snapshot())
             self._num_queued += 1
         handle = Handle(self, f"cmpl-{uuid.uuid4().hex}", len(prompt_ids))
         self._commands.put(partial(self._add, _Live(handle, prompt_ids, params)))
         return handle
+
+    def _admit(self, snapshot: QueueSnapshot) -> None:
+        """Ask the admission hook; raise 503 + Retry-After if it refuses, 500 if its answer makes no sense."""
+        name = getattr(self.admission, "__name__", None) or repr(self.admission)
+        try:
+            seconds = self.admission(snapshot)
+        except Exception as err:
+            raise APIError(
+                500,
+                f"The admission hook {name} raised {type(err).__name__}: {err} (on {snapshot}).",
+                type="internal_server_error",
+                code="admission_hook_failed",
+            ) from None
+        if seconds is None:
+            return
+        if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 <= seconds < math.inf:
+            raise APIError(
+                500,
+                f"The admission hook {name} returned {seconds!r} (on {snapshot}); it must return None to admit "
+                "the request, or the seconds (a number >= 0) after which the client should retry.",
+                type="internal_server_error",
+                code="admission_hook_failed",
+            )
+        retry_s = int(math.ceil(seconds))
+        raise APIError(
+            503,
+            f"The server predicts this request would wait too long to keep its promise ({snapshot.waiting} "
+            f"waiting, {snapshot.running} running in {snapshot.max_num_seqs} seats); retry in {retry_s} s.",
+            type="service_unavailable",
+            code="queue_too_long",
+            headers={"Retry-After": str(retry_s)},
+        )
 
     def abort(self, request_id: str, reason: str = "abort") -> None:
         self._commands.put(partial(self._abort, request_id, reason))
@@ -177,7 +243,7 @@ class EngineWorker:
         try:
             self.llm.add_request(live.prompt_ids, live.params, request_id=request_id)
         except ValueError as err:  # the engine's own checks, should the server's have let something by
-            self._leave_queue(live)
+            self._forget(live)
             live.handle.push(APIError(400, str(err)))
             return
         self._live[request_id] = live
@@ -187,8 +253,11 @@ class EngineWorker:
         if live is None:
             return  # it finished before the abort came
         self.llm.abort_request(request_id)
-        self._leave_queue(live)
-        self.metrics.on_finish(reason, self.llm.now() - live.arrival, _queue_time(live))
+        now = self.llm.now()
+        if reason != "abort":  # the client ended it because its answer was complete (a stop string)
+            self._record_service(live, now)
+        self._forget(live)
+        self.metrics.on_finish(reason, now - live.arrival, _queue_time(live))
         live.handle.push(APIError(499, "The request was aborted."))
         if not self.llm.has_unfinished():
             self._go_idle()
@@ -204,7 +273,7 @@ class EngineWorker:
                 live = self._live.get(request_id)
                 if live is not None and live.scheduled_at is None:
                     live.scheduled_at = record.start
-                    self._leave_queue(live)
+                    self._start(live)
             self.metrics.on_step(
                 record.num_active,
                 record.num_waiting,
@@ -230,16 +299,35 @@ class EngineWorker:
             live.num_tokens, live.last_token_at = len(output.token_ids), now
         if output.finished:
             del self._live[output.request_id]
-            self._leave_queue(live)
+            if output.finish_reason in ("stop", "length"):
+                self._record_service(live, now)
+            self._forget(live)
             if output.finish_reason in FINISH_REASONS:
                 self.metrics.on_finish(output.finish_reason, now - live.arrival, _queue_time(live))
         live.handle.push(output)
 
-    def _leave_queue(self, live: _Live) -> None:
-        if live.queued:
-            live.queued = False
+    def _start(self, live: _Live) -> None:
+        """Its first step: it leaves the queue and takes a seat."""
+        if live.state == "queued":
             with self._lock:
                 self._num_queued -= 1
+                self._num_running += 1
+            live.state = "running"
+
+    def _forget(self, live: _Live) -> None:
+        """It is over (finished, aborted, rejected): it counts as neither waiting nor running."""
+        with self._lock:
+            if live.state == "queued":
+                self._num_queued -= 1
+            elif live.state == "running":
+                self._num_running -= 1
+        live.state = "gone"
+
+    def _record_service(self, live: _Live, now: float) -> None:
+        """How long it held its seat, for the admission hook's ``service_s``."""
+        if live.scheduled_at is not None:
+            with self._lock:
+                self._service_s.append(now - live.scheduled_at)
 
     def _go_idle(self) -> None:
         self.metrics.on_idle()
@@ -249,6 +337,7 @@ class EngineWorker:
         for request_id, live in list(self._live.items()):
             if self.error is None:
                 self.llm.abort_request(request_id)
+            self._forget(live)
             live.handle.push(error)
         self._live.clear()
 
