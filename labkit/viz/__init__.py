@@ -10,12 +10,14 @@ summary or plain numbers, so runs of the real engine and of the simulator draw t
 - :mod:`~labkit.viz.blocks`: the KV block map, coloured by owner, and a slider over steps;
 - :mod:`~labkit.viz.latency`: TTFT/ITL percentiles and throughput against arrival rate,
   and every token gap over time;
-- :mod:`~labkit.viz.roofline`: tokens/s against tokens per pass under a machine's roofline.
+- :mod:`~labkit.viz.roofline`: tokens/s against tokens per pass under a machine's roofline;
+- :mod:`~labkit.viz.serving`: a live server's gauges (running, waiting, KV usage) over time.
 """
 
 from labkit.viz.blocks import BlockSnapshot, block_map_slider, plot_block_map, plot_block_maps, snapshot_blocks
 from labkit.viz.latency import plot_latency_vs_rate, plot_throughput_vs_rate, plot_token_gaps
 from labkit.viz.roofline import Roofline, plot_roofline
+from labkit.viz.serving import plot_server_gauges
 from labkit.viz.timeline import (
     Segment,
     batch_spans,
@@ -36,6 +38,7 @@ __all__ = [
     "plot_block_maps",
     "plot_latency_vs_rate",
     "plot_roofline",
+    "plot_server_gauges",
     "plot_static_timeline",
     "plot_throughput_vs_rate",
     "plot_timeline",
