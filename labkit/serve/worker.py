@@ -197,7 +197,7 @@ class EngineWorker:
         raise APIError(
             503,
             f"The server predicts this request would wait too long to keep its promise ({snapshot.waiting} "
-            f"waiting, {snapshot.running} running in {snapshot.max_num_seqs} seats); retry in {retry_s} s.",
+            f"waiting, {snapshot.running} running, max_num_seqs {snapshot.max_num_seqs}); retry in {retry_s} s.",
             type="service_unavailable",
             code="queue_too_long",
             headers={"Retry-After": str(retry_s)},
