@@ -9,6 +9,7 @@ from labkit.sim import serving
 from labkit.sim.cost_model import CostModel
 from labkit.sim.serving import (
     RatePrediction,
+    as_the_server_sees_it,
     format_predictions,
     predict_sweep,
     predicted_highest_rate,
@@ -30,7 +31,9 @@ CPU_LIKE = CostModel(
 DIALS = dict(max_num_seqs=8, max_model_len=512, num_blocks=256, block_size=16)
 
 
-def test_the_simulated_requests_are_the_load_testers_own(monkeypatch):
+@pytest.fixture
+def simulated(monkeypatch) -> list:
+    """Every (workload, trace) that predict_sweep hands to and gets from the simulator, in order."""
     seen = []
 
     def recording_simulate(workload, cost, policy, **dials):
@@ -39,16 +42,22 @@ def test_the_simulated_requests_are_the_load_testers_own(monkeypatch):
         return trace
 
     monkeypatch.setattr(serving, "simulate", recording_simulate)
+    return seen
+
+
+def test_the_simulated_requests_are_the_load_testers_own(simulated):
     predict_sweep(CPU_LIKE, [2.0, 8.0], num_prompts=6, input_len=40, output_len=10, seed=3)
-    assert len(seen) == 2
-    for rate, (workload, trace) in zip([2.0, 8.0], seen):
+    assert len(simulated) == 2
+    for rate, (workload, trace) in zip([2.0, 8.0], simulated):
         sent = make_workload("random", 6, rate, seed=3, input_len=40, output_len=10)
         assert workload.arrival_times.tolist() == sent.arrival_times.tolist()
         assert workload.prompt_lens.tolist() == sent.prompt_lens.tolist() == [40] * 6
         assert workload.output_lens.tolist() == sent.output_lens.tolist() == [10] * 6
         assert [r.arrival_time for r in trace.requests] == sent.arrival_times.tolist()
         assert [r.output_len for r in trace.requests] == [10] * 6  # every answer runs to its full length
-    assert seen[0][0].arrival_times.tolist() != seen[1][0].arrival_times.tolist()  # the rate moves the arrivals
+    assert (
+        simulated[0][0].arrival_times.tolist() != simulated[1][0].arrival_times.tolist()
+    )  # the rate moves the arrivals
 
 
 def test_random_load_is_make_workload_for_any_seed():
@@ -80,8 +89,40 @@ def test_a_saturating_load_predicts_worse_tpot_as_the_rate_rises():
 
 
 def test_a_load_the_server_would_refuse_is_a_clear_error():
-    with pytest.raises(ValueError, match="more than max_model_len=40.*refuse every request"):
+    with pytest.raises(ValueError, match="44 tokens .* more than max_model_len=40.*would refuse it"):
         predict_sweep(CPU_LIKE, [1.0], num_prompts=2, input_len=32, output_len=12, max_model_len=40)
+
+
+class TemplateTokenizer:
+    """A chat template that puts the same 20-token system prompt before every message; one token per word."""
+
+    def __init__(self):
+        self.vocabulary: dict[str, int] = {}
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        return " ".join(["system"] * 20 + [message["content"] for message in messages])
+
+    def encode(self, text, add_special_tokens=True):
+        return [self.vocabulary.setdefault(word, len(self.vocabulary)) for word in text.split()]
+
+
+def test_with_the_servers_tokenizer_the_simulator_computes_the_servers_prompts(simulated):
+    sent = random_load(2, 0.01, input_len=32, output_len=12)  # the second arrives long after the first finished
+    seen = as_the_server_sees_it(sent, TemplateTokenizer())
+    words = [len(request.prompt[0]["content"].split()) for request in sent]
+    assert seen.prompt_lens.tolist() == [20 + n for n in words]
+    assert all(isinstance(token, int) for request in seen for token in request.prompt)
+    assert seen.arrival_times.tolist() == sent.arrival_times.tolist()
+
+    (with_template,) = predict_sweep(
+        CPU_LIKE, [0.01], num_prompts=2, input_len=32, output_len=12, tokenizer=TemplateTokenizer()
+    )
+    (without,) = predict_sweep(CPU_LIKE, [0.01], num_prompts=2, input_len=32, output_len=12)
+    prefills = [step.scheduled["req-1"] for step in simulated[0][1].steps if step.scheduled.get("req-1", 0) > 1]
+    assert prefills == [20 + words[1] - 16]  # the template's first block of 16 tokens came from the prefix cache
+    ttfts = [CPU_LIKE.pass_time(20 + words[0], 0), CPU_LIKE.pass_time(20 + words[1] - 16, 16)]
+    assert with_template.p99_ttft_ms == pytest.approx(np.percentile(ttfts, 99) * 1000)
+    assert without.p99_ttft_ms == pytest.approx(CPU_LIKE.pass_time(32, 0) * 1000)
 
 
 def prediction(rate: float, p99_tpot_ms: float, completed: int = 6, num_requests: int | None = 6) -> RatePrediction:

@@ -20,9 +20,10 @@ the measured TPOT is expected to sit above the predicted one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
+from labkit.engine.scheduler import SchedulerPolicy
 from labkit.metrics import summarize
 from labkit.serve.loadtest import make_workload
 from labkit.sim.calibrate import Calibration, calibration_from_steps, time_engine_steps
@@ -76,6 +77,23 @@ def random_load(num_prompts: int, rate: float, *, input_len: int, output_len: in
     return make_workload("random", num_prompts, rate, seed=seed, input_len=input_len, output_len=output_len)
 
 
+def as_the_server_sees_it(workload: Workload, tokenizer) -> Workload:
+    """Each chat prompt replaced by the token ids the server makes of it (chat template included).
+
+    The load tester sends words and counts about 1.3 tokens a word; the server wraps them in the
+    model's chat template (SmolLM2's adds a system prompt), so it computes more tokens than
+    ``input_len``, and prefix caching finds the template's shared start. With the real ids the
+    simulator sees both.
+    """
+    from labkit.models.tokens import encode_prompt  # the server's own encoding; loads the model code
+
+    requests = []
+    for request in workload:
+        ids = encode_prompt(tokenizer, request.prompt)
+        requests.append(replace(request, prompt=ids, prompt_len=len(ids)))
+    return replace(workload, requests=tuple(requests))
+
+
 def predict_sweep(
     cost: CostModel,
     rates: Iterable[float],
@@ -88,21 +106,27 @@ def predict_sweep(
     max_model_len: int = 512,
     num_blocks: int = 256,
     block_size: int = 16,
-    policy: str = "chunked",
+    policy: str | SchedulerPolicy = "chunked",
+    tokenizer=None,
 ) -> list[RatePrediction]:
     """Simulate the very load `labkit loadtest --dataset random` (make_workload) sends at each rate.
 
     The dials are the server's (``labkit serve --max-num-seqs ... --num-gpu-blocks-override ...``);
     TPOT is the client's, (finish - first token) / (answer tokens - 1), over the served requests.
+    Pass the server's ``tokenizer`` to simulate the prompts it really computes (see
+    :func:`as_the_server_sees_it`); without it each prompt is ``input_len`` tokens, none shared.
     """
-    if input_len + output_len > max_model_len:
-        raise ValueError(
-            f"input_len + output_len = {input_len + output_len} tokens is more than max_model_len={max_model_len}: "
-            "the server would refuse every request of this load; shorten them or raise max_model_len"
-        )
     predictions = []
     for rate in rates:
         workload = random_load(num_prompts, rate, input_len=input_len, output_len=output_len, seed=seed)
+        if tokenizer is not None:
+            workload = as_the_server_sees_it(workload, tokenizer)
+        longest = int(max(workload.prompt_lens + workload.output_lens))
+        if longest > max_model_len:
+            raise ValueError(
+                f"a request of {longest} tokens (prompt and answer) is more than max_model_len={max_model_len}: "
+                "the server would refuse it; shorten the load or raise max_model_len"
+            )
         trace = simulate(
             workload,
             cost,
