@@ -169,64 +169,69 @@ def test_labkits_quantile_is_prometheus_interpolation():
 
 
 # --- lab9.highest_rate -----------------------------------------------------------------------------
-def highest_rate(measure, rates, promise_ms):
+def breaks(requests, promise, statistic=lambda values: np.percentile(values, 99)):
+    return any(statistic([r[metric] for r in requests]) > limit for metric, limit in promise.items())
+
+
+def highest_rate(measure, rates, promise):
     best = None
     for rate in sorted(rates):
         requests = measure(rate)
-        if not all(r["ok"] for r in requests):
-            break
-        if np.percentile([r["tpot_ms"] for r in requests], 99) > promise_ms:
+        if not all(r["ok"] for r in requests) or breaks(requests, promise):
             break
         best = rate
     return best
 
 
-def with_mean(measure, rates, promise_ms):
+def with_mean(measure, rates, promise):
     best = None
     for rate in rates:
         requests = measure(rate)
-        if not all(r["ok"] for r in requests) or np.mean([r["tpot_ms"] for r in requests]) > promise_ms:
+        if not all(r["ok"] for r in requests) or breaks(requests, promise, np.mean):
             break
         best = rate
     return best
 
 
-def ignoring_lost(measure, rates, promise_ms):
+def ignoring_lost(measure, rates, promise):
     best = None
     for rate in rates:
-        tpots = [r["tpot_ms"] for r in measure(rate) if r["ok"]]
-        if np.percentile(tpots, 99) > promise_ms:
+        if breaks([r for r in measure(rate) if r["ok"]], promise):
             break
         best = rate
     return best
 
 
-def max_of_passing(measure, rates, promise_ms):
+def max_of_passing(measure, rates, promise):
     kept = []
     for rate in rates:
         requests = measure(rate)
-        if all(r["ok"] for r in requests) and np.percentile([r["tpot_ms"] for r in requests], 99) <= promise_ms:
+        if all(r["ok"] for r in requests) and not breaks(requests, promise):
             kept.append(rate)
     return max(kept, default=None)
 
 
-def measures_everything(measure, rates, promise_ms):
+def measures_everything(measure, rates, promise):
     runs = {rate: measure(rate) for rate in rates}
-    return highest_rate(lambda rate: runs[rate], rates, promise_ms)
+    return highest_rate(lambda rate: runs[rate], rates, promise)
 
 
-def percentile_of_everything(measure, rates, promise_ms):
+def percentile_of_everything(measure, rates, promise):
     best = None
     for rate in rates:
-        if np.percentile([r["tpot_ms"] for r in measure(rate)], 99) > promise_ms:
+        if breaks(measure(rate), promise):
             break
         best = rate
     return best
 
 
-def none_is_zero(measure, rates, promise_ms):
-    best = highest_rate(measure, rates, promise_ms)
+def none_is_zero(measure, rates, promise):
+    best = highest_rate(measure, rates, promise)
     return 0.0 if best is None else best
+
+
+def only_tpot(measure, rates, promise):
+    return highest_rate(measure, rates, {"tpot_ms": promise["tpot_ms"]})
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -243,8 +248,17 @@ def test_the_search_passes(seed):
         (measures_everything, "was enough"),
         (none_is_zero, "return None"),
         (percentile_of_everything, "A lost request has ok False"),
+        (only_tpot, "check every metric of the promise"),
     ],
-    ids=["mean", "ignores-lost", "max-of-passing", "measures-everything", "zero-for-none", "percentile-of-none"],
+    ids=[
+        "mean",
+        "ignores-lost",
+        "max-of-passing",
+        "measures-everything",
+        "zero-for-none",
+        "percentile-of-none",
+        "only-tpot",
+    ],
 )
 def test_each_search_mistake_fails_and_is_named(wrong, named):
     result = verdict("lab9.highest_rate", wrong)
@@ -254,8 +268,9 @@ def test_each_search_mistake_fails_and_is_named(wrong, named):
 def test_the_situations_each_teach_one_thing():
     """The replayed runs really tell the mistakes apart (else a check could not name them)."""
     inputs = sweep_situations(5)
-    rates, promise = inputs["rates"], inputs["promise_ms"]
-    for name, runs in inputs["situations"].items():
+    rates = inputs["rates"]
+    for name, situation in inputs["situations"].items():
+        runs, promise = situation["runs"], situation["promise"]
         right = highest_rate_oracle(runs, rates, promise)["rate"]
         measure = runs.__getitem__
         if name == "tail":
@@ -266,3 +281,5 @@ def test_the_situations_each_teach_one_thing():
             assert max_of_passing(measure, rates, promise) != right
         if name == "hopeless":
             assert right is None
+        if name == "two limits":
+            assert only_tpot(measure, rates, promise) != right and right is not None

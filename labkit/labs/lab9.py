@@ -1,15 +1,21 @@
-"""Lab 9, the capstone: the checks for the learner's engine loop, dashboard reading and SLO search.
+"""Lab 9, the capstone: the checks for the learner's engine loop, policy, dashboard, admission and SLO sweep.
 
 - ``engine_turn(llm, inbox, send)``: one turn of a server's engine loop: take every command
   the HTTP side left (add a request, abort one whose client hung up), run one step, send each
   request its new tokens. Driven with scripted clients on the tiny model: newcomers join the
   very next step, a hang-up frees its blocks in that turn, every token is streamed as it is
   made, and every answer equals the request decoded alone.
+- ``continuous_schedule(state)``: the learner's lab 4 policy as the policy of a real ``labkit
+  serve``; six HTTP clients stream greedy completions, each text must be the prompt decoded alone.
 - ``dashboard(before_text, after_text)``: the numbers of a serving dashboard from two
   ``/metrics`` scrapes, compared with labkit's own reading of the same scrapes.
-- ``highest_rate(measure, rates, promise_ms)``: the highest request rate whose p99 TPOT keeps
+- ``admit(queue, promise_ms)``: admission control, None to admit or Retry-After seconds; on
+  queue snapshots, compared with ``labkit.serve.admission.retry_after`` and its typical misreadings.
+- ``highest_rate(measure, rates, promise)``: the highest request rate whose p99 latencies keep
   the promise with nothing lost, measuring as few rates as it can; compared with labkit's rule
   (``labkit loadtest``'s ``best_rate``) on replayed measurements.
+- ``find_capacity(url, rates, promise)``: the SLO sweep against a real server, compared with the
+  grader's own sweep of its own server, within one step of the rate grid.
 """
 
 from __future__ import annotations
@@ -19,12 +25,25 @@ from typing import Any
 from labkit.engine.reference import compare_to_solo, solo_greedy
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
-from labkit.labs.checking.learner_errors import diagnosed
+from labkit.labs.checking.learner_errors import diagnosed, raised_mismatch
+from labkit.labs.checking.serve_admission import WRONG_RULES, admission_inputs, admission_oracle, describe, run_admit
+from labkit.labs.checking.serve_capacity import (
+    TOLERANCE_STEPS,
+    capacity_inputs,
+    capacity_oracle,
+    describe_promise,
+    describe_sweep,
+    grid_steps,
+    rate_text,
+    run_capacity,
+)
 from labkit.labs.checking.serve_loop import client_script, drive
 from labkit.labs.checking.serve_metrics import KEYS, close, read_dashboard, seeded_scrapes, typical_misreadings
+from labkit.labs.checking.serve_policy import joined_mid_run, policy_inputs, policy_oracle, serve_clients
 from labkit.labs.checking.serve_sweep import SITUATIONS, highest_rate_oracle, replay, sweep_situations
 from labkit.labs.checking.shared import small_model
 from labkit.labs.hints import register_hints
+from labkit.labs.lab4 import check_decisions
 
 # --- lab9.engine_turn -------------------------------------------------------------------------
 
@@ -138,6 +157,52 @@ register(
     )
 )
 
+# --- lab9.continuous_schedule: your policy behind the server ----------------------------------
+
+
+def _compare_policy(expected, got) -> Mismatch | None:
+    if got["raised"]:
+        return raised_mismatch(got["raised"][0], 'Fix it in lab 4 first; labkit.hint("lab9.continuous_schedule").')
+    for index, (answer, want) in enumerate(zip(got["answers"], expected["answers"])):
+        if answer["error"] is not None:
+            return Mismatch(f"client {index} got an error from the server: {answer['error']}")
+        text, settled = answer["text"], want["settled"] if want["near_tie"] else want["text"]
+        if text != want["text"] and not (want["near_tie"] and text.startswith(settled)):
+            return Mismatch(
+                f"client {index} read {text!r}; decoded alone, the model says {want['text']!r}",
+                "Serving must not change what a request says: every running request gets exactly its missing "
+                "tokens (num_missing_tokens), and a newcomer is admitted with blocks for its whole prompt.",
+            )
+    problem = check_decisions(got["decisions"])
+    if problem is not None:
+        return problem
+    if not joined_mid_run(got["decisions"]):
+        return Mismatch(
+            "no client's request ever joined while another was decoding: each waited for the batch to drain",
+            "That is static batching. Let a waiting request in at the next step whenever a seat, its blocks and "
+            "the token budget allow, while the others keep decoding.",
+        )
+    if got["blocks_used_at_end"]:
+        return Mismatch(f"every answer was over, yet {got['blocks_used_at_end']} KV blocks were still held")
+    return None
+
+
+register(
+    Exercise(
+        id="lab9.continuous_schedule",
+        functions=("continuous_schedule",),
+        make_inputs=policy_inputs,
+        run=lambda functions, inputs: serve_clients(functions[0], inputs),
+        oracle=policy_oracle,
+        compare=_compare_policy,
+        tested="your policy runs a real labkit serve (the course model, 4 seats) on a free loopback port; six "
+        "clients stream greedy completions over HTTP, 50 ms apart: every text equals the prompt decoded alone, no "
+        "seat idles while the next request fits, later clients join a batch already decoding, no block is held "
+        "at the end",
+        hint="Paste the continuous_schedule that passed lab 4's check; if it did there, it passes here.",
+    )
+)
+
 # --- lab9.dashboard ---------------------------------------------------------------------------
 
 
@@ -194,22 +259,61 @@ register(
     )
 )
 
+# --- lab9.admit -------------------------------------------------------------------------------
+
+
+def _compare_admit(expected, got) -> Mismatch | None:
+    if got == expected["answers"]:
+        return None
+    for rule, answers in expected["wrong"].items():
+        if got == answers:
+            return Mismatch(f"your answers match a rule with one mistake ({rule})", WRONG_RULES[rule])
+    for name, want, mine in zip(expected["names"], expected["answers"], got):
+        if mine != want:
+            return Mismatch(
+                f"situation '{name}': you answered {describe(mine)}, labkit's rule says {describe(want)}",
+                "wait_s = max(0, running + waiting + 1 - max_num_seqs) * service_s / max_num_seqs; admit (None) "
+                "if wait_s * 1000 <= promise_ms (or nothing is measured yet), else return "
+                "max(1, math.ceil(wait_s - promise_ms / 1000)) as an int.",
+            )
+    return None
+
+
+register(
+    diagnosed(
+        Exercise(
+            id="lab9.admit",
+            functions=("admit",),
+            make_inputs=admission_inputs,
+            run=run_admit,
+            oracle=admission_oracle,
+            compare=_compare_admit,
+            tested="eight queue snapshots (free seats, nothing measured yet, a wait exactly at the promise, one "
+            "place too many, parallel seats, a full house, far over, a small server): your answer equals labkit's "
+            "rule in each, None to admit or Retry-After in whole seconds",
+            hint="Predict the newcomer's wait for a seat from the snapshot; admit when it keeps the promise, else "
+            "say in whole seconds when to come back.",
+            points=2.0,
+        )
+    )
+)
+
 # --- lab9.highest_rate ------------------------------------------------------------------------
 
 
 def _run_search(functions, inputs) -> dict[str, Any]:
     answers = {}
-    for name, runs in inputs["situations"].items():
+    for name, situation in inputs["situations"].items():
         measured: list[float] = []
-        rate = functions[0](replay(runs, measured), list(inputs["rates"]), inputs["promise_ms"])
+        rate = functions[0](replay(situation["runs"], measured), list(inputs["rates"]), dict(situation["promise"]))
         answers[name] = {"rate": None if rate is None else float(rate), "measured": measured}
     return answers
 
 
 def _search_oracle(inputs) -> dict[str, Any]:
     return {
-        name: highest_rate_oracle(runs, inputs["rates"], inputs["promise_ms"])
-        for name, runs in inputs["situations"].items()
+        name: highest_rate_oracle(situation["runs"], inputs["rates"], situation["promise"])
+        for name, situation in inputs["situations"].items()
     }
 
 
@@ -221,6 +325,8 @@ SEARCH_MISTAKES = {
     "noise": "a rate that passes above one that failed is noise, not capacity: the promise has to hold at every "
     "load up to the one you sign, so stop at the first rate that breaks it",
     "hopeless": "even the lowest rate breaks the promise here: return None (no rate keeps it)",
+    "two limits": "this promise has two limits, p99 TTFT and p99 TPOT: TPOT kept its limit at every rate, but the "
+    "queue pushed the p99 TTFT over its own; check every metric of the promise",
 }
 
 
@@ -262,14 +368,56 @@ register(
             run=_run_search,
             oracle=_search_oracle,
             compare=_compare_search,
-            tested="replayed load tests at six rates in four situations (a tail only the p99 sees, a lost request, "
-            "a rate passing again above a failure, a promise nothing keeps): your answer equals labkit's rule and "
-            "you measure no rate past the first that breaks the promise",
-            hint="Go up from the lowest rate; a rate keeps the promise if every request is ok and the 99th "
-            "percentile of TPOT is within it; stop at the first that does not and return the one before (or None).",
+            tested="replayed load tests at six rates in five situations (a tail only the p99 sees, a lost request, "
+            "a rate passing again above a failure, a promise nothing keeps, a promise with a TTFT and a TPOT limit): "
+            "your answer equals labkit's rule and you measure no rate past the first that breaks the promise",
+            hint="Go up from the lowest rate; a rate keeps the promise if every request is ok and, for every metric "
+            "of the promise, the 99th percentile is within its limit; stop at the first that does not and return "
+            "the one before (or None).",
             points=2.0,
         ),
         _known_search_error,
+    )
+)
+
+# --- lab9.find_capacity -----------------------------------------------------------------------
+
+
+def _compare_capacity(expected, got) -> Mismatch | None:
+    rates, mine, grader = expected["rates"], got["rate"], expected["rate"]
+    if mine is not None and mine not in rates:
+        return Mismatch(
+            f"you reported {mine!r}; report one of the rates you were given ({rates}) or None",
+            "Return what highest_rate returns for the sweep: a rate of the grid, or None if none keeps the promise.",
+        )
+    steps = grid_steps(rates, mine, grader)
+    if steps <= TOLERANCE_STEPS:
+        return None
+    direction = "above" if (mine or 0) > (grader or 0) else "below"
+    return Mismatch(
+        f"you reported {rate_text(mine)} for the promise {describe_promise(got['promise'])}; "
+        f"{describe_sweep(expected)}, so it signs {rate_text(grader)}: yours is {steps} steps of the grid "
+        f"{direction}, more than two sweeps differ by noise",
+        "Measure every rate with the lab's LOAD (measure(url, rate, **LOAD)), pass the promise on as it is (its "
+        "limits are in ms), and let highest_rate decide.",
+    )
+
+
+register(
+    diagnosed(
+        Exercise(
+            id="lab9.find_capacity",
+            functions=("find_capacity",),
+            make_inputs=capacity_inputs,
+            run=run_capacity,
+            oracle=capacity_oracle,
+            compare=_compare_capacity,
+            tested="your sweep runs against a fresh labkit serve (4 seats) with a promise of 5x the TTFT and 2x the "
+            "TPOT one user alone sees there; the grader starts its own server, measures its own promise and sweeps "
+            "the same rates with labkit's rule: your rate must be within one step of the grid of the grader's",
+            hint="find_capacity(url, rates, promise) = highest_rate(a measure that loads url with LOAD, rates, "
+            "promise).",
+        )
     )
 )
 
@@ -281,6 +429,22 @@ register_hints(
     "llm.abort_request(request_id). Then, only if llm.has_unfinished(), outputs = llm.step().",
     "while inbox: kind, *rest = inbox.pop(0) ... then: for output in llm.step(): send(output). Do not wait for "
     "output.finished: each output carries the tokens so far, and streaming clients want every one.",
+)
+register_hints(
+    "lab9.continuous_schedule",
+    "This is lab 4's first exercise, unchanged: the server's engine calls your policy once per step, whoever the "
+    "requests came from.",
+    "Open lab 4, copy the body of the continuous_schedule that passed its check into this cell.",
+    "Running requests first (state.reserve, their num_missing_tokens), then admit from the head of state.waiting "
+    "while len(state.running) < state.max_num_seqs, the token budget and state.blocks.can_allocate allow.",
+)
+register_hints(
+    "lab9.admit",
+    "Seats free up in parallel: max_num_seqs of them, each held service_s seconds, so one frees every "
+    "service_s / max_num_seqs seconds on average.",
+    "The newcomer's place in line for a seat: running + waiting + 1 - max_num_seqs (0 or less: a seat is free). "
+    "Its wait: that place times the time between two seats freeing up. No service_s yet: admit.",
+    "Admit (None) if wait_s * 1000 <= promise_ms; otherwise return max(1, math.ceil(wait_s - promise_ms / 1000)).",
 )
 register_hints(
     "lab9.dashboard",
@@ -297,8 +461,14 @@ register_hints(
     "lab9.highest_rate",
     "A promise on p99 TPOT is about the slowest 1% of users, not the average one, and a lost request breaks it "
     "outright. Go up in load and stop at the first rate that breaks it.",
-    "For rate in sorted(rates): requests = measure(rate); if any request is not ok, or "
-    "np.percentile([r['tpot_ms'] for r in requests], 99) > promise_ms: stop. Otherwise remember the rate.",
+    "For rate in sorted(rates): requests = measure(rate); if any request is not ok, or for some metric, limit in "
+    "promise.items() np.percentile([r[metric] for r in requests], 99) > limit: stop. Otherwise remember the rate.",
     "Return the last rate that kept the promise, or None if the lowest already broke it; never measure past the "
     "first failure.",
+)
+register_hints(
+    "lab9.find_capacity",
+    "You have everything already: measure(url, rate, **LOAD) runs one load test, and highest_rate searches.",
+    "Give highest_rate a measure that takes only the rate: lambda rate: measure(url, rate, **LOAD).",
+    "return highest_rate(lambda rate: measure(url, rate, **LOAD), rates, promise)",
 )

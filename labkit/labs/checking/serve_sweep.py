@@ -4,8 +4,11 @@ A real sweep costs minutes per rate and its numbers move from run to run, so the
 the learner's search a ``measure(rate)`` that replays seeded measurements instead: each is the
 list of requests a ``labkit loadtest`` run at that rate would report, ``{"ok", "ttft_ms",
 "tpot_ms", "e2el_ms"}`` (a request the server refused or broke off has ``ok`` False and no
-latencies). Four situations each test one thing: a tail that only the p99 sees, a lost request,
-a rate that passes again above one that failed (noise), and a promise no rate keeps.
+latencies). A promise is a limit on the p99 of one or more of them, in ms, as
+``labkit loadtest --goodput`` takes it: ``{"ttft_ms": 1000, "tpot_ms": 80}``. Five situations
+each test one thing: a tail that only the p99 sees, a lost request, a rate that passes again
+above one that failed (noise), a promise no rate keeps, and a promise with two limits where the
+TTFT one breaks first.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from labkit.labs.checking.shared import rng
 
 RATES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 NUM_REQUESTS = 20
-SITUATIONS = ("tail", "lost", "noise", "hopeless")
+SITUATIONS = ("tail", "lost", "noise", "hopeless", "two limits")
 
 
 def _requests(r, tpot_range: tuple[float, float], promise_ms: float, over: int = 0, lost: int = 0) -> list[dict]:
@@ -37,8 +40,17 @@ def _requests(r, tpot_range: tuple[float, float], promise_ms: float, over: int =
     return requests
 
 
+def _queued(r, requests: list[dict], index: int, breaks: int) -> list[dict]:
+    """The same requests with TTFT growing with the load, as a queue does: past ``breaks``, seconds."""
+    factor = 1.0 + index if index < breaks else 40.0 * (index - breaks + 1)
+    return [{**request, "ttft_ms": round(request["ttft_ms"] * factor, 3)} for request in requests]
+
+
+TTFT_LIMIT_MS = 1000.0  # the TTFT limit of the two-limit situation; a queue of seconds breaks it
+
+
 def sweep_situations(seed: int) -> dict[str, Any]:
-    """The promise, the rates, and for each situation the measurements at every rate."""
+    """The rates, and for each situation its promise and the measurements at every rate."""
     r = rng(seed)
     promise_ms = float(r.choice((50, 80, 120)))
     situations = {}
@@ -47,7 +59,9 @@ def sweep_situations(seed: int) -> dict[str, Any]:
         runs = {}
         for index, rate in enumerate(RATES):
             low = (0.3 + 0.1 * index, 0.5 + 0.1 * index)  # latency grows with the load
-            if name == "hopeless" or index > breaks or (index == breaks and name == "tail"):
+            if name == "two limits":  # TPOT keeps its limit everywhere; the queue breaks TTFT's
+                runs[rate] = _queued(r, _requests(r, low, promise_ms), index, breaks)
+            elif name == "hopeless" or index > breaks or (index == breaks and name == "tail"):
                 # at the break: most requests fine (mean and median pass), a tail of 2 over the promise
                 runs[rate] = _requests(r, low, promise_ms, over=2 if index == breaks else NUM_REQUESTS)
             elif index == breaks and name == "lost":
@@ -58,23 +72,28 @@ def sweep_situations(seed: int) -> dict[str, Any]:
                 runs[rate] = _requests(r, low, promise_ms)
             if name == "noise" and index == breaks + 1:
                 runs[rate] = _requests(r, (0.3, 0.5), promise_ms)  # passes again: noise, not capacity
-        situations[name] = runs
-    return {"rates": list(RATES), "promise_ms": promise_ms, "situations": situations}
+        promise = {"ttft_ms": TTFT_LIMIT_MS, "tpot_ms": promise_ms} if name == "two limits" else {"tpot_ms": promise_ms}
+        situations[name] = {"promise": promise, "runs": runs}
+    return {"rates": list(RATES), "situations": situations}
 
 
-def keeps_promise(requests: list[dict], promise_ms: float) -> bool:
-    """labkit's rule: every request served, and p99 TPOT within the promise."""
+def p99(requests: list[dict], metric: str) -> float:
+    return float(np.percentile([request[metric] for request in requests], 99))
+
+
+def keeps_promise(requests: list[dict], promise: dict[str, float]) -> bool:
+    """labkit's rule: every request served, and the p99 of each metric of the promise within its limit."""
     if not all(request["ok"] for request in requests):
         return False
-    return float(np.percentile([request["tpot_ms"] for request in requests], 99)) <= promise_ms
+    return all(p99(requests, metric) <= limit for metric, limit in promise.items())
 
 
-def highest_rate_oracle(runs: dict[float, list[dict]], rates: list[float], promise_ms: float) -> dict[str, Any]:
+def highest_rate_oracle(runs: dict[float, list[dict]], rates: list[float], promise: dict[str, float]) -> dict[str, Any]:
     """labkit's answer (the rate below the first broken promise) and the rates it had to measure."""
     best, measured = None, []
     for rate in sorted(rates):
         measured.append(rate)
-        if not keeps_promise(runs[rate], promise_ms):
+        if not keeps_promise(runs[rate], promise):
             break
         best = rate
     return {"rate": best, "measured": measured}

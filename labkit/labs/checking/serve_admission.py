@@ -1,0 +1,95 @@
+"""Queue snapshots with known answers, for the learner's admission rule (lab 9).
+
+``admit(queue, promise_ms)`` sees what the server knows when a request arrives (a
+:class:`~labkit.serve.admission.QueueSnapshot`) and answers ``None`` to admit or the whole seconds
+for ``Retry-After``. The oracle gives labkit's rule (``labkit.serve.admission.retry_after``) on
+every situation, and also what each typical wrong rule would answer, so that a learner whose
+answers match a wrong rule is told which mistake it is, not just which situation failed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from labkit.serve.admission import QueueSnapshot, retry_after
+
+# (name, running, waiting, max_num_seqs, service_s, promise_ms)
+SITUATIONS = (
+    ("free seats", 3, 0, 8, 2.0, 1000.0),
+    ("nothing measured yet", 8, 30, 8, None, 1000.0),
+    ("at the promise", 8, 3, 8, 2.0, 1000.0),
+    ("one place too many", 8, 4, 8, 2.0, 1000.0),
+    ("four seats, one waiting", 4, 0, 4, 6.0, 2000.0),
+    ("a full house", 8, 6, 8, 2.0, 1000.0),
+    ("far over", 8, 40, 8, 2.0, 1000.0),
+    ("a small server", 2, 13, 2, 0.4, 1500.0),
+)
+
+
+WRONG_RULES = {
+    "the newcomer is not counted": "the newcomer needs a seat too: with it, running + waiting + 1 people want "
+    "max_num_seqs seats, so it is running + waiting + 1 - max_num_seqs -th in line",
+    "one seat at a time": "max_num_seqs seats free up in parallel, together one every service_s / max_num_seqs "
+    "seconds; place_in_line * service_s treats the server as a single seat",
+    "running requests ignored": "the requests already running hold the seats: they are ahead of the newcomer as much "
+    "as the waiting ones",
+    "a wait equal to the promise refused": "a predicted wait equal to the promise keeps it: refuse only when the wait "
+    "is over the promise",
+    "Retry-After in milliseconds": "Retry-After is in whole seconds (HTTP says so): ceil(wait_s - promise_ms / 1000)",
+    "Retry-After rounded down": "round the excess wait up (math.ceil) and never below 1 s: Retry-After 0 tells the "
+    "client to come back at once, into the same queue",
+    "seconds compared with milliseconds": "the wait is in seconds and the promise in milliseconds: convert one before "
+    "comparing (wait_s * 1000 <= promise_ms)",
+}
+
+
+def wrong_answer(rule: str, running: int, waiting: int, seats: int, service_s, promise_ms: float):
+    """What a learner who made this one mistake (a key of WRONG_RULES) would answer."""
+    if service_s is None:
+        return None
+    newcomer = 0 if rule == "the newcomer is not counted" else 1
+    ahead = 0 if rule == "running requests ignored" else running
+    place = max(0, ahead + waiting + newcomer - seats)
+    wait_s = place * service_s / (1 if rule == "one seat at a time" else seats)
+    limit_s = promise_ms if rule == "seconds compared with milliseconds" else promise_ms / 1000
+    keeps = wait_s < limit_s if rule == "a wait equal to the promise refused" else wait_s <= limit_s
+    if keeps:
+        return None
+    excess_s = wait_s - promise_ms / 1000
+    if rule == "Retry-After in milliseconds":
+        return max(1, math.ceil(excess_s * 1000))
+    if rule == "Retry-After rounded down":
+        return int(excess_s)
+    return max(1, math.ceil(excess_s))
+
+
+def snapshot(situation: list) -> QueueSnapshot:
+    _name, running, waiting, seats, service_s, _promise = situation
+    return QueueSnapshot(waiting=waiting, running=running, max_num_seqs=seats, service_s=service_s)
+
+
+def admission_inputs(seed: int) -> dict[str, Any]:
+    return {"situations": [list(s) for s in SITUATIONS]}
+
+
+def run_admit(functions, inputs) -> list:
+    """The learner's answer for each situation, as given (a number, None, or a description of anything else)."""
+    answers = []
+    for situation in inputs["situations"]:
+        answer = functions[0](snapshot(situation), situation[-1])
+        answers.append(answer if answer is None or isinstance(answer, (int, float)) else repr(answer))
+    return answers
+
+
+def admission_oracle(inputs) -> dict[str, Any]:
+    situations = inputs["situations"]
+    return {
+        "names": [s[0] for s in situations],
+        "answers": [retry_after(snapshot(s), s[-1]) for s in situations],
+        "wrong": {rule: [wrong_answer(rule, *s[1:]) for s in situations] for rule in WRONG_RULES},
+    }
+
+
+def describe(answer) -> str:
+    return "admit (None)" if answer is None else f"refuse with Retry-After {answer!r}"

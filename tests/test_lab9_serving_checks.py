@@ -1,0 +1,219 @@
+"""Lab 9's checks that need a real server or the grader's own measurement: the learner's policy
+behind ``labkit serve`` over HTTP, the admission rule, and the capacity sweep.
+
+Each passes the right answer and fails the typical mistakes, naming them. Servers are started on
+free loopback ports by the checks themselves and stopped by them. The capacity check's verdict
+compares two real sweeps, so its pass and fail cases are judged on fixed grader results, and one
+test runs the whole check (both sweeps) for the right answer.
+"""
+
+import math
+
+import pytest
+
+from labkit.engine.request import RequestStatus
+from labkit.engine.scheduler import SchedulerOutput
+from labkit.grading.checks import get_exercise
+from labkit.grading.feedback import evaluate
+from labkit.grading.result import FAIL, PASS
+from labkit.labs.checking.serve_admission import WRONG_RULES
+from labkit.labs.checking.serve_capacity import LOAD
+from labkit.labs.checking.serve_sweep import keeps_promise
+from labkit.serve.background import measure
+
+pytestmark = pytest.mark.lab9
+
+
+def verdict(exercise_id: str, function) -> str:
+    result = evaluate(exercise_id, function)
+    return f"{result.status}: {result.message}"
+
+
+# --- lab9.continuous_schedule ----------------------------------------------------------------------
+def continuous_schedule(state):
+    output = SchedulerOutput()
+    budget = state.max_num_batched_tokens
+    for request in list(state.running):
+        if request.status is not RequestStatus.RUNNING:
+            continue
+        num_new = request.num_missing_tokens
+        if state.reserve(request, num_new, output):
+            output.scheduled[request.request_id] = num_new
+            budget -= num_new
+    if output.preempted:
+        return output
+    while state.waiting and len(state.running) < state.max_num_seqs:
+        head = state.waiting[0]
+        num_new = head.num_missing_tokens
+        if num_new > budget or not state.blocks.can_allocate(head.request_id, num_new):
+            break
+        state.admit(head, num_new)
+        output.scheduled[head.request_id] = num_new
+        budget -= num_new
+    return output
+
+
+def static_schedule(state):
+    if state.running:
+        output = SchedulerOutput()
+        for request in list(state.running):
+            if state.reserve(request, request.num_missing_tokens, output):
+                output.scheduled[request.request_id] = request.num_missing_tokens
+        return output
+    return continuous_schedule(state)
+
+
+def raises_on_a_full_house(state):
+    if len(state.running) == state.max_num_seqs:
+        raise KeyError("no seat")
+    return continuous_schedule(state)
+
+
+def test_the_policy_passes_under_http():
+    assert verdict("lab9.continuous_schedule", continuous_schedule).startswith(PASS)
+
+
+@pytest.mark.parametrize(
+    "wrong, named",
+    [
+        (static_schedule, "slots were in use while"),
+        (raises_on_a_full_house, "raised KeyError"),
+    ],
+)
+def test_each_policy_mistake_fails_and_is_named(wrong, named):
+    got = verdict("lab9.continuous_schedule", wrong)
+    assert got.startswith(FAIL) and named in got, got
+
+
+def test_a_changed_answer_is_caught():
+    exercise = get_exercise("lab9.continuous_schedule")
+    expected = {"answers": [{"text": " Paris.", "settled": " Paris.", "near_tie": False}]}
+    got = {"answers": [{"text": " Lyon.", "error": None}], "decisions": [], "blocks_used_at_end": 0, "raised": []}
+    assert "decoded alone" in exercise.compare(expected, got).difference
+    leaked = {**got, "answers": [{"text": " Paris.", "error": None}], "blocks_used_at_end": 3}
+    joined = [
+        {
+            "prefill": {"r1": 5},
+            "scheduled": {"r0": 1, "r1": 5},
+            "running": 2,
+            "max_num_seqs": 4,
+            "waiting": 0,
+            "head_fits_whole": False,
+            "head_fits_chunk": False,
+            "preempted": [],
+        }
+    ]
+    assert "3 KV blocks" in exercise.compare(expected, {**leaked, "decisions": joined}).difference
+    assert "joined while another was decoding" in exercise.compare(expected, leaked).difference
+
+
+# --- lab9.admit ----------------------------------------------------------------------------------
+def admit(queue, promise_ms):
+    if queue.service_s is None:
+        return None
+    place = max(0, queue.running + queue.waiting + 1 - queue.max_num_seqs)
+    wait_s = place * queue.service_s / queue.max_num_seqs
+    if wait_s * 1000 <= promise_ms:
+        return None
+    return max(1, math.ceil(wait_s - promise_ms / 1000))
+
+
+def one_mistake(rule):
+    """An admit with exactly one of the typical mistakes."""
+
+    def wrong(queue, promise_ms):
+        if queue.service_s is None:
+            return None
+        newcomer = 0 if rule == "the newcomer is not counted" else 1
+        running = 0 if rule == "running requests ignored" else queue.running
+        place = max(0, running + queue.waiting + newcomer - queue.max_num_seqs)
+        wait_s = place * queue.service_s / (1 if rule == "one seat at a time" else queue.max_num_seqs)
+        limit = promise_ms if rule == "seconds compared with milliseconds" else promise_ms / 1000
+        if (wait_s < limit) if rule == "a wait equal to the promise refused" else (wait_s <= limit):
+            return None
+        if rule == "Retry-After in milliseconds":
+            return math.ceil((wait_s - promise_ms / 1000) * 1000)
+        if rule == "Retry-After rounded down":
+            return int(wait_s - promise_ms / 1000)
+        return max(1, math.ceil(wait_s - promise_ms / 1000))
+
+    return wrong
+
+
+def test_the_admission_rule_passes():
+    assert verdict("lab9.admit", admit).startswith(PASS)
+
+
+@pytest.mark.parametrize("rule", list(WRONG_RULES))
+def test_each_admission_mistake_fails_and_is_named(rule):
+    got = verdict("lab9.admit", one_mistake(rule))
+    assert got.startswith(FAIL) and rule in got and WRONG_RULES[rule][:30] in got, got
+
+
+def test_other_wrong_admissions_name_the_situation():
+    refuses_at_start = lambda queue, promise_ms: 1 if queue.service_s is None else admit(queue, promise_ms)  # noqa: E731
+    got = verdict("lab9.admit", refuses_at_start)
+    assert got.startswith(FAIL) and "'nothing measured yet'" in got, got
+
+    def no_rounding(queue, promise_ms):
+        answer = admit(queue, promise_ms)
+        return None if answer is None else max(0, queue.running + queue.waiting + 1 - queue.max_num_seqs) * 0.25
+
+    got = verdict("lab9.admit", no_rounding)
+    assert got.startswith(FAIL) and "'one place too many'" in got, got
+
+
+# --- lab9.find_capacity --------------------------------------------------------------------------
+def highest_rate(measure_rate, rates, promise):
+    best = None
+    for rate in sorted(rates):
+        if not keeps_promise(measure_rate(rate), promise):
+            break
+        best = rate
+    return best
+
+
+def find_capacity(url, rates, promise):
+    return highest_rate(lambda rate: measure(url, rate, **LOAD), rates, promise)
+
+
+PROMISE = {"ttft_ms": 600.0, "tpot_ms": 140.0}
+GRADER = {
+    "rate": 2.0,
+    "promise": PROMISE,
+    "p99": {
+        "1.0": {"ttft_ms": 180.0, "tpot_ms": 80.0},
+        "2.0": {"ttft_ms": 420.0, "tpot_ms": 85.0},
+        "4.0": {"ttft_ms": 1100.0, "tpot_ms": 90.0},
+    },
+    "rates": [1.0, 2.0, 4.0, 8.0, 16.0],
+}
+MINE = {"promise": {"ttft_ms": 640.0, "tpot_ms": 150.0}}
+
+
+@pytest.mark.parametrize("reported", [1.0, 2.0, 4.0])
+def test_a_rate_within_a_step_of_the_graders_passes(reported):
+    compare = get_exercise("lab9.find_capacity").compare
+    assert compare(GRADER, {**MINE, "rate": reported}) is None
+
+
+@pytest.mark.parametrize(
+    "reported, named",
+    [
+        (16.0, "3 steps of the grid above"),
+        (8.0, "2 steps of the grid above"),
+        (None, "2 steps of the grid below"),
+        (3.0, "one of the rates you were given"),
+        ("fast", "'fast'"),
+    ],
+)
+def test_a_rate_far_from_the_graders_fails(reported, named):
+    mismatch = get_exercise("lab9.find_capacity").compare(GRADER, {**MINE, "rate": reported})
+    assert mismatch is not None and named in mismatch.difference, mismatch
+    if "rates you were given" not in mismatch.difference:
+        assert "4 req/s TTFT 1100 ms, TPOT 90 ms" in mismatch.difference, mismatch
+
+
+def test_the_sweep_passes_against_the_graders_own():
+    """Both halves for real: the learner's sweep of one server, the grader's own sweep of another."""
+    assert verdict("lab9.find_capacity", find_capacity).startswith(PASS)
