@@ -1,10 +1,11 @@
 """``labkit grade`` grades the real labs: solved exercises earn every point, handed-out blanks none.
 
 The demo grader test uses a toy lab; these make sure labs whose checks run the engine on a
-learner's pieces (lab 7's allocator, lab 8's speculation, lab 9's server loop), graded with a
-seed of their own, go through the same path. The submissions keep each notebook's first code
+learner's pieces (lab 7's allocator, lab 8's speculation, lab 9's server loop, policy and sweep),
+graded with a seed of their own, go through the same path. The submissions keep each notebook's first code
 cell (its imports) and its exercise cells: the measurements and the server demos would only cost
-time, and no check depends on them (test_lab9_sandbox covers the loopback lab 9's demos need).
+time, and no check depends on them (lab 9's checks that start servers run in the sandbox here, on
+its loopback).
 """
 
 from __future__ import annotations
@@ -34,7 +35,17 @@ GRADED = [
         marks=pytest.mark.lab8,
     ),
     pytest.param(
-        "lab9_serving", {"lab9.engine_turn", "lab9.dashboard", "lab9.highest_rate"}, False, marks=pytest.mark.lab9
+        "lab9_serving",
+        {
+            "lab9.engine_turn",
+            "lab9.continuous_schedule",
+            "lab9.dashboard",
+            "lab9.admit",
+            "lab9.highest_rate",
+            "lab9.find_capacity",
+        },
+        True,
+        marks=pytest.mark.lab9,
     ),
 ]
 

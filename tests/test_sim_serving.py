@@ -125,8 +125,10 @@ def test_with_the_servers_tokenizer_the_simulator_computes_the_servers_prompts(s
     assert without.p99_ttft_ms == pytest.approx(CPU_LIKE.pass_time(32, 0) * 1000)
 
 
-def prediction(rate: float, p99_tpot_ms: float, completed: int = 6, num_requests: int | None = 6) -> RatePrediction:
-    return RatePrediction(rate, p99_tpot_ms, p99_tpot_ms / 2, 100.0, completed, num_requests)
+def prediction(
+    rate: float, p99_tpot_ms: float, completed: int = 6, num_requests: int | None = 6, ttft: float = 100.0
+) -> RatePrediction:
+    return RatePrediction(rate, p99_tpot_ms, p99_tpot_ms / 2, ttft, completed, num_requests)
 
 
 def test_highest_rate_stops_at_the_first_broken_promise():
@@ -140,6 +142,8 @@ def test_highest_rate_stops_at_the_first_broken_promise():
 def test_no_rate_when_the_lowest_breaks_the_promise_or_loses_a_request():
     sweep = [prediction(1, 50), prediction(2, 80)]
     assert predicted_highest_rate(sweep, promise_ms=40) is None
+    ttft_first = [prediction(rate, 50.0, ttft=100.0 * rate) for rate in (1, 2, 4)]
+    assert predicted_highest_rate(ttft_first, promise_ms=100, ttft_promise_ms=250) == 2  # TTFT 400 ms at 4 breaks it
     assert predicted_highest_rate([], promise_ms=40) is None
     lossy = [prediction(1, 50, completed=5), prediction(2, 60)]
     assert predicted_highest_rate(lossy, promise_ms=100) is None  # a lost request breaks any promise

@@ -39,6 +39,9 @@ class Exercise:
       model wherever there is one).
     - `compare(expected, got)`: None when right, else the first `Mismatch`.
     - `tested`: one line saying what is checked; `hint`: what to look at when it fails.
+    - `measured_once`: the oracle measures this machine (a load test) rather than computing from
+      the seed: its inputs do not depend on the seed, and one measurement per process serves
+      every submission (and every re-run of the check), so grading a class costs one, not sixty.
     """
 
     id: str
@@ -50,6 +53,7 @@ class Exercise:
     hint: str
     points: float = 1.0
     run: Callable[[Sequence[Callable[..., Any]], Any], Any] = call_first_function
+    measured_once: bool = False
 
     @property
     def lab(self) -> str:

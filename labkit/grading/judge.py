@@ -39,9 +39,16 @@ def verdict(exercise: Exercise, status: str, detail: str = "", hint: str | None 
     )
 
 
+_measured: dict[str, Any] = {}  # exercise id -> the oracle's one measurement in this process
+
+
 def expected_outputs(exercise: Exercise, seed: int) -> Any:
-    """The oracle's outputs for the inputs this seed gives."""
-    return exercise.oracle(exercise.make_inputs(seed))
+    """The oracle's outputs for the inputs this seed gives (measured once per process, if it measures)."""
+    if not exercise.measured_once:
+        return exercise.oracle(exercise.make_inputs(seed))
+    if exercise.id not in _measured:
+        _measured[exercise.id] = exercise.oracle(exercise.make_inputs(seed))
+    return _measured[exercise.id]
 
 
 def judge(exercise: Exercise, attempt: Attempt, expected: Any) -> CheckResult:

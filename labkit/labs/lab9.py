@@ -417,6 +417,7 @@ register(
             "the same rates with labkit's rule: your rate must be within one step of the grid of the grader's",
             hint="find_capacity(url, rates, promise) = highest_rate(a measure that loads url with LOAD, rates, "
             "promise).",
+            measured_once=True,
         )
     )
 )

@@ -152,16 +152,21 @@ def predict_sweep(
     return predictions
 
 
-def keeps_promise(prediction: RatePrediction, promise_ms: float) -> bool:
-    """Nothing lost and p99 TPOT within ``promise_ms``, as :func:`labkit.serve.loadtest.keeps_promise` asks."""
-    return prediction.lost == 0 and prediction.p99_tpot_ms <= promise_ms
+def keeps_promise(prediction: RatePrediction, promise_ms: float, ttft_promise_ms: float | None = None) -> bool:
+    """Nothing lost and p99 TPOT within ``promise_ms``, as :func:`labkit.serve.loadtest.keeps_promise` asks
+    (and p99 TTFT within ``ttft_promise_ms`` when there is one)."""
+    ttft_kept = ttft_promise_ms is None or prediction.p99_ttft_ms <= ttft_promise_ms
+    return prediction.lost == 0 and prediction.p99_tpot_ms <= promise_ms and ttft_kept
 
 
-def predicted_highest_rate(predictions: Iterable[RatePrediction], promise_ms: float) -> float | None:
-    """The same rule as labkit loadtest's best_rate: the highest rate below the first whose p99 TPOT breaks it."""
+def predicted_highest_rate(
+    predictions: Iterable[RatePrediction], promise_ms: float, ttft_promise_ms: float | None = None
+) -> float | None:
+    """The same rule as labkit loadtest's best_rate: the highest rate below the first whose p99 TPOT (or,
+    with ``ttft_promise_ms``, p99 TTFT) breaks the promise."""
     best = None
     for prediction in sorted(predictions, key=lambda p: p.rate):
-        if not keeps_promise(prediction, promise_ms):
+        if not keeps_promise(prediction, promise_ms, ttft_promise_ms):
             break
         best = prediction.rate
     return best
