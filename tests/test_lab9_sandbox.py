@@ -1,11 +1,10 @@
-"""Lab 9 under the grader: its checks need no network, and the loopback its notebook serves on exists in the sandbox.
+"""Lab 9 under the grader: most checks need no network, and the loopback the rest use exists in the sandbox.
 
 The grader runs each submission in a bubblewrap sandbox with a network namespace of its own.
-The checks judge the learner's functions without a socket (scripted clients, stored scrapes,
-replayed load tests), so they grade the same there; the notebook's own cells start ``labkit
-serve`` on 127.0.0.1, which works because the namespace has its own loopback. A whole graded
-run of lab 9 (solved 6/6, handed out 0/6) takes minutes, so it is described in the README and
-not repeated here.
+Three checks judge the learner's functions without a socket (scripted clients, stored scrapes,
+replayed load tests); two (the learner's policy behind a server, their SLO sweep) and the
+notebook's own cells start ``labkit serve`` on 127.0.0.1, which works because the namespace has
+its own loopback. The whole graded run is tests/test_grading_labs.py's.
 """
 
 import socket

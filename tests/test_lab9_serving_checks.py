@@ -9,10 +9,11 @@ whole check, both sweeps for real, runs on the right answer in the solved lab 9 
 """
 
 import math
+from pathlib import Path
 
+import nbformat
 import pytest
 
-from labkit.engine.request import RequestStatus
 from labkit.engine.scheduler import SchedulerOutput
 from labkit.grading.checks import get_exercise
 from labkit.grading.feedback import evaluate
@@ -20,6 +21,7 @@ from labkit.grading.result import FAIL, PASS
 from labkit.labs.checking.serve_admission import WRONG_RULES
 
 pytestmark = pytest.mark.lab9
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def verdict(exercise_id: str, function) -> str:
@@ -28,27 +30,17 @@ def verdict(exercise_id: str, function) -> str:
 
 
 # --- lab9.continuous_schedule ----------------------------------------------------------------------
-def continuous_schedule(state):
-    output = SchedulerOutput()
-    budget = state.max_num_batched_tokens
-    for request in list(state.running):
-        if request.status is not RequestStatus.RUNNING:
-            continue
-        num_new = request.num_missing_tokens
-        if state.reserve(request, num_new, output):
-            output.scheduled[request.request_id] = num_new
-            budget -= num_new
-    if output.preempted:
-        return output
-    while state.waiting and len(state.running) < state.max_num_seqs:
-        head = state.waiting[0]
-        num_new = head.num_missing_tokens
-        if num_new > budget or not state.blocks.can_allocate(head.request_id, num_new):
-            break
-        state.admit(head, num_new)
-        output.scheduled[head.request_id] = num_new
-        budget -= num_new
-    return output
+def solved(name: str):
+    """The function ``name`` as lab 9's solved notebook defines it (its import cell run first)."""
+    cells = nbformat.read(ROOT / "labs" / "source" / "lab9_serving.ipynb", as_version=4).cells
+    code = [c.source for c in cells if c.cell_type == "code"]
+    namespace: dict = {}
+    exec(code[0], namespace)
+    exec(next(source for source in code if source.startswith(f"def {name}(")), namespace)
+    return namespace[name]
+
+
+continuous_schedule = solved("continuous_schedule")
 
 
 def static_schedule(state):
@@ -106,14 +98,7 @@ def test_a_changed_answer_is_caught():
 
 
 # --- lab9.admit ----------------------------------------------------------------------------------
-def admit(queue, promise_ms):
-    if queue.service_s is None:
-        return None
-    place = max(0, queue.running + queue.waiting + 1 - queue.max_num_seqs)
-    wait_s = place * queue.service_s / queue.max_num_seqs
-    if wait_s * 1000 <= promise_ms:
-        return None
-    return max(1, math.ceil(wait_s - promise_ms / 1000))
+admit = solved("admit")
 
 
 def one_mistake(rule):

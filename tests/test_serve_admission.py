@@ -167,6 +167,15 @@ def hooked(model):
         yield server
 
 
+def post_with_hook_answer(hooked, value) -> httpx.Response:
+    """One request while the hook answers ``value`` (then it admits again)."""
+    hooked.answer["value"] = value
+    try:
+        return httpx.post(hooked.url + "/v1/completions", json=body(hooked.name, 4), timeout=60)
+    finally:
+        hooked.answer["value"] = None
+
+
 @pytest.mark.parametrize(
     "bad, said",
     [
@@ -179,11 +188,7 @@ def hooked(model):
     ids=["negative", "text", "nan", "bool", "raises"],
 )
 def test_a_broken_hook_gives_500_naming_it_and_the_server_survives(hooked, bad, said):
-    hooked.answer["value"] = bad
-    try:
-        broken = httpx.post(hooked.url + "/v1/completions", json=body(hooked.name, 4), timeout=60)
-    finally:
-        hooked.answer["value"] = None
+    broken = post_with_hook_answer(hooked, bad)
     assert broken.status_code == 500
     error = broken.json()["error"]
     assert error["code"] == "admission_hook_failed"
@@ -195,11 +200,7 @@ def test_a_broken_hook_gives_500_naming_it_and_the_server_survives(hooked, bad, 
 
 @pytest.mark.parametrize("seconds, header", [(0, "0"), (2, "2"), (2.1, "3")])
 def test_a_hook_answer_becomes_a_whole_retry_after(hooked, seconds, header):
-    hooked.answer["value"] = seconds
-    try:
-        refused = httpx.post(hooked.url + "/v1/completions", json=body(hooked.name, 4), timeout=60)
-    finally:
-        hooked.answer["value"] = None
+    refused = post_with_hook_answer(hooked, seconds)
     assert refused.status_code == 503 and refused.headers["Retry-After"] == header
 
 

@@ -88,6 +88,12 @@ def test_a_request_that_can_never_fit_is_rejected_not_lost():
     assert [r.finish_reason for r in trace.requests] == ["length", "rejected"]
 
 
+def test_a_rejected_last_request_ends_the_run_with_every_request_accounted_for():
+    trace = simulate(replay_workload([0.0, 1.0], [20, 600], [12, 12]), COST, num_blocks=256, max_model_len=512)
+    reasons = [record.finish_reason for record in trace.requests]
+    assert reasons[0] in ("length", "stop") and reasons[1] == "rejected"
+
+
 def test_the_trace_is_the_engines_format(tmp_path):
     trace = simulate(sale_workload(20, seed=4), COST, "chunked", num_blocks=BLOCKS)
     path = tmp_path / "sim.json"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -39,8 +40,9 @@ def load_model(
         source, display = name, Path(name).name or name
     local_only = not Path(str(source)).is_dir()
     try:
-        hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_only)
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+        with _progress_bars(progress):
+            hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_only)
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
     except OSError as err:
         if name in DEFAULT_NAMES:
             raise default_model.ModelCacheError(default_model._corrupt(Path(source), str(err))) from err
@@ -53,6 +55,19 @@ def load_model(
     if device.type == "cpu":
         use_cpu_threads()
     return LlamaModel(hf, ModelConfig.from_hf(hf.config, display), tokenizer, prepack=prepack)
+
+
+@contextlib.contextmanager
+def _progress_bars(shown: bool):
+    """transformers' progress bars (its "Loading weights" bar) as asked, then as they were."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if shown else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
 
 
 TINY_SHAPE = dict(

@@ -134,8 +134,8 @@ def simulate(
                 index, upcoming = next(arrivals, (None, None))
             outcome = core.step(now, execute)
             bar.update(len(outcome.rejected) + sum(request.is_finished for request in outcome.progressed))
-            if outcome.record is None:
-                now = upcoming.arrival_time  # idle until the next arrival
-            else:
+            if outcome.record is not None:
                 now = outcome.record.end
+            elif upcoming is not None:
+                now = upcoming.arrival_time  # idle until the next arrival
     return core.trace
