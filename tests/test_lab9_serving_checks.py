@@ -17,7 +17,7 @@ import pytest
 from labkit.engine.scheduler import SchedulerOutput
 from labkit.grading.checks import get_exercise
 from labkit.grading.feedback import evaluate
-from labkit.grading.result import FAIL, PASS
+from labkit.grading.result import FAIL, NOT_DONE, PASS
 from labkit.labs.checking.serve_admission import WRONG_RULES
 
 pytestmark = pytest.mark.lab9
@@ -182,3 +182,17 @@ def test_a_rate_far_from_the_graders_fails(reported, named):
     assert mismatch is not None and named in mismatch.difference, mismatch
     if "rates you were given" not in mismatch.difference:
         assert "4 req/s TTFT 1100 ms, TPOT 90 ms" in mismatch.difference, mismatch
+
+
+def test_a_blank_sweep_is_not_done_before_any_server_starts(monkeypatch):
+    from labkit.labs.checking import serve_capacity
+
+    def no_server():
+        raise AssertionError("a server was started for a blank exercise")
+
+    monkeypatch.setattr(serve_capacity, "server_llm", no_server)
+
+    def find_capacity(url, rates, promise):
+        raise NotImplementedError("Exercise lab9.find_capacity: replace this line with your code")
+
+    assert evaluate("lab9.find_capacity", find_capacity).status == NOT_DONE
