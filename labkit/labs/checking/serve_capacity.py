@@ -2,14 +2,13 @@
 
 The promise is relative to the machine (a GPU is far faster than two CPU cores): p99 time to
 first token within ``TTFT_FACTOR`` times, and p99 time per output token within ``TPOT_FACTOR``
-times, what one user alone sees on the same server. The run half (the notebook's kernel) starts a
-server, measures that promise and hands the learner's ``find_capacity(url, rates, promise)`` the
-server; the oracle (the grader's own process) starts
-its own server and sweeps with labkit's rule. Two sweeps of a few requests on a shared machine
-never agree exactly, so the learner's rate passes if it is within ``TOLERANCE_STEPS`` rate of the
-grid from the grader's: far enough to absorb noise, close enough to catch a sweep that measured
-the wrong thing (a promise in the wrong unit, another load, the first failing rate of a noisy
-pair reported as capacity two steps up).
+times, what one user alone sees on the same server. The run half (the notebook's kernel) starts
+a server, measures that promise there and runs the learner's ``find_capacity(url, rates,
+promise)`` against it; the oracle (the grader's own process) starts its own server, measures its
+own promise and sweeps with labkit's rule. Two sweeps of a few requests on a shared machine
+never agree exactly, so the learner's rate passes within ``TOLERANCE_STEPS`` step of the rate
+grid from the grader's: wide enough for noise, narrow enough to catch a sweep that measured the
+wrong thing (a limit in the wrong unit, another load, a promise ignored).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ alone (up to a near-tie, where two tokens are too close for batched arithmetic t
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -53,7 +54,7 @@ def stream_completion(url: str, prompt: str, max_tokens: int, delay_s: float) ->
             for line in response.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                event = httpx.Response(200, content=line[6:]).json()
+                event = json.loads(line.removeprefix("data: "))
                 if "error" in event:
                     error = event["error"]["message"]
                     break
