@@ -14,7 +14,7 @@ import pytest
 from test_serve import chat_model, make_llm, scrape, slow_attention
 
 from labkit.cli import main
-from labkit.metrics import summarize
+from labkit.metrics import Distribution, summarize
 from labkit.serve.loadtest import api_base, best_rate, make_workload, run_load
 from labkit.serve.server import ServerThread
 
@@ -90,6 +90,10 @@ def test_a_sweep_finds_the_highest_rate_within_the_promise(server):
     # a rate that passes above one that failed is noise: the promise must hold at every load below it
     assert best_rate({**lossy, 160.0: summaries[5.0]}, promise_ms=1e9) == 40.0
     assert best_rate({**summaries, 1.0: replace(summaries[5.0], num_completed=5)}, promise_ms=1e9) is None
+    # with a TTFT limit too: a rate whose p99 TTFT is over it breaks the promise, however fast its tokens
+    slow_start = replace(summaries[40.0], ttft_ms=Distribution(summaries[40.0].ttft_ms.values + 10_000.0))
+    assert best_rate({5.0: summaries[5.0], 40.0: slow_start}, promise_ms=1e9, ttft_promise_ms=9_000.0) == 5.0
+    assert best_rate({5.0: summaries[5.0], 40.0: slow_start}, promise_ms=1e9) == 40.0
 
 
 def test_workloads_and_urls():
@@ -139,5 +143,7 @@ def test_the_sweep_command_reports_the_best_rate_and_draws_it(server, tmp_path, 
     result = json.loads(capsys.readouterr().out)
     assert [run["request_rate"] for run in result["runs"]] == [10.0, 20.0] and result["best_rate"] == 20.0
     assert plot.stat().st_size > 0
+    assert main([*argv, "--ttft-promise-ms", "1e-9"]) == 0  # no first token is that fast
+    assert "p99 TTFT <= 1e-09 ms and nothing lost: none of these" in capsys.readouterr().out
     assert main([*argv[:-4], "--plot", str(plot)]) == 2  # one rate is no curve: refused with a message
     assert "--plot draws latency against rate" in capsys.readouterr().err

@@ -186,12 +186,14 @@ def api_base(url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
-def keeps_promise(summary: Summary, promise_ms: float) -> bool:
-    """Every request served, and p99 TPOT within ``promise_ms`` (a lost request breaks any promise)."""
-    return summary.num_completed == summary.num_requests and summary.tpot_ms.p99 <= promise_ms
+def keeps_promise(summary: Summary, promise_ms: float, ttft_promise_ms: float | None = None) -> bool:
+    """Every request served, p99 TPOT within ``promise_ms`` and, if given, p99 TTFT within
+    ``ttft_promise_ms`` (a lost request breaks any promise)."""
+    ttft_kept = ttft_promise_ms is None or summary.ttft_ms.p99 <= ttft_promise_ms
+    return summary.num_completed == summary.num_requests and summary.tpot_ms.p99 <= promise_ms and ttft_kept
 
 
-def best_rate(summaries: dict[float, Summary], promise_ms: float) -> float | None:
+def best_rate(summaries: dict[float, Summary], promise_ms: float, ttft_promise_ms: float | None = None) -> float | None:
     """The highest rate below the first (lowest) rate that breaks the promise, or None if the lowest does.
 
     A rate that happens to pass above one that failed is noise, not capacity: the promise has to
@@ -199,7 +201,7 @@ def best_rate(summaries: dict[float, Summary], promise_ms: float) -> float | Non
     """
     best = None
     for rate in sorted(summaries):
-        if not keeps_promise(summaries[rate], promise_ms):
+        if not keeps_promise(summaries[rate], promise_ms, ttft_promise_ms):
             break
         best = rate
     return best
@@ -254,7 +256,9 @@ def format_bench(summary: Summary, max_concurrency: int | None = None, errors: l
     return "\n".join(lines)
 
 
-def format_sweep(summaries: dict[float, Summary], promise_ms: float | None) -> str:
+def format_sweep(
+    summaries: dict[float, Summary], promise_ms: float | None, ttft_promise_ms: float | None = None
+) -> str:
     """One line per rate, and the highest rate that kept the promise."""
     lines = [
         f"{'rate (req/s)':>12}{'served':>9}{'req/s':>9}{'out tok/s':>11}{'p99 TTFT':>10}{'p99 TPOT':>10}",
@@ -266,9 +270,10 @@ def format_sweep(summaries: dict[float, Summary], promise_ms: float | None) -> s
             f"{s.output_throughput:>11.1f}{s.ttft_ms.p99:>10.1f}{s.tpot_ms.p99:>10.1f}"
         )
     if promise_ms is not None:
-        best = best_rate(summaries, promise_ms)
+        best = best_rate(summaries, promise_ms, ttft_promise_ms)
+        ttft = "" if ttft_promise_ms is None else f", p99 TTFT <= {ttft_promise_ms:g} ms"
         lines.append(
-            f"highest rate with p99 TPOT <= {promise_ms:g} ms and nothing lost: "
+            f"highest rate with p99 TPOT <= {promise_ms:g} ms{ttft} and nothing lost: "
             + (f"{best:g} req/s" if best is not None else "none of these")
         )
     return "\n".join(lines)
