@@ -7,7 +7,8 @@
 Streams every request through ``/v1/chat/completions`` with the ``openai`` client and prints
 the table ``vllm bench serve`` prints (TTFT, TPOT, ITL, E2EL: mean, median, p99; throughput;
 goodput with ``--goodput``). Several rates make a sweep that finds the highest rate whose p99
-TPOT stays within ``--promise-ms`` (and p99 TTFT within ``--ttft-promise-ms``, if given). Prompt lengths come from the server's usage counts.
+TPOT stays within ``--promise-ms`` (and p99 TTFT within ``--ttft-promise-ms``, if given).
+Prompt lengths come from the server's usage counts.
 """
 
 from __future__ import annotations
