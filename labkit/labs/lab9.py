@@ -412,7 +412,7 @@ register(
             run=run_capacity,
             oracle=capacity_oracle,
             compare=_compare_capacity,
-            tested="your sweep runs against a fresh labkit serve (4 seats) with a promise of 5x the TTFT and 2x the "
+            tested="your sweep runs against a fresh labkit serve (4 seats) with a promise of 5x the TTFT and 3x the "
             "TPOT one user alone sees there; the grader starts its own server, measures its own promise and sweeps "
             "the same rates with labkit's rule: your rate must be within one step of the grid of the grader's",
             hint="find_capacity(url, rates, promise) = highest_rate(a measure that loads url with LOAD, rates, "
