@@ -5,7 +5,12 @@ PY    := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.labkit-installed
 
-.PHONY: all setup model book test lint labs lab clean
+# The suite shares the machine's cores: two pytest-xdist workers (each module stays on one worker,
+# see tests/conftest.py). PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
+
+.PHONY: all setup model book test test-busy lint labs lab clean
 
 all: book
 
@@ -28,8 +33,13 @@ book: model
 	$(VENV)/bin/jupyter-book build . -W --keep-going
 	@echo "Book: $(CURDIR)/_build/html/index.html"
 
-test: setup lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+# The model is converted once, before the workers start, so no two of them convert it at once.
+test: setup lint model
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# The tests whose verdicts a slow machine could move, run again with two cores kept busy beside them.
+test-busy: setup model
+	$(PY) -m pytest -m timing --busy 2 $(PYTEST_ARGS)
 
 # Lint and format check first: seconds, and a failure there needs no model to explain it.
 lint: setup

@@ -1,7 +1,19 @@
-"""Shared fixtures: the default model loaded once per test session, and both matmul paths."""
+"""Shared fixtures: the default model loaded once per test session, both matmul paths, the suite under load.
+
+Also how the suite shares two cores (`pytest -n 2`, pytest-xdist): every test module stays on one
+worker, so its module fixtures (a graded class, a built book, a running server) are made once,
+except the modules listed in ``SPREAD``, whose tests are independent and each costs minutes.
+"""
 
 import pytest
 import torch
+
+from labkit.bench.busy import busy_cores
+
+# Modules whose tests each stand alone (one notebook executed or graded per test): spread over the workers.
+SPREAD = {"test_labs_execute.py", "test_grading_labs.py"}
+# Modules that share one fixture through module state: they must run on the same worker.
+SAME_WORKER = {"test_book.py": "book", "test_browser_book.py": "book"}
 
 MATMUL_PATHS = ("prepacked", "plain")
 _default_models: dict = {}
@@ -74,3 +86,38 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep N cores busy with spin loops for the whole run (a machine that is not idle); "
+        "CI runs the tests marked `timing` this way",
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def busy_machine(request):
+    """With ``--busy N``, N spin loops run beside the tests from the first test to the last (under
+    pytest-xdist, in the first worker only: N for the whole run, not N per worker)."""
+    worker = getattr(request.config, "workerinput", {}).get("workerid", "gw0")
+    with busy_cores(request.config.getoption("--busy") if worker == "gw0" else 0):
+        yield
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist's ``--dist loadgroup``: keep each module on one worker, except ``SPREAD``.
+
+    Runs before xdist reads the groups. The costliest tests go first, so no worker is left with a
+    long notebook at the end while the other waits.
+    """
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            name = item.path.name
+            if name not in SPREAD:
+                item.add_marker(pytest.mark.xdist_group(SAME_WORKER.get(name, name)))
+    items.sort(key=lambda item: item.path.name not in SPREAD)

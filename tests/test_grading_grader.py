@@ -21,8 +21,16 @@ from labkit.grading import sandbox
 from labkit.grading.grader import kernel_env
 from labkit.grading.submissions import SubmissionError, infer_lab, read_notebook, submission_names
 
+pytestmark = pytest.mark.timing  # its verdicts hold on a busy machine: CI proves it with --busy 2
+
 FIXTURES = Path(__file__).parent / "fixtures" / "grading"
 EXAMPLE_WORKFLOW = Path(__file__).resolve().parents[1] / "labkit" / "grading" / "examples" / "grade-labs.yml"
+# What the timeouts prove, and why these numbers: the hanging cells block for ever (a sleep of
+# 30 years), so they reach any limit; every other cell of these notebooks takes well under a second
+# on an idle machine, so 30 s leaves them a margin of more than 30x for a busy one. No verdict here
+# races a timer: a cell either never ends or ends far inside its limit.
+CELL_TIMEOUT_S = 30
+TOTAL_TIMEOUT_S = 300
 SUBMISSIONS = {  # the slowest first, since three are graded at a time
     "hangs": FIXTURES / "hangs.ipynb",
     "kills_kernel": FIXTURES / "kills_kernel.ipynb",
@@ -63,9 +71,9 @@ def grade_the_class(paths, out):
             "--lab",
             "demo",
             "--cell-timeout",
-            "10",  # short, so the hanging cells cost little; long enough for a busy machine's kernels
+            str(CELL_TIMEOUT_S),
             "--total-timeout",
-            "60",
+            str(TOTAL_TIMEOUT_S),
             "--jobs",
             "3",
             *(["--no-sandbox"] if sandbox.sandbox_problem() else []),  # this class is about awkward notebooks
@@ -174,7 +182,9 @@ def test_without_a_sandbox_only_one_submission_is_graded_unless_told(tmp_path, c
     assert "cannot grade 2 submissions together" in printed and "(bwrap not found)" in printed
     assert "apt-get install bubblewrap" in printed and "--no-sandbox" in printed
     assert not list(tmp_path.iterdir())
-    assert main(["grade", notebook, "--out", str(tmp_path), "--lab", "demo", "--cell-timeout", "10"]) == 0
+    assert (
+        main(["grade", notebook, "--out", str(tmp_path), "--lab", "demo", "--cell-timeout", str(CELL_TIMEOUT_S)]) == 0
+    )
     assert "without a sandbox: bwrap not found" in capsys.readouterr().out
     assert json.loads((tmp_path / "empty.json").read_text())["error"] is None
 

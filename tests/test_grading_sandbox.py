@@ -102,7 +102,7 @@ def attacked_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
         patch.setenv("LABKIT_CACHE", str(cache.parent))
         code = main(
-            ["grade", *map(str, paths), "--out", str(out), "--lab", "demo", "--cell-timeout", "10", "--jobs", "3"]
+            ["grade", *map(str, paths), "--out", str(out), "--lab", "demo", "--cell-timeout", "30", "--jobs", "3"]
         )
     time.sleep(1)  # time for a surviving process to do its damage
     changed = [str(path) for path, data in before.items() if path.read_bytes() != data]
