@@ -112,7 +112,7 @@ def test_a_held_prefix_is_let_go_by_free_and_a_second_lookup_is_refused():
 
 
 def test_prefix_caching_with_a_plain_allocator_is_refused_by_name():
-    with pytest.raises(ValueError, match="BlockAllocator cannot"):
+    with pytest.raises(TypeError, match="BlockAllocator lacks them.*lab 7.*or turn prefix caching off"):
         SchedulerState(BlockAllocator(8, B), 4, 64, 64, enable_prefix_caching=True)
     SchedulerState(PrefixCachingBlockAllocator(8, B), 4, 64, 64, enable_prefix_caching=True)
 

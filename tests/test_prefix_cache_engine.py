@@ -78,7 +78,10 @@ def test_asking_for_prefix_caching_with_a_plain_allocator_names_it(model):
     class LearnersAllocator(BlockAllocator):
         pass
 
-    with pytest.raises(ValueError, match="LearnersAllocator cannot"):
+    with pytest.raises(
+        TypeError,
+        match="prefix caching needs .* take_cached_prefix, cache_full_blocks, and LearnersAllocator lacks them.*lab 7",
+    ):
         LLM(model, num_blocks=8, block_allocator=LearnersAllocator, enable_prefix_caching=True)
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
+from labkit.engine.interfaces import Proposer
 from labkit.engine.request import Request
 from labkit.engine.scheduler.base import SchedulerPolicy, SchedulerState
+from labkit.spec.rollback import rollback_blocks
 from labkit.trace import StepRecord, Trace
 
 
@@ -44,20 +46,6 @@ class Batch:
 Executor = Callable[[Batch, float], tuple[dict[str, "int | list[int]"], float]]
 
 
-class Proposer(Protocol):
-    """Speculative decoding's drafting side, as the step loop sees it (no tensors): see :mod:`labkit.spec`."""
-
-    num_speculative_tokens: int
-
-    def propose(self, request: Request, k: int) -> tuple[list[int], object]:
-        """Up to ``k`` draft tokens to follow ``request``'s sequence, and their draft probabilities (or None)."""
-        ...
-
-    def rollback(self, request: Request, num_rejected: int, blocks) -> None:
-        """Undo the KV of ``num_rejected`` draft tokens (see :func:`labkit.spec.rollback`)."""
-        ...
-
-
 @dataclass
 class StepOutcome:
     """What one call of :meth:`EngineCore.step` changed."""
@@ -80,6 +68,7 @@ class EngineCore:
         self.policy = policy
         self.state = state
         self.proposer = proposer  # None: no speculative decoding
+        self._rollback_blocks = rollback_blocks(state.blocks)  # the allocator, able to free_tail
         self.eos_token_ids = list(eos_token_ids)
         self.trace = Trace()
         self._pending: list[tuple[float, int, Request]] = []  # not yet arrived: (arrival, order, request)
@@ -175,7 +164,7 @@ class EngineCore:
                 request.trim_drafts(room)
 
     def _rollback(self, request: Request, num_rejected: int) -> None:
-        self.proposer.rollback(request, num_rejected, self.state.blocks)
+        self.proposer.rollback(request, num_rejected, self._rollback_blocks)
 
     def _admit_arrivals(self, now: float) -> list[Request]:
         """Move arrived requests into the queue; return those rejected as never fitting."""

@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 from tqdm.auto import tqdm
 
 from labkit.engine.core import Batch, EngineCore
+from labkit.engine.interfaces import VictimChooser, check_parts
 from labkit.engine.request import CompletionOutput, Request, RequestOutput
 from labkit.engine.runner import ModelRunner
 from labkit.engine.scheduler import SchedulerPolicy, SchedulerState, make_policy, token_budget
@@ -56,7 +57,9 @@ class LLM:
     (prompt lookup) or ``{"method": "draft_model", "model": <smaller model or name>, "num_speculative_tokens": k}``.
     Each decoding request then verifies up to k drafts in the step's one pass (1 + k query tokens).
     labkit's own keys ``propose``, ``accept_greedy``, ``accept_sampling`` and ``rollback`` plug in
-    a learner's function (lab 8). The default model, SmolLM2-135M, is already the smallest of its
+    a learner's function (lab 8). ``choose_victim(state, request)`` names whom to preempt when blocks
+    run out (default: the newest running request, lab 4). Every part is checked once, here, against
+    :mod:`labkit.engine.interfaces` for the features that are on. The default model, SmolLM2-135M, is already the smallest of its
     family, so it has no smaller draft model: with it, use "ngram".
     """
 
@@ -77,6 +80,7 @@ class LLM:
         attention: AttentionFn = paged_attention,
         clock: Callable[[], float] = time.perf_counter,
         speculative_config: dict | None = None,
+        choose_victim: VictimChooser | None = None,
     ):
         self.model = _resolve_model(model)
         cfg = self.model.config
@@ -97,9 +101,20 @@ class LLM:
             if caching or enable_prefix_caching is False
             else f"off: the allocator {type(blocks).__name__} cannot cache prefixes"
         )
-        self.state = SchedulerState(blocks, max_num_seqs, budget, self.max_model_len, enable_prefix_caching=caching)
         self.speculative_config = parse_speculative_config(speculative_config)
-        self.core = EngineCore(self.policy, self.state, cfg.eos_token_ids, proposer=self._make_proposer())
+        proposer = self._make_proposer()
+        check_parts(
+            blocks=blocks,
+            policy=self.policy,
+            attention=attention,
+            choose_victim=choose_victim,
+            proposer=proposer,
+            enable_prefix_caching=caching,
+        )
+        self.state = SchedulerState(
+            blocks, max_num_seqs, budget, self.max_model_len, enable_prefix_caching=caching, choose_victim=choose_victim
+        )
+        self.core = EngineCore(self.policy, self.state, cfg.eos_token_ids, proposer=proposer)
         cache = PagedKVCache(
             cfg.num_layers,
             blocks.num_blocks,

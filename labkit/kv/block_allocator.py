@@ -71,6 +71,12 @@ class BlockAllocator:
         table.extend(self.allocate_block() for _ in range(needed))
         return table
 
+    def free_tail(self, seq_id: str, keep: int) -> None:
+        """Give back a sequence's blocks after its first ``keep``, last first (speculation's rollback)."""
+        table = self._tables.get(seq_id, [])
+        while len(table) > keep:
+            self.free_block(table.pop())
+
     def free(self, seq_id: str) -> None:
         """Give back every block of a sequence (it finished or was preempted)."""
         for block in self._tables.pop(seq_id, []):

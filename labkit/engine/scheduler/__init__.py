@@ -1,5 +1,6 @@
 """Scheduler policies behind one interface: ``policy.schedule(state) -> SchedulerOutput``."""
 
+from labkit.engine.interfaces import require
 from labkit.engine.scheduler.base import (
     CHUNKED_TOKEN_BUDGET,
     UNCHUNKED_TOKEN_BUDGET,
@@ -17,15 +18,16 @@ POLICIES = {"static": StaticBatching, "continuous": ContinuousBatching, "chunked
 
 
 def make_policy(policy: "str | SchedulerPolicy") -> SchedulerPolicy:
-    """A policy object from its name ('static', 'continuous', 'chunked') or the object itself."""
-    if isinstance(policy, SchedulerPolicy):
+    """A policy object from its name ('static', 'continuous', 'chunked'), or your own object, checked
+    against :class:`labkit.engine.interfaces.SchedulerPolicy` (a subclass of ours or not)."""
+    if not isinstance(policy, str):
+        require(policy, "chunked prefill" if getattr(policy, "chunked", False) else "scheduling")
         return policy
-    try:
-        return POLICIES[policy]()
-    except (KeyError, TypeError):
+    if policy not in POLICIES:
         raise ValueError(
             f"unknown scheduler policy {policy!r}; use one of {sorted(POLICIES)} or pass a SchedulerPolicy instance"
-        ) from None
+        )
+    return POLICIES[policy]()
 
 
 __all__ = [

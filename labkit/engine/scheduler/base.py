@@ -18,9 +18,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from labkit.engine.interfaces import BlockAllocator, require
 from labkit.engine.request import Request, RequestStatus
-from labkit.kv.block_allocator import BlockAllocator
-from labkit.kv.prefix_cache import supports_prefix_caching
 from labkit.trace import StepRecord
 
 CHUNKED_TOKEN_BUDGET = 512  # default max_num_batched_tokens with chunked prefill (a CPU-sized chunk)
@@ -66,6 +65,7 @@ class SchedulerState:
         max_num_batched_tokens: int,
         max_model_len: int,
         enable_prefix_caching: bool = False,
+        choose_victim: Callable[[SchedulerState, Request], Request] | None = None,
     ):
         for name, value in [
             ("max_num_seqs", max_num_seqs),
@@ -74,14 +74,11 @@ class SchedulerState:
         ]:
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
-        if enable_prefix_caching and not supports_prefix_caching(blocks):
-            raise ValueError(
-                f"enable_prefix_caching=True needs an allocator that can cache prefixes, and "
-                f"{type(blocks).__name__} cannot (it lacks take_cached_prefix and cache_full_blocks); "
-                "use labkit.kv.prefix_cache.PrefixCachingBlockAllocator or turn prefix caching off"
-            )
+        if enable_prefix_caching:
+            require(blocks, "prefix caching")
         self.blocks = blocks
         self.enable_prefix_caching = enable_prefix_caching
+        self.choose_victim = choose_victim or newest  # whom reserve() preempts when blocks run out
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -166,16 +163,22 @@ class SchedulerState:
         self.num_preemptions += 1
 
     def reserve(self, request: Request, num_new_tokens: int, output: SchedulerOutput) -> bool:
-        """Make room for a running request's next tokens, preempting the newest if blocks run out.
+        """Make room for a running request's next tokens, preempting whom ``choose_victim`` names (by default
+        the newest) while blocks run out.
 
-        Returns False if the request had to preempt itself (it was the newest). Running requests
-        come before the head's cached prefix: the head lets go of it before anyone is preempted.
+        Returns False if the request had to preempt itself. Running requests come before the head's
+        cached prefix: the head lets go of it before anyone is preempted.
         """
         needed = request.num_computed_tokens + num_new_tokens
         while not self.blocks.can_allocate(request.request_id, needed):
             if self._release_head_prefix():
                 continue
-            victim = self.running[-1]
+            victim = self.choose_victim(self, request)
+            if not any(victim is running for running in self.running):
+                raise ValueError(
+                    f"choose_victim chose {getattr(victim, 'request_id', victim)!r}, which is not running, so "
+                    "preempting it frees no block; return one of state.running"
+                )
             self.preempt(victim)
             output.preempted.append(victim.request_id)
             output.scheduled.pop(victim.request_id, None)
@@ -276,6 +279,11 @@ class SchedulerState:
     @property
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+
+def newest(state: SchedulerState, request: Request) -> Request:
+    """The default victim, as vLLM's: the request that joined last, with the least work to redo."""
+    return state.running[-1]
 
 
 def check_verified(request: Request, drafts: list[int], tokens: list[int]) -> int:
