@@ -365,9 +365,10 @@ def test_a_policy_that_schedules_nothing_fails_instead_of_hanging():
 @pytest.mark.lab4
 @pytest.mark.parametrize("seed", range(8))
 def test_the_preemption_check_pool_is_too_small_for_every_seed(seed):
+    from labkit.engine.scheduler import newest
     from labkit.labs import lab4
 
-    run = lab4.serve_choosing(lab4.preemption_requests(seed), lab4.newest)
+    run = lab4.serve_choosing(lab4.preemption_requests(seed), newest)
     assert run["error"] is None and run["preemptions"] > 0
     assert all(choice["victim"] == choice["running"][-1] for choice in run["choices"])
 

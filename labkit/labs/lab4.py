@@ -19,8 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from labkit.engine.request import RequestStatus
-from labkit.engine.scheduler import SchedulerOutput, SchedulerPolicy
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.labs.checking.engine_runs import (
@@ -150,72 +148,27 @@ register(
 PREEMPT_DIALS = dict(max_num_seqs=4, num_blocks=10, block_size=4, enable_prefix_caching=False)
 
 
-class VictimNotRunning(RuntimeError):
-    """The learner chose a request that holds no running seat (the run cannot go on)."""
-
-
 def preemption_requests(seed: int) -> list[CheckRequest]:
     """Six requests arriving in the first ticks, together needing about three times the pool."""
     return random_requests(seed, 6, prompt_range=(6, 10), output_range=(10, 16), arrival_span=4)
 
 
-def reserve_choosing(state, request, num_new: int, output, choose_victim, choices: list) -> bool:
-    """``state.reserve`` with the learner's choice of victim; each choice is noted in ``choices``.
+def noting_choices(choose_victim, choices: list[dict[str, Any]]):
+    """The learner's ``choose_victim``, for the engine's ``choose_victim=`` seam, noting each choice in ``choices``."""
 
-    Returns False if the request itself was preempted (it then computes nothing this step).
-    """
-    needed = request.num_computed_tokens + num_new
-    while not state.blocks.can_allocate(request.request_id, needed):
+    def noted(state, request):
         running = [r.request_id for r in state.running]
         victim = choose_victim(state, request)
-        name = getattr(victim, "request_id", repr(victim))
-        choices.append({"running": running, "scheduling": request.request_id, "victim": name})
-        if not any(victim is r for r in state.running):
-            raise VictimNotRunning(f"your choice {name} is not running")
-        state.preempt(victim)
-        output.preempted.append(victim.request_id)
-        output.scheduled.pop(victim.request_id, None)
-        if victim is request:
-            return False
-    state.blocks.allocate(request.request_id, needed)
-    return True
+        choices.append(
+            {
+                "running": running,
+                "scheduling": request.request_id,
+                "victim": getattr(victim, "request_id", repr(victim)),
+            }
+        )
+        return victim
 
-
-class VictimChoosingPolicy(SchedulerPolicy):
-    """Continuous batching (the lab's exercise 1, solved) with a pluggable choice of whom to preempt."""
-
-    def __init__(self, choose_victim, name: str = "yours"):
-        self.choose_victim = choose_victim
-        self.name = name
-        self.choices: list[dict[str, Any]] = []
-
-    def schedule(self, state):
-        output = SchedulerOutput()
-        budget = state.max_num_batched_tokens
-        for request in list(state.running):
-            if request.status is not RequestStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            num_new = request.num_missing_tokens
-            if reserve_choosing(state, request, num_new, output, self.choose_victim, self.choices):
-                output.scheduled[request.request_id] = num_new
-                budget -= num_new
-        if output.preempted:
-            return output
-        while state.waiting and len(state.running) < state.max_num_seqs:
-            head = state.waiting[0]
-            if head.num_missing_tokens > budget or not state.blocks.can_allocate(
-                head.request_id, head.num_missing_tokens
-            ):
-                break
-            state.admit(head, head.num_missing_tokens)
-            output.scheduled[head.request_id] = head.num_missing_tokens
-            budget -= head.num_missing_tokens
-        return output
-
-
-def newest(state, request):
-    """vLLM's choice: the request that joined last (the end of state.running)."""
-    return state.running[-1]
+    return noted
 
 
 def oldest(state, request):
@@ -231,9 +184,9 @@ def recomputed_tokens(llm) -> int:
 
 def serve_choosing(requests: list[CheckRequest], choose_victim) -> dict[str, Any]:
     """Serve the requests with the given choice of victim; the run, plus every choice made."""
-    policy = VictimChoosingPolicy(choose_victim)
-    run = serve(requests, policy, **PREEMPT_DIALS)
-    return {**run, "choices": policy.choices}
+    choices: list[dict[str, Any]] = []
+    run = serve(requests, "continuous", choose_victim=noting_choices(choose_victim, choices), **PREEMPT_DIALS)
+    return {**run, "choices": choices}
 
 
 def choice_mistake(choice: dict[str, Any]) -> str | None:

@@ -7,6 +7,7 @@ from labkit.engine.scheduler.base import (
     SchedulerOutput,
     SchedulerPolicy,
     SchedulerState,
+    newest,
     schedule_running,
     token_budget,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "SchedulerOutput",
     "SchedulerPolicy",
     "SchedulerState",
+    "newest",
     "schedule_running",
     "StaticBatching",
     "ContinuousBatching",
