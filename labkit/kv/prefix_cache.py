@@ -21,7 +21,8 @@ makes: :meth:`take_cached_prefix` when a request is about to be admitted, and
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
 from labkit.kv.block_allocator import BlockAllocator, OutOfBlocksError
 
@@ -83,9 +84,24 @@ def pick_block(free: deque[int], evictable: OrderedDict) -> int:
 
 
 class PrefixCachingBlockAllocator(BlockAllocator):
-    """Blocks with reference counts, a hash map of full blocks, and an LRU list of evictable cached blocks."""
+    """Blocks with reference counts, a hash map of full blocks, and an LRU list of evictable cached blocks.
 
-    def __init__(self, num_blocks: int, block_size: int = 16):
+    Its four pieces are constructor arguments, labkit's functions above by default, so a learner's own plug
+    in (lab 7) with the same signatures: ``block_hashes(token_ids, block_size)``, ``cached_prefix(hashes,
+    num_prompt_tokens, block_size, cached)`` (``cached`` read-only), ``release_block(block, refs, is_cached,
+    free, evictable)`` and ``pick_block(free, evictable)``.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        block_hashes: Callable[[list[int], int], list[int]] = block_hashes,
+        cached_prefix: Callable[[list[int], int, int, Mapping[int, int]], list[int]] = longest_cached_prefix,
+        release_block: Callable[[int, list[int], bool, deque, OrderedDict], None] = release_block,
+        pick_block: Callable[[deque, OrderedDict], int] = pick_block,
+    ):
         super().__init__(num_blocks, block_size)  # self._free: blocks holding nothing reusable
         self._refs = [0] * num_blocks
         self._content: list[tuple[int, tuple[int, ...]] | None] = [None] * num_blocks  # (parent, tokens)
@@ -95,24 +111,27 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self._chains: dict[str, list[int]] = {}  # seq -> hashes of its full blocks, in order
         self._held: dict[str, list[int]] = {}  # seq -> cached blocks taken for it, not yet in its table
         self.num_evictions = 0
+        self._block_hashes, self._cached_prefix = block_hashes, cached_prefix
+        self._release_block, self._pick_block = release_block, pick_block
 
-    # --- the replaceable pieces (lab 7 plugs a learner's functions in here) -----------------
-    def hash_blocks(self, token_ids: Sequence[int], known: list[int]) -> list[int]:
-        """The hashes of the full blocks of ``token_ids``; ``known`` are those of its first blocks, already made."""
-        start = len(known) * self.block_size
-        return known + block_hashes(token_ids[start:], self.block_size, known[-1] if known else NO_PARENT)
+    # --- the four pieces, called through one method each ------------------------------------
+    def hash_blocks(self, token_ids: Sequence[int]) -> list[int]:
+        """The hashes of the full blocks of ``token_ids``, from the chain's start."""
+        return list(self._block_hashes(list(token_ids), self.block_size))
 
     def find_cached_prefix(self, hashes: list[int], num_prompt_tokens: int) -> list[int]:
         """The cached blocks a prompt of ``num_prompt_tokens`` tokens (full blocks' ``hashes``) can take."""
-        return longest_cached_prefix(hashes, num_prompt_tokens, self.block_size, self._cached)
+        return list(
+            self._cached_prefix(list(hashes), num_prompt_tokens, self.block_size, MappingProxyType(self._cached))
+        )
 
     def release(self, block: int) -> None:
         """Drop one reference to a block that has one."""
-        release_block(block, self._refs, self._hash_of[block] is not None, self._free, self._evictable)
+        self._release_block(block, self._refs, self._hash_of[block] is not None, self._free, self._evictable)
 
     def pick(self) -> int:
         """Take a block off the free or evictable list (at least one is not empty)."""
-        return pick_block(self._free, self._evictable)
+        return self._pick_block(self._free, self._evictable)
 
     # --- single blocks ---------------------------------------------------------------
     def allocate_block(self) -> int:
@@ -153,7 +172,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         if seq_id in self._tables or seq_id in self._held:
             raise ValueError(f"sequence {seq_id!r} already holds blocks; look up its prefix before allocating")
         size, parent, held = self.block_size, NO_PARENT, []
-        hashes = self.hash_blocks(token_ids, [])
+        hashes = self.hash_blocks(token_ids)
         for index, block in enumerate(self.find_cached_prefix(hashes, len(token_ids) + 1)):
             tokens = tuple(token_ids[index * size : (index + 1) * size])
             if self._content[block] != (parent, tokens):  # a hash collision: the map's block holds other tokens
@@ -177,7 +196,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         num_full = min(len(token_ids) // size, len(table))
         if num_full <= len(chain):
             return
-        hashes = self.hash_blocks(token_ids[: num_full * size], chain)
+        hashes = self.hash_blocks(token_ids[: num_full * size])
         for index in range(len(chain), num_full):
             parent = hashes[index - 1] if index else NO_PARENT
             key, block = hashes[index], table[index]

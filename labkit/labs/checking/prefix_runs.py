@@ -2,7 +2,7 @@
 
 :class:`~labkit.kv.prefix_cache.PrefixCachingBlockAllocator` calls four replaceable pieces: the
 hash chain, the longest-cached-prefix lookup, the ref-count release and the block pick.
-:func:`allocator_with` builds a subclass that calls the learner's functions instead, so the
+:func:`allocator_with` passes the learner's functions to its constructor instead, so the
 engine runs on their code and everything else (tables, the map, the collision check) stays
 labkit's. The checks then compare it with labkit's own allocator: on a seeded script of calls
 (the pool after every call), and inside the engine on the tiny model (tokens and the prompt
@@ -27,27 +27,22 @@ def allocator_with(
     release_block: Callable | None = None,
     pick_block: Callable | None = None,
 ) -> type[PrefixCachingBlockAllocator]:
-    """A prefix-caching allocator class whose pieces are the given functions (labkit's where None).
-
-    The learner's signatures: ``block_hashes(token_ids, block_size)``; ``cached_prefix(hashes,
-    num_prompt_tokens, block_size, cached)``; ``release_block(block, refs, is_cached, free,
-    evictable)``; ``pick_block(free, evictable)``.
+    """A prefix-caching allocator class built as ``cls(num_blocks, block_size)`` whose pieces are the given
+    functions (labkit's where None), passed to :class:`PrefixCachingBlockAllocator` as its constructor
+    arguments. The learner's signatures: ``block_hashes(token_ids, block_size)``; ``cached_prefix(hashes,
+    num_prompt_tokens, block_size, cached)``; ``release_block(block, refs, is_cached, free, evictable)``;
+    ``pick_block(free, evictable)``.
     """
-    methods: dict[str, Any] = {}
-    if block_hashes is not None:
-        methods["hash_blocks"] = lambda self, token_ids, known: list(block_hashes(list(token_ids), self.block_size))
-    if cached_prefix is not None:
-        # the engine hands the allocator a prompt one token short (the last is always computed)
-        methods["find_cached_prefix"] = lambda self, hashes, num_prompt_tokens: list(
-            cached_prefix(list(hashes), num_prompt_tokens, self.block_size, dict(self._cached))
-        )
-    if release_block is not None:
-        methods["release"] = lambda self, block: release_block(
-            block, self._refs, self._hash_of[block] is not None, self._free, self._evictable
-        )
-    if pick_block is not None:
-        methods["pick"] = lambda self: pick_block(self._free, self._evictable)
-    return type("YourPrefixCachingAllocator", (PrefixCachingBlockAllocator,), methods)
+    pieces = dict(
+        block_hashes=block_hashes, cached_prefix=cached_prefix, release_block=release_block, pick_block=pick_block
+    )
+    pieces = {name: function for name, function in pieces.items() if function is not None}
+
+    class YourPrefixCachingAllocator(PrefixCachingBlockAllocator):
+        def __init__(self, num_blocks: int, block_size: int = 16):
+            super().__init__(num_blocks, block_size, **pieces)
+
+    return YourPrefixCachingAllocator
 
 
 # --- requests that share prefixes ------------------------------------------------------------
