@@ -509,3 +509,27 @@ def test_speculation_counters_are_the_engines_own_and_only_shown_when_it_is_on(m
     assert after["vllm:spec_decode_num_draft_tokens_total"] == draft_tokens
     assert after["vllm:spec_decode_num_accepted_tokens_total"] == accepted <= draft_tokens
     assert after["vllm:generation_tokens_total"] == 24
+
+
+# --- fields honoured or refused ------------------------------------------------------------
+def test_what_labkit_cannot_do_is_refused_by_name_and_what_it_can_is_honoured(model, server, client):
+    with pytest.raises(openai.BadRequestError, match="logprobs is not supported"):
+        client.chat.completions.create(model=server.name, messages=CHAT, max_tokens=4, logprobs=True)
+    with pytest.raises(openai.BadRequestError, match="response_format is not supported"):
+        client.chat.completions.create(
+            model=server.name, messages=CHAT, max_tokens=4, response_format={"type": "json_object"}
+        )
+    # A completion without max_tokens gets vLLM's 16 tokens, not the rest of the context.
+    short = client.completions.create(model=server.name, prompt=TEXT, temperature=0, extra_body={"ignore_eos": True})
+    assert short.usage.completion_tokens == 16
+    # stop_token_ids (vLLM's extension) end the answer at the first listed token the model picks.
+    ids = make_llm(model).generate(TEXT, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
+    stop_at = ids.outputs[0].token_ids[3]
+    first = ids.outputs[0].token_ids.index(stop_at)
+    stopped = client.completions.create(
+        model=server.name, prompt=TEXT, max_tokens=8, temperature=0, extra_body={"stop_token_ids": [stop_at]}
+    )
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == first + 1
+    developer = [{"role": "developer", "content": "You are terse."}, CHAT[1]]
+    said = client.chat.completions.create(model=server.name, messages=developer, max_tokens=6, temperature=0)
+    assert said.choices[0].message.content == expected_text(model, CHAT, 6)

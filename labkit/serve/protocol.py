@@ -4,8 +4,11 @@ Every request is checked here before it reaches the engine, so a bad one costs t
 nothing and its client gets a 4xx naming the field and the fix, in OpenAI's error shape
 ``{"error": {"message", "type", "param", "code"}}`` (the ``openai`` client turns it into
 ``BadRequestError`` and friends). Fields the engine cannot honour are refused, never
-silently ignored; fields that change nothing here (``user``, ``logprobs: false``...) pass.
-``ignore_eos`` and ``top_k`` are vLLM's extensions, accepted as vLLM accepts them.
+silently ignored (:data:`NOT_DONE` lists them, each with why); fields that change nothing
+here (``user``, ``logprobs: false``, ``presence_penalty: 0``...) pass. ``ignore_eos``, ``top_k``
+and ``stop_token_ids`` are vLLM's extensions, accepted as vLLM accepts them, and so are its
+defaults where a client can tell: a completion without ``max_tokens`` gets 16 tokens, and a
+``developer`` message is read as a system one.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from dataclasses import dataclass
 from labkit.sampling_params import SamplingParams
 
 CHAT, COMPLETION = "chat", "completion"
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "developer")  # developer: OpenAI's newer name for system
+COMPLETION_MAX_TOKENS = 16  # vLLM's and OpenAI's default for /v1/completions
 MAX_STOP_STRINGS = 4  # as OpenAI
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
@@ -59,6 +63,7 @@ class CompletionRequest:
     top_k: int
     seed: int | None
     stop: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
     ignore_eos: bool
     stream: bool
     include_usage: bool
@@ -90,6 +95,7 @@ class CompletionRequest:
             top_k=self.top_k,
             seed=self.seed,
             ignore_eos=self.ignore_eos,
+            stop_token_ids=self.stop_token_ids,
         )
 
 
@@ -100,8 +106,12 @@ def parse_request(body: object, kind: str) -> CompletionRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad("model", "model must be a string: the id that GET /v1/models lists.")
-    if _optional(body, "n", int) not in (None, 1):
-        raise bad("n", "n > 1 is not supported: labkit's engine returns one choice; send n requests instead.")
+    refuse_what_is_not_done(body, kind)
+    n = _optional(body, "n", int)
+    if n is not None and n < 1:
+        raise bad("n", f"n must be at least 1 (the number of choices to return), got {n}.")
+    if n not in (None, 1):
+        raise bad("n", "n > 1 is not supported: labkit's server returns one choice; send n requests instead.")
     stream = bool(_optional(body, "stream", bool))
     options = _optional(body, "stream_options", dict)
     if options is not None and not stream:
@@ -110,6 +120,8 @@ def parse_request(body: object, kind: str) -> CompletionRequest:
     max_tokens = _optional(body, "max_completion_tokens", int) if kind == CHAT else None
     if max_tokens is None:
         max_tokens = _optional(body, "max_tokens", int)
+    if max_tokens is None and kind == COMPLETION:
+        max_tokens = COMPLETION_MAX_TOKENS
     if max_tokens is not None and max_tokens < 1:
         raise bad("max_tokens", f"max_tokens must be at least 1, got {max_tokens}.")
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
@@ -133,10 +145,53 @@ def parse_request(body: object, kind: str) -> CompletionRequest:
         max(top_k or 0, 0),
         seed,
         _stop(body),
+        _stop_token_ids(body),
         bool(_optional(body, "ignore_eos", bool)),
         stream,
         include_usage,
     )
+
+
+# Fields labkit's engine does not do: (does the body ask for it?, why not, what to do instead).
+# A field set to its "off" value (logprobs false, a penalty of 0, tool_choice "none") asks for nothing.
+NOT_DONE: dict[str, tuple] = {
+    "logprobs": (
+        lambda v: v not in (None, False, 0),
+        "labkit's server does not return log-probabilities (the engine keeps only the chosen token)",
+    ),
+    "top_logprobs": (lambda v: v not in (None, 0), "labkit's server does not return log-probabilities"),
+    "tools": (
+        lambda v: v not in (None, []),
+        "labkit's server does not call tools (the course model has no tool format)",
+    ),
+    "tool_choice": (lambda v: v not in (None, "none", "auto"), "labkit's server does not call tools"),
+    "functions": (lambda v: v not in (None, []), "labkit's server does not call functions"),
+    "response_format": (
+        lambda v: v is not None and v != {"type": "text"},
+        "labkit's server does not constrain output to JSON or a schema (no guided decoding)",
+    ),
+    "presence_penalty": (lambda v: v not in (None, 0), "labkit's sampler has no presence or frequency penalties"),
+    "frequency_penalty": (lambda v: v not in (None, 0), "labkit's sampler has no presence or frequency penalties"),
+    "repetition_penalty": (lambda v: v not in (None, 1), "labkit's sampler has no repetition penalty"),
+    "logit_bias": (lambda v: v not in (None, {}), "labkit's sampler does not bias logits"),
+    "min_p": (lambda v: v not in (None, 0), "labkit's sampler has temperature, top_p and top_k, not min_p"),
+    "min_tokens": (lambda v: v not in (None, 0), "labkit's engine has no minimum length (it stops at end-of-text)"),
+    "echo": (lambda v: v not in (None, False), "labkit's server does not echo the prompt back"),
+    "best_of": (lambda v: v not in (None, 1), "labkit's engine has no beam search and returns one choice"),
+    "use_beam_search": (lambda v: v not in (None, False), "labkit's engine has no beam search"),
+    "suffix": (lambda v: v not in (None, ""), "labkit's engine does not fill in the middle"),
+}
+
+
+def refuse_what_is_not_done(body: dict, kind: str) -> None:
+    """400 for the first field the body asks for that labkit cannot honour, naming it and why."""
+    for name, (asks, why) in NOT_DONE.items():
+        try:
+            asked = asks(body.get(name))
+        except TypeError:  # an unhashable value where a plain one is expected: it asks for something
+            asked = True
+        if asked:
+            raise bad(name, f"{name} is not supported: {why}. Remove the field (or set it to its default).")
 
 
 def _optional(body: dict, name: str, kind: type, param: str | None = None):
@@ -187,6 +242,15 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def _stop_token_ids(body: dict) -> tuple[int, ...]:
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return ()
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise bad("stop_token_ids", "stop_token_ids must be an array of token ids (integers >= 0).")
+    return tuple(ids)
+
+
 def _messages(body: dict) -> list[dict]:
     """Chat messages as ``{"role", "content"}`` with text content (text parts are joined)."""
     messages = body.get("messages")
@@ -195,9 +259,12 @@ def _messages(body: dict) -> list[dict]:
     cleaned = []
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
+        if isinstance(message, dict) and message.get("role") == "tool":
+            raise bad(param, f"{param} has role tool: labkit's server does not call tools, so it has no tool results.")
         if not isinstance(message, dict) or message.get("role") not in ROLES:
             raise bad(param, f"{param} must be an object whose role is one of {', '.join(ROLES)}.")
-        cleaned.append({"role": message["role"], "content": _text_content(message.get("content"), param)})
+        role = "system" if message["role"] == "developer" else message["role"]
+        cleaned.append({"role": role, "content": _text_content(message.get("content"), param)})
     return cleaned
 
 

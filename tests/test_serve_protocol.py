@@ -1,0 +1,90 @@
+"""What a request may ask of ``labkit serve``: each field is honoured or refused with a 400 naming it.
+
+Pure parsing (no server): the same checks run over real HTTP in test_serve.py.
+"""
+
+import pytest
+
+from labkit.serve.protocol import CHAT, COMPLETION, COMPLETION_MAX_TOKENS, NOT_DONE, APIError, parse_request
+
+MESSAGES = [{"role": "user", "content": "Name a colour."}]
+
+
+def chat(**fields):
+    return parse_request({"messages": MESSAGES, **fields}, CHAT)
+
+
+ASKS_FOR_WHAT_IS_NOT_DONE = {
+    "logprobs": True,
+    "top_logprobs": 3,
+    "tools": [{"type": "function", "function": {"name": "f"}}],
+    "tool_choice": "required",
+    "functions": [{"name": "f"}],
+    "response_format": {"type": "json_object"},
+    "presence_penalty": 0.5,
+    "frequency_penalty": -1.0,
+    "repetition_penalty": 1.2,
+    "logit_bias": {"50256": -100},
+    "min_p": 0.1,
+    "min_tokens": 4,
+    "echo": True,
+    "best_of": 2,
+    "use_beam_search": True,
+    "suffix": " the end",
+}
+
+
+def test_every_field_not_done_is_listed_with_a_case():
+    assert set(ASKS_FOR_WHAT_IS_NOT_DONE) == set(NOT_DONE)
+
+
+@pytest.mark.parametrize("name", sorted(ASKS_FOR_WHAT_IS_NOT_DONE))
+def test_asking_for_what_labkit_does_not_do_is_a_400_naming_the_field(name):
+    with pytest.raises(APIError) as refused:
+        chat(**{name: ASKS_FOR_WHAT_IS_NOT_DONE[name]})
+    assert refused.value.status == 400 and refused.value.param == name
+    assert refused.value.message.startswith(f"{name} is not supported: labkit")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"logprobs": False},
+        {"top_logprobs": 0},
+        {"tools": []},
+        {"tool_choice": "none"},
+        {"response_format": {"type": "text"}},
+        {"presence_penalty": 0, "frequency_penalty": 0.0},
+        {"logit_bias": {}},
+        {"echo": False},
+        {"best_of": 1},
+        {"user": "someone", "metadata": {"x": "y"}},
+    ],
+)
+def test_a_field_at_its_off_value_asks_for_nothing(fields):
+    assert chat(**fields).kind == CHAT
+
+
+def test_stop_token_ids_reach_the_engine():
+    assert chat(stop_token_ids=[2, 7]).sampling_params(10, 100).stop_token_ids == (2, 7)
+    assert chat().sampling_params(10, 100).stop_token_ids == ()
+    for wrong in ([-1], ["2"], 7, [True]):
+        with pytest.raises(APIError, match="stop_token_ids must be an array of token ids"):
+            chat(stop_token_ids=wrong)
+
+
+def test_n_zero_has_its_own_message():
+    with pytest.raises(APIError, match="n must be at least 1"):
+        chat(n=0)
+    with pytest.raises(APIError, match="n > 1 is not supported"):
+        chat(n=3)
+
+
+def test_vllm_defaults_a_client_can_tell():
+    completion = parse_request({"prompt": "Once upon a time"}, COMPLETION)
+    assert completion.max_tokens == COMPLETION_MAX_TOKENS == 16
+    assert chat().max_tokens is None  # a chat answer may run to the end of the context, as in vLLM
+    developer = chat(messages=[{"role": "developer", "content": "Be terse."}, *MESSAGES])
+    assert developer.prompt[0] == {"role": "system", "content": "Be terse."}
+    with pytest.raises(APIError, match="does not call tools"):
+        chat(messages=[*MESSAGES, {"role": "tool", "content": "42", "tool_call_id": "x"}])
