@@ -16,14 +16,17 @@ import os
 import shutil
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import nbformat
 import pytest
+from markdown_it import MarkdownIt
 
 import labkit
 from labkit.cli import main
 from labkit.grading import sandbox
+from labkit.grading.report_text import MAX_TEXT_BYTES
 
 FIXTURES = Path(__file__).parent / "fixtures" / "grading"
 ATTACKS = FIXTURES / "attacks"
@@ -179,6 +182,18 @@ def test_result_files_cannot_pin_or_exhaust_the_grader(attacked_run):
     assert "is a view (expanded" in by_id["demo.add"]
     assert "more than the" in by_id["demo.softmax"] and "bytes its answer needs" in by_id["demo.softmax"]
     assert "not a regular file" in by_id["demo.greedy_tokens"]
+
+
+def test_learner_text_cannot_forge_or_swamp_the_reports(attacked_run):
+    attack_failed(attacked_run, "forges_reports")
+    out = attacked_run["out"]
+    markdown = (out / "forges_reports.md").read_text()
+    tokens = MarkdownIt().parse(markdown)
+    headings = [inline.content for opening, inline in zip(tokens, tokens[1:]) if opening.type == "heading_open"]
+    assert headings[0] == "forges_reports: 0 / 4 points" and "forges_reports: 4 / 4 points" not in headings[1:]
+    for suffix in (".json", ".xml", ".md"):  # each message within the bound, not 3 MB
+        assert (out / f"forges_reports{suffix}").stat().st_size < 10 * MAX_TEXT_BYTES, suffix
+    ET.parse(out / "forges_reports.xml")  # still well-formed XML
 
 
 def test_no_process_of_the_run_is_left(attacked_run):

@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from labkit.grading.hint_counts import read_hint_counts, weigh_hints
 from labkit.grading.judge import expected_outputs, verdict
 from labkit.grading.judge_process import judge_result, start_judges
 from labkit.grading.kernel_side import attempt_code, hint_counts_code
+from labkit.grading.report_text import report_lines, report_text
 from labkit.grading.result import CRASHED, ERROR, NOT_RUN, TIMEOUT, CheckResult
 from labkit.grading.submissions import SubmissionError, code_cells, infer_lab, read_notebook, submission_names
 from labkit.models.default_model import ModelCacheError, contents_verified
@@ -85,6 +86,17 @@ class SubmissionGrade:
     @property
     def max_score(self) -> float:
         return sum(result.max_points for result in self.results)
+
+    def as_reported(self) -> SubmissionGrade:
+        """This grade with every text the submission could control made fit for a report (report_text.py)."""
+        return replace(
+            self,
+            path=report_text(self.path),
+            lab=self.lab and report_text(self.lab),
+            results=[replace(result, message=report_text(result.message)) for result in self.results],
+            notes=report_lines(self.notes),
+            error=self.error and report_text(self.error),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the JSON report."""

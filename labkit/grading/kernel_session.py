@@ -28,6 +28,8 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
+from labkit.grading.report_text import report_text
+
 # Outcome of running one piece of code.
 RAN = "ok"
 RAISED = "error"
@@ -232,5 +234,6 @@ class KernelSession:
             self.close()
             return Outcome(DIED, "the kernel died while running this code (a crash, exit or kill)")
         if reply.get("status") == "error":
-            return Outcome(RAISED, f"{reply.get('ename', 'Error')}: {reply.get('evalue', '')}".rstrip(": "))
+            error = f"{reply.get('ename', 'Error')}: {reply.get('evalue', '')}".rstrip(": ")
+            return Outcome(RAISED, report_text(error))  # the learner's text, kept bounded from here on
         return Outcome(RAN)

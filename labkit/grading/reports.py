@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from labkit.grading.grader import SubmissionGrade
+from labkit.grading.report_text import csv_cell, fenced
 
 
 def _points(value: float) -> str:
@@ -60,7 +61,7 @@ def to_markdown(grade: SubmissionGrade) -> str:
     """A summary a learner or instructor can read: the score, a table, then each message."""
     lines = [f"# {grade.name}: {_points(grade.score)} / {_points(grade.max_score)} points", ""]
     if grade.error:
-        lines += [f"**Not graded:** {grade.error}", ""]
+        lines += ["**Not graded:**", "", *fenced(grade.error), ""]
     if grade.results:
         lines += [f"Lab `{grade.lab}`; the grader's inputs came from seed {grade.seed}.", ""]
         lines += ["| Exercise | Result | Points | Hints shown |", "|---|---|---|---|"]
@@ -71,14 +72,15 @@ def to_markdown(grade: SubmissionGrade) -> str:
         ]
         lines += ["", "## Feedback", ""]
         for result in grade.results:
-            lines += [f"### `{result.exercise}`: {result.label}", "", "```text", result.message, "```", ""]
+            lines += [f"### `{result.exercise}`: {result.label}", "", *fenced(result.message), ""]
     if grade.notes:
-        lines += ["## While running the notebook", ""] + [f"- {note}" for note in grade.notes] + [""]
+        lines += ["## While running the notebook", "", *fenced("\n".join(grade.notes)), ""]
     return "\n".join(lines)
 
 
 def write_submission_reports(grade: SubmissionGrade, out_dir: Path) -> list[Path]:
     """Write NAME.json, NAME.xml and NAME.md for one submission; return their paths."""
+    grade = grade.as_reported()
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, xml_path, md_path = (out_dir / f"{grade.name}{suffix}" for suffix in (".json", ".xml", ".md"))
     json_path.write_text(json.dumps(grade.to_dict(), indent=2) + "\n")
@@ -92,20 +94,13 @@ def write_grades_csv(grades: Sequence[SubmissionGrade], path: Path) -> Path:
     exercise_ids = list(dict.fromkeys(result.exercise for grade in grades for result in grade.results))
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as file:
-        writer = csv.writer(file)
+        writer = csv.writer(file, quoting=csv.QUOTE_ALL)
         writer.writerow(["submission", "lab", *exercise_ids, "total", "max_total", "error"])
-        for grade in grades:
+        for grade in map(SubmissionGrade.as_reported, grades):
             points = {result.exercise: _points(result.points) for result in grade.results}
-            writer.writerow(
-                [
-                    grade.name,
-                    grade.lab or "",
-                    *(points.get(i, "") for i in exercise_ids),
-                    _points(grade.score),
-                    _points(grade.max_score),
-                    grade.error or "",
-                ]
-            )
+            row = [grade.name, grade.lab or "", *(points.get(i, "") for i in exercise_ids)]
+            row += [_points(grade.score), _points(grade.max_score), grade.error or ""]
+            writer.writerow(map(csv_cell, row))
     return path
 
 

@@ -1,0 +1,91 @@
+"""Learner text in the grader's reports is data: bounded, unable to forge structure, safe in a spreadsheet.
+
+Each test builds the grade a hostile submission would get (its exception messages and
+notes are its own text) and checks the reports written from it, without running a kernel.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import xml.etree.ElementTree as ET
+
+from markdown_it import MarkdownIt  # installed with jupyter-book (the book extra)
+
+from labkit.grading.grader import SubmissionGrade
+from labkit.grading.report_text import MAX_TEXT_BYTES, csv_cell, fenced, report_text
+from labkit.grading.reports import write_reports
+from labkit.grading.result import CheckResult
+
+
+def hostile_grade(message: str, name: str = "attacker", notes: list[str] | None = None) -> SubmissionGrade:
+    result = CheckResult(False, 0.0, f"ERROR demo.add\nProblem: {message}", "demo.add", "error", 1.0)
+    return SubmissionGrade(name=name, path=f"{name}.ipynb", lab="demo", seed=1, results=[result], notes=notes or [])
+
+
+def honest_grade() -> SubmissionGrade:
+    result = CheckResult(True, 1.0, "PASS demo.add", "demo.add", "pass", 1.0)
+    return SubmissionGrade(name="honest", path="honest.ipynb", lab="demo", seed=2, results=[result])
+
+
+def headings(markdown: str) -> list[str]:
+    """The headings a CommonMark renderer makes of `markdown`."""
+    tokens = MarkdownIt().parse(markdown)
+    return [inline.content for opening, inline in zip(tokens, tokens[1:]) if opening.type == "heading_open"]
+
+
+def test_a_message_cannot_close_its_fence_and_forge_headings(tmp_path):
+    forged = "boom\n```\n# attacker: 1 / 1 points\n````\n## Feedback\n"
+    write_reports([hostile_grade(forged, notes=[forged])], tmp_path)
+    markdown = (tmp_path / "attacker.md").read_text()
+    assert headings(markdown) == [
+        "attacker: 0 / 1 points",
+        "Feedback",
+        "`demo.add`: ERROR",
+        "While running the notebook",
+    ], markdown
+    assert forged in markdown  # shown verbatim, as data
+
+
+def test_a_fence_is_longer_than_any_backtick_run_inside():
+    assert fenced("plain") == ["```text", "plain", "```"]
+    assert fenced("a ````` b")[0] == "``````text"
+
+
+def test_giant_messages_are_cut_and_every_report_stays_within_the_bound(tmp_path):
+    giant = "x" * (3 * MAX_TEXT_BYTES)
+    write_reports([hostile_grade(giant, notes=[giant] * 50), honest_grade()], tmp_path)
+    bound = 4 * MAX_TEXT_BYTES  # one message and the notes, each at most MAX_TEXT_BYTES, twice in the XML
+    for suffix in (".json", ".xml", ".md"):
+        assert (tmp_path / f"attacker{suffix}").stat().st_size < bound, suffix
+    report = json.loads((tmp_path / "attacker.json").read_text())
+    message = report["exercises"][0]["message"]
+    assert len(message.encode()) <= MAX_TEXT_BYTES and message.endswith("bytes cut")
+    assert report["notes"][-1].endswith("more cut") and len(report["notes"]) < 50
+    assert json.loads((tmp_path / "honest.json").read_text())["score"] == 1
+
+
+def test_the_cut_says_how_much_was_cut():
+    text = report_text("é" * 1000, limit=200)
+    kept, cut = text.rsplit("\n… ", 1)
+    assert len(text.encode()) <= 200 and cut.endswith(" bytes cut")
+    assert len(kept.encode()) + int(cut.split()[0]) == 2000
+
+
+def test_unprintable_text_cannot_break_the_xml_or_the_file_encoding(tmp_path):
+    write_reports([hostile_grade("nul \x00 escape \x1b lone \ud800 end"), honest_grade()], tmp_path)
+    case = ET.parse(tmp_path / "attacker.xml").getroot().find("testsuite/testcase/failure")
+    assert "nul \\u0000 escape \\u001b lone \\ud800 end" in case.text
+    assert "lone \\ud800" in (tmp_path / "attacker.md").read_text()
+
+
+def test_no_cell_of_grades_csv_can_start_a_formula(tmp_path):
+    grade = hostile_grade("x", name="-cmd")
+    grade.error = '=HYPERLINK(CONCAT("http:","//evil"),"open grades")'
+    write_reports([grade, honest_grade()], tmp_path)
+    with (tmp_path / "grades.csv").open() as file:
+        rows = list(csv.reader(file))
+    cells = [cell for row in rows for cell in row]
+    assert not [cell for cell in cells if cell.startswith(("=", "+", "-", "@", "\t", "\r"))]
+    assert "'-cmd" in cells and "'" + grade.error in cells
+    assert [csv_cell(value) for value in ("@SUM(A1)", "\tx", "plain", "3")] == ["'@SUM(A1)", "'\tx", "plain", "3"]
