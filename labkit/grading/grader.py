@@ -323,16 +323,23 @@ def _kernel_problem(exercise: Exercise, outcome: ks.Outcome) -> CheckResult:
 
 
 def grade_submissions(
-    paths: Sequence[Path], settings: GradeSettings, seed: int | None = None, jobs: int = 1
+    paths: Sequence[Path],
+    settings: GradeSettings,
+    seed: int | None = None,
+    jobs: int = 1,
+    names: Sequence[str] | None = None,
 ) -> list[SubmissionGrade]:
     """Grade every submission, `jobs` kernels at a time; when it returns, no process of the run is left.
+
+    `names` are the report names (default: `submission_names(paths)`); a shard passes those of the
+    whole class, so that a submission has the same name whichever shard grades it.
 
     Threads are enough: the learner's code runs in the kernels and the judging in child
     processes, and the grader itself mostly waits for them.
     """
     grader = Grader(settings, seed)
     grader.prepare(labs_of(paths, settings.lab))
-    jobs_list = list(zip(paths, submission_names(paths), range(len(paths))))
+    jobs_list = list(zip(paths, names or submission_names(paths), range(len(paths))))
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         running = pool.map(lambda job: grader.grade(*job), jobs_list)
         return list(tqdm(running, total=len(jobs_list), desc="grading", unit="notebook", disable=None))
