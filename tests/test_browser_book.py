@@ -103,12 +103,32 @@ def open_page(browser, page: Path):
     return tab, errors
 
 
-# What the browser sees on a page: formulas left untypeset, MathJax errors, images that did not load.
-PAGE_PROBLEMS_JS = """() => ({
-    untypeset: [...document.querySelectorAll('.math')].filter(m => !m.querySelector('mjx-container')).length,
-    mathErrors: document.querySelectorAll('mjx-merror').length,
-    brokenImages: [...document.images].filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src),
-})"""
+# What the browser sees on a page: formulas left untypeset, MathJax errors, images that did not load,
+# and TeX a reader sees as such: a macro MathJax printed literally inside a typeset formula (`\text{kv\_heads}`
+# shows "kv\_heads"), or TeX left in the prose (`\_`, `\(`, `$$`, `$\alpha$`), outside code.
+PAGE_PROBLEMS_JS = r"""() => {
+    const tex = /\\[_([]|\\[a-zA-Z]+\{|\$\$|\$[^$\s][^$]*\\[a-zA-Z]/;
+    const literalTeX = [];
+    for (const item of window.MathJax?.startup?.document?.math ?? []) {
+        for (const [, text] of MathJax.startup.toMML(item.root).matchAll(/<mtext[^>]*>([^<]*)<\/mtext>/g)) {
+            if (text.includes('\\')) literalTeX.push(`in a formula: ${text}`);
+        }
+    }
+    const skip = 'pre, code, script, style, textarea, mjx-container';
+    const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT, {
+        acceptNode: node => node.parentElement.closest(skip) ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT,
+    });
+    while (walker.nextNode()) {
+        const text = walker.currentNode.textContent;
+        if (tex.test(text)) literalTeX.push(`in the text: ${text.trim().slice(0, 100)}`);
+    }
+    return {
+        untypeset: [...document.querySelectorAll('.math')].filter(m => !m.querySelector('mjx-container')).length,
+        mathErrors: document.querySelectorAll('mjx-merror').length,
+        literalTeX,
+        brokenImages: [...document.images].filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src),
+    };
+}"""
 
 
 def reader_pages(root: Path) -> list[Path]:
@@ -126,10 +146,31 @@ def test_every_page_loads_without_errors_with_its_figures_and_math(html: Path, b
         problems += [f"{name}: figure did not load: {src}" for src in seen["brokenImages"]]
         if seen["untypeset"] or seen["mathErrors"]:
             problems.append(f"{name}: {seen['untypeset']} formulas not typeset, {seen['mathErrors']} MathJax errors")
+        problems += [f"{name}: TeX shown to the reader {where}" for where in seen["literalTeX"]]
         if page.name == "capacity_planning.html":
             screenshot(tab, "book-browser-capacity_planning")
         tab.close()
     assert not problems, "\n".join(problems)
+
+
+def test_the_math_check_flags_tex_a_reader_would_see(html: Path, browser, tmp_path: Path) -> None:
+    """A hand-made page with the KV formula as it once was, a stray `\\_` and a price, on the book's own MathJax."""
+    mathjax = (html / "_static" / "mathjax" / "tex-chtml.js").as_uri()
+    page = tmp_path / "formula.html"
+    page.write_text(
+        f'<script>window.MathJax = {{"options": {{"processHtmlClass": "math"}}}}</script>'
+        f'<script defer src="{mathjax}"></script>'
+        r'<div class="math">\[2 \times \text{kv\_heads} \times \text{KV heads}\]</div>'
+        r"<p>The cache holds head\_dim numbers; <code>a\_b</code> is code; a GPU-hour costs $2.00.</p>"
+    )
+    tab, _ = open_page(browser, page)
+    seen = tab.evaluate(PAGE_PROBLEMS_JS)
+    tab.close()
+    assert seen["untypeset"] == 0 and seen["mathErrors"] == 0, seen
+    assert seen["literalTeX"] == [
+        r"in a formula: kv\_heads",
+        r"in the text: The cache holds head\_dim numbers;",
+    ], seen["literalTeX"]
 
 
 def test_predict_first_answers_unfold_when_clicked(html: Path, browser) -> None:
