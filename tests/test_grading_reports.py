@@ -16,6 +16,7 @@ from labkit.grading.grader import SubmissionGrade
 from labkit.grading.report_text import MAX_TEXT_BYTES, csv_cell, fenced, report_text
 from labkit.grading.reports import write_reports
 from labkit.grading.result import CheckResult
+from labkit.grading.submissions import MAX_NAME_CHARS, submission_names
 
 
 def hostile_grade(message: str, name: str = "attacker", notes: list[str] | None = None) -> SubmissionGrade:
@@ -89,3 +90,20 @@ def test_no_cell_of_grades_csv_can_start_a_formula(tmp_path):
     assert not [cell for cell in cells if cell.startswith(("=", "+", "-", "@", "\t", "\r"))]
     assert "'-cmd" in cells and "'" + grade.error in cells
     assert [csv_cell(value) for value in ("@SUM(A1)", "\tx", "plain", "3")] == ["'@SUM(A1)", "'\tx", "plain", "3"]
+
+
+def test_report_names_are_unique_and_safe_whatever_the_submissions_are_called(tmp_path):
+    called = ["checksums", "grades", "Alice", "alice", "..", ".hidden", "x" * 300, "x" * 299 + "y"]
+    names = submission_names([tmp_path / f"{stem}.ipynb" for stem in called])
+    assert names[:6] == ["checksums_submission", "grades_submission", "Alice", "alice_again", "submission", "hidden"]
+    assert len({name.casefold() for name in names}) == len(names)
+    assert all(len(name) <= MAX_NAME_CHARS for name in names) and names[6] != names[7]
+
+
+def test_a_submission_called_checksums_keeps_its_report_and_the_manifest_its_name(tmp_path):
+    (name,) = submission_names([tmp_path / "checksums.ipynb"])
+    grade = hostile_grade("x", name=name)
+    manifest, _ = write_reports([grade, honest_grade()], tmp_path)
+    files = json.loads(manifest.read_text())["files"]
+    assert manifest.name == "checksums.json" and "checksums.json" not in files
+    assert json.loads((tmp_path / f"{name}.json").read_text())["submission"] == name

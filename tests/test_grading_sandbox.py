@@ -27,6 +27,7 @@ import labkit
 from labkit.cli import main
 from labkit.grading import sandbox
 from labkit.grading.report_text import MAX_TEXT_BYTES
+from labkit.grading.submissions import submission_names
 
 FIXTURES = Path(__file__).parent / "fixtures" / "grading"
 ATTACKS = FIXTURES / "attacks"
@@ -113,7 +114,8 @@ def attacked_run(tmp_path_factory):
         path.write_bytes(data)
     planted = PLANTED.exists()
     PLANTED.unlink(missing_ok=True)
-    reports = {path.stem: json.loads((out / f"{path.stem}.json").read_text()) for path in paths}
+    names = dict(zip((path.stem for path in paths), submission_names(paths)))
+    reports = {stem: json.loads((out / f"{name}.json").read_text()) for stem, name in names.items()}
     yield {
         "code": code,
         "out": out,
@@ -182,6 +184,12 @@ def test_result_files_cannot_pin_or_exhaust_the_grader(attacked_run):
     assert "is a view (expanded" in by_id["demo.add"]
     assert "more than the" in by_id["demo.softmax"] and "bytes its answer needs" in by_id["demo.softmax"]
     assert "not a regular file" in by_id["demo.greedy_tokens"]
+
+
+def test_a_submission_named_like_a_run_report_cannot_take_its_place(attacked_run):
+    attack_failed(attacked_run, "checksums")
+    manifest = json.loads((attacked_run["out"] / "checksums.json").read_text())
+    assert "checksums.json" not in manifest["files"] and "checksums_submission.json" in manifest["files"]
 
 
 def test_learner_text_cannot_forge_or_swamp_the_reports(attacked_run):

@@ -6,6 +6,7 @@ or metadata of the wrong shape, gives a `SubmissionError` or is ignored, never a
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import warnings
@@ -17,6 +18,9 @@ import nbformat
 
 from labkit.grading.checks import lab_of
 from labkit.grading.learner_notebook import EXERCISE_TAG
+
+RUN_REPORT_STEMS = frozenset({"checksums", "grades"})  # the run's own reports (reports.py): no submission's
+MAX_NAME_CHARS = 100  # of a report's name, leaving room for its suffix under any file system's limit
 
 
 class SubmissionError(Exception):
@@ -64,16 +68,30 @@ def infer_lab(notebook: nbformat.NotebookNode) -> str:
     raise SubmissionError("cannot tell which lab this notebook belongs to; pass --lab")
 
 
+def _file_stem(stem: str) -> str:
+    """`stem` as a safe file name: letters, digits, `.`, `_`, `-` only, no leading dot, not too long."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).lstrip(".") or "submission"
+    if len(name) > MAX_NAME_CHARS:  # keep it unique: the cut part's digest stands in for it
+        name = f"{name[: MAX_NAME_CHARS - 9]}-{hashlib.sha256(stem.encode()).hexdigest()[:8]}"
+    return name
+
+
 def submission_names(paths: Sequence[Path]) -> list[str]:
-    """Short unique names for report files: the file stem, or the path below the common folder."""
+    """Unique, safe names for report files, whatever the submissions are called: the file stem, or the
+    path below the common folder when stems repeat; a run's own report (`checksums`, `grades`) or a
+    name already taken (also in another case, for case-insensitive file systems) gets a suffix."""
     stems = [path.stem for path in paths]
     if len(set(stems)) < len(stems):
         common = Path(os.path.commonpath([str(path.resolve().parent) for path in paths]))
         stems = ["__".join(path.resolve().with_suffix("").relative_to(common).parts) for path in paths]
     names: list[str] = []
+    taken = set(RUN_REPORT_STEMS)
     for stem in stems:
-        name = re.sub(r"[^A-Za-z0-9._-]+", "_", stem) or "submission"
-        while name in names:  # the same file given twice
+        name = _file_stem(stem)
+        if name.casefold() in RUN_REPORT_STEMS:
+            name += "_submission"
+        while name.casefold() in taken:  # the same file given twice, or a name that differs only in case
             name += "_again"
         names.append(name)
+        taken.add(name.casefold())
     return names
