@@ -1,13 +1,18 @@
 """Grade submitted lab notebooks: run each in a sandboxed kernel, judge it outside, write reports.
 
     labkit grade SUBMISSION.ipynb [...] --out DIR [--lab LAB] [--cell-timeout S] [--total-timeout S] [--jobs N]
-                 [--hint-penalty F]
+                 [--hint-penalty F] [--shard K/N]
+    labkit grade merge SHARD_DIR [...] --out DIR
+
+A class too big for one machine is graded in shards: the same command with --shard K/N on each
+of N machines grades the submissions whose name hashes to shard K, and `labkit grade merge` checks
+the shards' reports and writes the reports one run over the whole class would have written.
 
 Each exercise's report says how many hints (labkit.hint) the notebook showed for it; they cost
 nothing unless --hint-penalty F takes F x the exercise's points per hint from a passed exercise.
 
 Writes DIR/NAME.json, DIR/NAME.xml (JUnit) and DIR/NAME.md for each submission,
-DIR/grades.csv for all of them and DIR/checksums.json last. Exits 0 once everything is
+DIR/grades.csv for all of them, DIR/run.json (what was run) and DIR/checksums.json last. Exits 0 once everything is
 graded, whatever the scores; 2 when the command itself is misused (an unknown lab, a
 bad timeout) or when it would grade several submissions with no sandbox to keep them apart.
 """
@@ -23,7 +28,7 @@ from labkit.grading.checks import exercises_for_lab
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `labkit grade` options."""
-    parser.add_argument("submissions", nargs="+", type=Path, help="notebooks to grade")
+    parser.add_argument("submissions", nargs="+", type=Path, help="notebooks to grade (or: merge SHARD_DIR ...)")
     parser.add_argument("--out", required=True, type=Path, help="folder for the reports (created if needed)")
     parser.add_argument("--lab", help="lab to grade against, e.g. lab2 (default: read from each notebook)")
     parser.add_argument(
@@ -55,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "only reported)",
     )
     parser.add_argument(
+        "--shard",
+        default="1/1",
+        help="grade only shard K of N of the submissions (by a hash of each name), e.g. 2/3; merge the N "
+        "folders with `labkit grade merge` (default 1/1: all)",
+    )
+    parser.add_argument(
         "--no-sandbox",
         action="store_true",
         help="run kernels without bubblewrap: each submission can then read and change the others' work",
@@ -71,14 +82,41 @@ def _refuse_without_sandbox(count: int, problem: str) -> str:
     )
 
 
+def _merge(args: argparse.Namespace) -> int:
+    from labkit.grading.shards import MergeError, merge_shards
+
+    folders = args.submissions[1:]
+    if not folders:
+        print("error: labkit grade merge needs the shards' output folders: labkit grade merge DIR1 DIR2 ... --out DIR")
+        return 2
+    try:
+        manifest, digest = merge_shards(folders, args.out)
+    except MergeError as error:
+        print(f"error: {error}")
+        return 2
+    print(
+        f"merged {len(folders)} shards into {args.out}/ (class table: grades.csv); sha256 of {manifest.name}: {digest}"
+    )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    """Grade, write the reports, print one line per submission."""
+    """Grade (or merge shards), write the reports, print one line per submission."""
     try:  # here rather than at the top, so `labkit --help` works without the [labs] extra
-        from labkit.grading.grader import GradeSettings, SetupError, grade_submissions
+        from labkit.grading.grader import GradeSettings, SetupError, class_summary, grade_submissions
         from labkit.grading.reports import write_reports
         from labkit.grading.sandbox import sandbox_problem
+        from labkit.grading.shards import parse_shard, run_info, shard_of
+        from labkit.grading.submissions import submission_names
     except ImportError as error:
         print(f"error: labkit grade needs {error.name}; install it with: pip install 'labkit[labs]'")
+        return 2
+    if args.submissions[0] == Path("merge"):
+        return _merge(args)
+    try:
+        shard = parse_shard(args.shard)
+    except ValueError as error:
+        print(f"error: {error}")
         return 2
     if args.cell_timeout <= 0 or args.total_timeout <= 0:
         print("error: --cell-timeout and --total-timeout must be positive numbers of seconds")
@@ -98,10 +136,13 @@ def run(args: argparse.Namespace) -> int:
     if args.memory_gb < 0:
         print("error: --memory-gb must be 0 (no limit) or a positive number of GiB")
         return 2
+    class_names = submission_names(args.submissions)  # of the whole class, so no name depends on the shard
+    mine = [i for i, name in enumerate(class_names) if shard_of(name, shard.count) == shard.index]
+    paths, names = [args.submissions[i] for i in mine], [class_names[i] for i in mine]
     use_sandbox = not args.no_sandbox
     if use_sandbox and (problem := sandbox_problem()):
-        if len(args.submissions) > 1:
-            print(_refuse_without_sandbox(len(args.submissions), problem))
+        if len(paths) > 1:
+            print(_refuse_without_sandbox(len(paths), problem))
             return 2
         print(f"note: grading the one submission without a sandbox: {problem}")
         use_sandbox = False
@@ -116,8 +157,10 @@ def run(args: argparse.Namespace) -> int:
         memory_bytes=int(args.memory_gb * 2**30) or None,
         hint_penalty=args.hint_penalty,
     )
+    if shard.count > 1:
+        print(f"shard {shard}: grading {len(paths)} of the {len(class_names)} submissions")
     try:
-        grades = grade_submissions(args.submissions, settings, seed=args.seed, jobs=args.jobs)
+        grades = grade_submissions(paths, settings, seed=args.seed, jobs=args.jobs, names=names) if paths else []
     except SetupError as error:
         print(f"error: {error}")
         return 2
@@ -125,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
     for grade in grades:
         outcome = grade.error or ", ".join(f"{result.exercise} {result.label}" for result in grade.results)
         print(f"{grade.name}: {grade.score:g} / {grade.max_score:g}  ({outcome})")
-    manifest, digest = write_reports(grades, args.out)
+    print(class_summary(grades))
+    manifest, digest = write_reports(grades, args.out, run_info(settings, args.seed, shard, class_names, names))
     print(f"reports in {args.out}/ (class table: grades.csv); sha256 of {manifest.name}: {digest}")
     return 0

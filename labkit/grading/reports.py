@@ -1,10 +1,11 @@
 """The grader's reports: JSON for machines, JUnit XML for CI, Markdown for people, CSV for the class.
 
 Per submission NAME: NAME.json, NAME.xml and NAME.md; for the whole run: grades.csv
-with one row per submission and one column per exercise, and last checksums.json with
-the SHA-256 of every other report, whose own digest the grader prints: a report changed
-after the run no longer matches, and a changed checksums.json no longer matches the
-printed digest. Files are always written fresh, over anything else in the folder.
+with one row per submission and one column per exercise, run.json (what was run: see
+`shards.run_info`), and last checksums.json with the SHA-256 of every other report, whose
+own digest the grader prints: a report changed after the run no longer matches, and a
+changed checksums.json no longer matches the printed digest. Files are always written
+fresh, over anything else in the folder.
 """
 
 from __future__ import annotations
@@ -15,9 +16,14 @@ import json
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from labkit.grading.grader import SubmissionGrade
 from labkit.grading.report_text import csv_cell, fenced
+from labkit.grading.result import CheckResult
+
+RUN_FILE = "run.json"
+CHECKSUMS_FILE = "checksums.json"
 
 
 def _points(value: float) -> str:
@@ -83,7 +89,7 @@ def write_submission_reports(grade: SubmissionGrade, out_dir: Path) -> list[Path
     grade = grade.as_reported()
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, xml_path, md_path = (out_dir / f"{grade.name}{suffix}" for suffix in (".json", ".xml", ".md"))
-    json_path.write_text(json.dumps(grade.to_dict(), indent=2) + "\n")
+    write_json(grade.to_dict(), json_path)
     to_junit(grade).write(xml_path, encoding="utf-8", xml_declaration=True)
     md_path.write_text(to_markdown(grade))
     return [json_path, xml_path, md_path]
@@ -104,15 +110,55 @@ def write_grades_csv(grades: Sequence[SubmissionGrade], path: Path) -> Path:
     return path
 
 
+def grade_from_dict(report: dict[str, Any]) -> SubmissionGrade:
+    """The grade a NAME.json report was written from (its inverse: `SubmissionGrade.to_dict`)."""
+    results = [
+        CheckResult(
+            passed=entry["passed"],
+            points=entry["points"],
+            message=entry["message"],
+            exercise=entry["id"],
+            status=entry["status"],
+            max_points=entry["max_points"],
+            hints_shown=entry["hints_shown"],
+        )
+        for entry in report["exercises"]
+    ]
+    return SubmissionGrade(
+        name=report["submission"],
+        path=report["path"],
+        lab=report["lab"],
+        seed=report["seed"],
+        results=results,
+        notes=report["notes"],
+        error=report["error"],
+        elapsed_s=report["elapsed_s"],
+    )
+
+
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def write_reports(grades: Sequence[SubmissionGrade], out_dir: Path) -> tuple[Path, str]:
-    """Write every report, then checksums.json with their SHA-256; return it and its own digest."""
-    written = [path for grade in grades for path in write_submission_reports(grade, out_dir)]
-    written.append(write_grades_csv(grades, out_dir / "grades.csv"))
-    manifest = out_dir / "checksums.json"
+def write_json(data: Any, path: Path) -> Path:
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def write_checksums(written: Sequence[Path], out_dir: Path) -> tuple[Path, str]:
+    """Write checksums.json with the SHA-256 of each written file; return it and its own digest."""
     checksums = {path.name: sha256_of(path) for path in written}
-    manifest.write_text(json.dumps({"algorithm": "sha256", "files": checksums}, indent=2) + "\n")
+    manifest = write_json({"algorithm": "sha256", "files": checksums}, out_dir / CHECKSUMS_FILE)
     return manifest, sha256_of(manifest)
+
+
+def write_reports(
+    grades: Sequence[SubmissionGrade], out_dir: Path, run: dict[str, Any] | None = None
+) -> tuple[Path, str]:
+    """Write every report (and `run` as run.json), then checksums.json; return it and its own digest."""
+    written = [path for grade in grades for path in write_submission_reports(grade, out_dir)]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written.append(write_grades_csv(grades, out_dir / "grades.csv"))
+    if run is not None:
+        written.append(write_json(run, out_dir / RUN_FILE))
+    return write_checksums(written, out_dir)
