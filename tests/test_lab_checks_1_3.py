@@ -55,9 +55,36 @@ def assert_fails(result, *phrases: str) -> None:
         assert phrase.lower() in result.message.lower(), f"{phrase!r} not in:\n{result.message}"
 
 
-def assert_passes(result) -> None:
+def assert_passes(result, *phrases: str) -> None:
     assert result.passed, result.message
     assert result.message.startswith("PASS")
+    for phrase in phrases:
+        assert phrase.lower() in result.message.lower(), f"{phrase!r} not in:\n{result.message}"
+    if not phrases:
+        assert "Note:" not in result.message, result.message
+
+
+def with_function(lab: str, function, name: str | None = None) -> dict:
+    """A solved notebook of its own in which one function is redefined (as running a cell again would)."""
+    namespace = _solutions(lab)
+    namespace[name or function.__name__] = function
+    return namespace
+
+
+def verdicts(lab: str, namespace: dict) -> dict[str, str]:
+    """Every exercise of the lab checked on ``namespace``: its status and message, by function name."""
+    from labkit.grading.checks import exercises_for_lab
+
+    return {exercise.functions[0]: evaluate(exercise.id, namespace=namespace) for exercise in exercises_for_lab(lab)}
+
+
+def assert_one_point_lost(results: dict, wrong: str, *phrases: str) -> None:
+    """Only the exercise of the wrong function fails (naming the mistake); each later one that calls it
+    passes, with a note that names the wrong piece."""
+    assert_fails(results[wrong], *phrases)
+    for name, result in results.items():
+        if name != wrong:
+            assert result.passed, result.message
 
 
 # --- every solution passes, and a blank says "not done" ------------------------------------
@@ -97,6 +124,33 @@ def test_a_blank_exercise_reads_not_done(lab1):
 
 
 @pytest.mark.lab1
+def test_an_inverted_mask_is_named_and_costs_only_its_own_point(lab1):
+    def causal_mask(num_tokens):  # the nn.MultiheadAttention convention: True = hidden
+        return torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=1)
+
+    assert_fails(evaluate("lab1.causal_mask", causal_mask), "True must mean *may look*", "marks the hidden keys")
+    results = verdicts("lab1", with_function("lab1", causal_mask))
+    assert_one_point_lost(results, "causal_mask", "True must mean *may look*")
+    for later in ("prefill", "generate_without_cache"):
+        assert_passes(results[later], f"your {later} is right", "your causal_mask (exercise 1) still fails")
+
+
+@pytest.mark.lab1
+def test_a_wrong_prefill_costs_only_its_own_point(lab1):
+    namespace = _solutions("lab1")  # a notebook of its own: the later functions call what it defines
+    exec(
+        "def prefill(model, prompt_ids):\n"
+        "    ids = torch.tensor(prompt_ids[:-1])\n"
+        "    mask = causal_mask(len(ids))\n"
+        "    return model.forward(ids, torch.arange(len(ids)), lambda layer, q, k, v: attention(q, k, v, mask))\n",
+        namespace,
+    )
+    results = verdicts("lab1", namespace)
+    assert_one_point_lost(results, "prefill", "the prompt's last token is missing")
+    assert_passes(results["generate_without_cache"], "your prefill (exercise 3) still fails")
+
+
+@pytest.mark.lab1
 def test_mask_of_the_future_and_mask_without_diagonal_are_named():
     assert_fails(evaluate("lab1.causal_mask", lambda n: torch.triu(torch.ones(n, n, dtype=torch.bool))), "j <= i")
     assert_fails(
@@ -118,6 +172,20 @@ def test_attention_without_scaling_wrong_head_pairing_and_transposed_output_fail
     def heads_first(q, k, v, mask):
         return lab1["attention"](q, k, v, mask).transpose(0, 1)
 
+    def softmax_over_queries(q, k, v, mask):
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
+        return torch.einsum("hqk,khd->qhd", scores.masked_fill(~mask, float("-inf")).softmax(dim=1), v)
+
+    def masked_to_zero(q, k, v, mask):
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
+        return torch.einsum("hqk,khd->qhd", scores.masked_fill(~mask, 0.0).softmax(dim=-1), v)
+
+    assert_fails(evaluate("lab1.attention", softmax_over_queries), "softmax runs over the queries")
+    assert_fails(evaluate("lab1.attention", masked_to_zero), "Masked scores were set to 0", "-inf")
     assert_fails(evaluate("lab1.attention", unscaled), "sqrt(head_dim)")
     assert_fails(evaluate("lab1.attention", tiled_heads), "repeat_interleave")
     assert_fails(evaluate("lab1.attention", heads_first), "shape", "wrong order")
@@ -170,8 +238,34 @@ def test_decoding_without_cache_mistakes_are_named(lab1):
             sequence.append(int(prefill(model, sequence)[0].argmax()))
         return sequence[len(prompt) :]
 
+    def with_prompt(model, prompt, steps):
+        sequence = list(prompt)
+        for _ in range(steps):
+            sequence.append(int(prefill(model, sequence)[-1].argmax()))
+        return sequence
+
+    def stops_at_end_of_text(model, prompt, steps):
+        sequence = list(prompt)
+        for _ in range(steps):
+            sequence.append(int(prefill(model, sequence)[-1].argmax()))
+            if sequence[-1] == model.tokenizer.eos_token_id:
+                break
+        return sequence[len(prompt) :]
+
+    def at_least_one(model, prompt, steps):
+        sequence = list(prompt)
+        while True:
+            sequence.append(int(prefill(model, sequence)[-1].argmax()))
+            if len(sequence) - len(prompt) >= steps:
+                return sequence[len(prompt) :]
+
     assert_fails(evaluate("lab1.generate_without_cache", only_new_token), "step 1", "whole sequence")
     assert_fails(evaluate("lab1.generate_without_cache", first_row), "last row")
+    result = evaluate("lab1.generate_without_cache", with_prompt)
+    assert_fails(result, "the prompt's", "return only the new tokens")
+    assert "each step must run the whole sequence" not in result.message
+    assert_fails(evaluate("lab1.generate_without_cache", stops_at_end_of_text), "end-of-text", "exactly max_new_tokens")
+    assert_fails(evaluate("lab1.generate_without_cache", at_least_one), "max_new_tokens=0", "no times")
 
 
 # --- lab 2 ----------------------------------------------------------------------------------
@@ -320,8 +414,18 @@ def test_padding_mistakes_are_named(lab3):
         ids, is_real, _ = lab3["left_pad"](prompts, pad_id)
         return ids, is_real, torch.arange(ids.shape[1]).expand_as(ids).clone()
 
+    def integer_flags(prompts, pad_id):
+        ids, is_real, positions = lab3["left_pad"](prompts, pad_id)
+        return ids, is_real.long(), positions
+
+    def pads_are_zero(prompts, pad_id):
+        return lab3["left_pad"](prompts, 0)
+
     assert_fails(evaluate("lab3.left_pad", _right_pad), "right padding", "LEFT")
     assert_fails(evaluate("lab3.left_pad", from_row_start), "start of the row", "first real token is at 0")
+    assert_fails(evaluate("lab3.left_pad", integer_flags), "is_real has dtype torch.int64", "bool")
+    for seed in range(5):  # the pad id is never 0, whatever the seed
+        assert_fails(evaluate("lab3.left_pad", pads_are_zero, seed=seed), "ids at")
 
 
 @pytest.mark.lab3
@@ -339,20 +443,78 @@ def test_mask_mistakes_are_named(lab3):
     assert_fails(evaluate("lab3.padded_causal_mask", lambda r, n: right(r, n).transpose(1, 2)), "swapped")
 
 
+def _pads_visible(key_is_real, num_queries):
+    return labkit_causal_mask(num_queries, key_is_real.shape[1])[None].expand(key_is_real.shape[0], -1, -1).clone()
+
+
+@pytest.mark.lab3
+@pytest.mark.parametrize(
+    "wrong, piece, phrase",
+    [("left_pad", _right_pad, "right padding"), ("padded_causal_mask", _pads_visible, "pads are visible")],
+)
+def test_a_wrong_pad_or_mask_costs_only_its_own_point(lab3, wrong, piece, phrase):
+    results = verdicts("lab3", with_function("lab3", piece, wrong))
+    assert_one_point_lost(results, wrong, phrase)
+    number = 1 if wrong == "left_pad" else 2
+    assert_passes(
+        results["generate_static_batch"],
+        "your generate_static_batch is right",
+        f"your {wrong} (exercise {number}) still fails",
+    )
+    assert "Note:" not in results["padding_waste"].message
+
+
+def _batch_with(lab3, body: str):
+    """The solved generate_static_batch with one line replaced (``old -> new``), defined in the lab's namespace."""
+    old, new = body.split(" -> ")
+    source = _solved_source("lab3", "generate_static_batch")
+    assert old in source, old
+    namespace = dict(lab3)
+    exec(source.replace(old, new), namespace)
+    return namespace["generate_static_batch"]
+
+
+def _solved_source(lab: str, name: str) -> str:
+    notebook = nbformat.read(SOURCES / LAB_FILES[lab], as_version=4)
+    return next(cell.source for cell in notebook.cells if f"exercise:{lab}.{name}" in cell.metadata.get("tags", []))
+
+
+@pytest.mark.lab3
+@pytest.mark.parametrize(
+    "edit, phrases",
+    [
+        pytest.param(
+            "        if step == max(max_new_tokens) - 1:\n            break\n -> ",
+            ("decode passes", "wasted"),
+            id="one wasted pass at the end",
+        ),
+        pytest.param(
+            "            if len(outputs[row]) < max_new_tokens[row]: -> "
+            "            if len(outputs[row]) < max_new_tokens[row] and model.tokenizer.eos_token_id not in outputs[row]:",
+            ("end-of-text",),
+            id="a row stopped at end-of-text",
+        ),
+        pytest.param(
+            "            if len(outputs[row]) < max_new_tokens[row]: -> "
+            "            if len(outputs[row]) < max(max_new_tokens[row], 1):",
+            ("none when it is 0",),
+            id="one token for a row asked for none",
+        ),
+        pytest.param(
+            "    next_positions = torch.tensor([len(p) for p in prompts], device=device) -> "
+            "    next_positions = torch.full((rows,), width, device=device)",
+            ("padded width",),
+            id="positions from the padded width",
+        ),
+    ],
+)
+def test_static_batch_decoding_mistakes_are_named(lab3, edit, phrases):
+    assert_fails(evaluate("lab3.generate_static_batch", _batch_with(lab3, edit)), *phrases)
+
+
 @pytest.mark.lab3
 def test_static_batch_mistakes_are_named(lab3):
     generate = lab3["generate_static_batch"]
-    original_pad, original_mask = lab3["left_pad"], lab3["padded_causal_mask"]
-    try:
-        lab3["left_pad"] = _right_pad
-        assert_fails(evaluate("lab3.generate_static_batch", generate), "right padding")
-        lab3["left_pad"] = original_pad
-        lab3["padded_causal_mask"] = lambda key_is_real, n: labkit_causal_mask(n, key_is_real.shape[1])[None].expand(
-            key_is_real.shape[0], -1, -1
-        )
-        assert_fails(evaluate("lab3.generate_static_batch", generate), "pads leak")
-    finally:
-        lab3["left_pad"], lab3["padded_causal_mask"] = original_pad, original_mask
 
     def until_shortest(model, prompts, max_new, pad_id):
         shortest = min(max_new)

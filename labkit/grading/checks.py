@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from labkit.grading.result import Mismatch
+from labkit.grading.result import Mismatch, Note
 
 
 def call_first_function(functions: Sequence[Callable[..., Any]], inputs: Any) -> Any:
@@ -37,23 +37,27 @@ class Exercise:
       outputs as plain data (tensors, numbers, strings, lists, tuples, dicts).
     - `oracle(inputs)`: the expected outputs, computed by the grader (use the real
       model wherever there is one).
-    - `compare(expected, got)`: None when right, else the first `Mismatch`.
+    - `compare(expected, got)`: None when right (or a `Note` to say more), else the first `Mismatch`.
     - `tested`: one line saying what is checked; `hint`: what to look at when it fails.
     - `measured_once`: the oracle measures this machine (a load test) rather than computing from
       the seed: its inputs do not depend on the seed, and one measurement per process serves
       every submission (and every re-run of the check), so grading a class costs one, not sixty.
+    - `builds_on`: ids of earlier exercises whose functions this one's calls by name; it is graded
+      with the course's own in their place (see `labkit.labs.checking.pieces`), and a notebook cell
+      that runs the learner's whole chain waits for all of them (`labkit.labs.checking.gate`).
     """
 
     id: str
     functions: tuple[str, ...]
     make_inputs: Callable[[int], Any]
     oracle: Callable[[Any], Any]
-    compare: Callable[[Any, Any], Mismatch | None]
+    compare: Callable[[Any, Any], Mismatch | Note | None]
     tested: str
     hint: str
     points: float = 1.0
     run: Callable[[Sequence[Callable[..., Any]], Any], Any] = call_first_function
     measured_once: bool = False
+    builds_on: tuple[str, ...] = ()
 
     @property
     def lab(self) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 from labkit.grading.attempt import OK, Attempt, describe_exception
 from labkit.grading.checks import Exercise
-from labkit.grading.result import FAIL, NOT_DONE, PASS, STATUS_LABELS, CheckResult, Mismatch
+from labkit.grading.result import FAIL, NOT_DONE, PASS, STATUS_LABELS, CheckResult, Mismatch, Note
 
 _NOT_DONE_ADVICE = (
     "write your code in place of the `raise NotImplementedError(...)` line, run that cell, then run this check again."
@@ -22,7 +22,7 @@ def verdict(exercise: Exercise, status: str, detail: str = "", hint: str | None 
     """A CheckResult with the standard message for this status."""
     headline = f"{STATUS_LABELS[status]} {exercise.id}"
     if status == PASS:
-        lines = [headline, f"Tested: {exercise.tested}"]
+        lines = [headline, f"Tested: {exercise.tested}"] + ([f"Note: {detail}"] if detail else [])
     elif status == NOT_DONE:
         lines = [f"{headline}: {_NOT_DONE_ADVICE}"]
     else:
@@ -59,6 +59,6 @@ def judge(exercise: Exercise, attempt: Attempt, expected: Any) -> CheckResult:
         mismatch = exercise.compare(expected, attempt.outputs)
     except Exception as error:  # odd learner output that the comparer did not foresee
         mismatch = Mismatch(f"your output could not be compared with the expected one ({describe_exception(error)})")
-    if mismatch is None:
-        return verdict(exercise, PASS)
+    if mismatch is None or isinstance(mismatch, Note):
+        return verdict(exercise, PASS, mismatch.text if mismatch else "")
     return verdict(exercise, FAIL, mismatch.difference, mismatch.hint)

@@ -44,6 +44,14 @@ class Mismatch:
 
 
 @dataclass(frozen=True)
+class Note:
+    """What a comparer returns for a right answer with a remark on something else: the point is earned,
+    and the message says it ("your prefill is right; your causal_mask (exercise 1) still fails: ...")."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class CheckResult:
     """A verdict: passed or not, the points earned, and the message shown to the learner."""
 

@@ -3,7 +3,9 @@
 The learner writes a causal mask, attention with grouped-query heads, a prefill that runs the
 whole prompt through ``model.forward`` in one pass, and a decode loop without a cache that
 reruns the whole sequence for every new token. The oracles are the math (for the mask and
-attention) and Hugging Face transformers' own forward pass (for prefill and decoding).
+attention) and Hugging Face transformers' own forward pass (for prefill and decoding). Prefill
+and decoding are graded on the course's own mask, attention and prefill (``on_its_own``), so one
+mistake costs one point; the learner's own earlier pieces are checked on the side.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from labkit.labs.checking.diagnose import (
     known_attention_mistakes,
 )
 from labkit.labs.checking.learner_errors import diagnosed
+from labkit.labs.checking.pieces import Piece, on_its_own
 from labkit.labs.checking.recording import RecordingModel
 from labkit.labs.checking.shared import (
     course_model,
+    ends_early_prompt,
     greedy_without_cache,
     pick_prompts,
-    prompt_and_steps,
     rng,
     torch_generator,
     transformers_logits,
@@ -41,6 +44,11 @@ from labkit.labs.hints import register_hints
 
 def _mask_sizes(seed: int) -> tuple[list[int]]:
     return ([1, 2, 5, rng(seed).randint(6, 12)],)
+
+
+def course_causal_mask(num_tokens: int) -> torch.Tensor:
+    """The course's answer to exercise 1, used in place of the learner's when a later exercise is graded."""
+    return causal_mask(num_tokens, num_tokens)
 
 
 def _mask_oracle(inputs) -> dict[str, list[torch.Tensor]]:
@@ -60,13 +68,19 @@ def _compare_masks(expected, got) -> Mismatch | None:
         ):
             mine = got[index]
             if isinstance(mine, torch.Tensor) and mine.shape == mask.shape and mine.dtype == torch.bool:
+                if mask.shape[0] > 1 and torch.equal(mine, ~mask):
+                    return Mismatch(
+                        f"case {index} ({mask.shape[0]} tokens): your mask is True exactly where the key is hidden",
+                        "True must mean *may look*: this mask marks the hidden keys (the convention of "
+                        "nn.MultiheadAttention's attn_mask). Return the opposite: True where j <= i.",
+                    )
                 if mask.shape[0] > 1 and torch.equal(mine, future):
                     return Mismatch(
                         f"case {index} ({mask.shape[0]} tokens): row 0 lets the first token see every later token",
                         "You marked the future instead of the past: query i may look at key j when j <= i "
                         "(torch.tril), not j >= i.",
                     )
-                if torch.equal(mine, no_self):
+                if mask.shape[0] > 1 and torch.equal(mine, no_self):
                     return Mismatch(
                         f"case {index} ({mask.shape[0]} tokens): the diagonal is False",
                         "A token must be able to look at itself: use j <= i, not j < i.",
@@ -76,7 +90,7 @@ def _compare_masks(expected, got) -> Mismatch | None:
     )
 
 
-register(
+MASK = register(
     diagnosed(
         Exercise(
             id="lab1.causal_mask",
@@ -138,7 +152,7 @@ def _compare_attention(expected, got) -> Mismatch | None:
     return None
 
 
-register(
+ATTENTION = register(
     diagnosed(
         Exercise(
             id="lab1.attention",
@@ -157,6 +171,14 @@ register(
 )
 
 # --- lab1.prefill -------------------------------------------------------------------------
+
+
+def course_prefill(model, prompt_ids: list[int]) -> torch.Tensor:
+    """The course's answer to exercise 3, used in place of the learner's when exercise 4 is graded."""
+    n = len(prompt_ids)
+    mask = causal_mask(n, n, model.device)
+    ids, positions = torch.tensor(prompt_ids, device=model.device), torch.arange(n, device=model.device)
+    return model.forward(ids, positions, lambda layer, q, k, v: attention(q, k, v, mask))
 
 
 def _one_prompt(seed: int) -> tuple[Any, list[int]]:
@@ -180,47 +202,102 @@ def _compare_prefill(expected, got) -> Mismatch | None:
         )
     sent = calls[0]["input_ids"].tolist()
     if sent != prompt:
-        return Mismatch(
-            f"model.forward got token ids {sent}, expected the prompt {prompt}",
-            "Pass the prompt's token ids, in order, as one LongTensor.",
-        )
+        hint = "Pass the prompt's token ids, in order, as one LongTensor."
+        if sent == prompt[:-1]:
+            hint = (
+                "The prompt's last token is missing: its row of the logits predicts the reply's first token, "
+                "so every one of the T prompt tokens goes into the pass (torch.tensor(prompt_ids))."
+            )
+        return Mismatch(f"model.forward got token ids {sent}, expected the prompt {prompt}", hint)
     mismatch = check_positions(calls[0]["positions"], list(range(len(prompt))), "the prefill pass") or check_attention(
         calls, keeps_history=False
     )
     return mismatch or check_logits(expected["logits"], got["logits"], "logits")
 
 
-register(
-    diagnosed(
-        Exercise(
-            id="lab1.prefill",
-            functions=("prefill",),
-            make_inputs=_one_prompt,
-            run=_run_prefill,
-            oracle=lambda inputs: {"logits": transformers_logits(*inputs), "prompt": list(inputs[1])},
-            compare=_compare_prefill,
-            tested="prefill(model, prompt) on a short prompt with the default model: one forward pass, positions "
-            "0..T-1, causal attention at every layer, logits [T, vocab] equal to transformers' own forward pass",
-            hint="One model.forward over the whole prompt: its ids, positions 0 .. T-1, and an attend that is your attention "
-            'with your causal mask, all on model.device. labkit.hint("lab1.prefill") shows more.',
-        )
+PREFILL = diagnosed(
+    Exercise(
+        id="lab1.prefill",
+        functions=("prefill",),
+        make_inputs=_one_prompt,
+        run=_run_prefill,
+        oracle=lambda inputs: {"logits": transformers_logits(*inputs), "prompt": list(inputs[1])},
+        compare=_compare_prefill,
+        tested="prefill(model, prompt) on a short prompt with the default model (with the course's causal_mask and "
+        "attention in place of yours, which are checked on their own): one forward pass, positions 0..T-1, causal "
+        "attention at every layer, logits [T, vocab] equal to transformers' own forward pass",
+        hint="One model.forward over the whole prompt: its ids, positions 0 .. T-1, and an attend that is your attention "
+        'with your causal mask, all on model.device. labkit.hint("lab1.prefill") shows more.',
     )
 )
+register(on_its_own(PREFILL, Piece(MASK, course_causal_mask), Piece(ATTENTION, attention)))
 
 # --- lab1.generate_without_cache ------------------------------------------------------------
 
-
-def _run_generate(functions, inputs) -> dict[str, Any]:
-    model, ids, steps = inputs
-    recording = RecordingModel(model, record_layers=1)
-    tokens = functions[0](recording, list(ids), steps)
-    return {"tokens": tokens, "calls": recording.calls}
+# Tokens asked for in each case: a few, none at all, and more than the reply of ENDS_EARLY holds before
+# its end-of-text (which this exercise ignores).
+GENERATE_STEPS = (3, 0, 4)
 
 
-def _compare_generate(expected, got) -> Mismatch | None:
-    prompt, calls, tokens = expected["prompt"], got["calls"], got["tokens"]
-    mismatch = compare_tokens(expected["tokens"], tokens)
-    if not calls:
+def _generate_inputs(seed: int) -> tuple[Any, list[tuple[list[int], int]]]:
+    """The course model and three cases (prompt, max_new_tokens) of different prompt lengths."""
+    first, second = pick_prompts(seed, 2)
+    if len(second) == len(first):
+        second = second[:-1]  # asked for no tokens, so any cut of it is as good a case
+    return course_model(), list(zip((first, second, ends_early_prompt()), GENERATE_STEPS))
+
+
+def _run_generate(functions, inputs) -> list[dict[str, Any]]:
+    model, cases = inputs
+    runs = []
+    for ids, steps in cases:
+        # the first row of every pass's logits, to name "picked from logits[0]", and the last
+        recording = RecordingModel(model, record_layers=1, logits_rows=(0, -1))
+        tokens = functions[0](recording, list(ids), steps)
+        runs.append({"tokens": tokens, "calls": recording.calls})
+    return runs
+
+
+def _generate_oracle(inputs) -> dict[str, Any]:
+    model, cases = inputs
+    return {
+        "cases": [greedy_without_cache((model, ids, steps)) for ids, steps in cases],
+        "eos": model.tokenizer.eos_token_id,
+    }
+
+
+def _returned_problem(want: list[int], prompt: list[int], mine: Any, eos: int) -> Mismatch | None:
+    """Mistakes in what was returned that the passes alone would not show: the prompt too, a token for 0
+    asked, a stop at end-of-text."""
+    if not isinstance(mine, list) or mine == want:
+        return None
+    if mine == prompt + want:
+        return Mismatch(
+            f"you returned {len(mine)} tokens: the prompt's {len(prompt)} and then the {len(want)} new ones",
+            "Return only the new tokens (the caller already has the prompt).",
+        )
+    if not want:
+        return Mismatch(
+            f"max_new_tokens=0 asks for no tokens, and you returned {len(mine)}",
+            "Generate exactly max_new_tokens tokens: with 0 the loop runs no times and returns [].",
+        )
+    if eos in want and len(mine) < len(want) and mine == want[: len(mine)] and len(mine) >= want.index(eos):
+        return Mismatch(
+            f"you returned {len(mine)} tokens, stopping at end-of-text ({eos}); {len(want)} were asked for",
+            "Ignore end-of-text here: generate exactly max_new_tokens tokens (later labs' engine decides when "
+            "a request stops).",
+        )
+    return None
+
+
+def _compare_case(expected, got, eos: int) -> Mismatch | None:
+    """One case of the generation check: what came back, then the passes it made, then the tokens."""
+    prompt, want, calls, tokens = expected["prompt"], expected["tokens"], got["calls"], got["tokens"]
+    problem = _returned_problem(want, prompt, tokens, eos)
+    if problem:
+        return problem
+    mismatch = compare_tokens(want, tokens)
+    if want and not calls:
         return Mismatch("model.forward was never called", "Each new token needs one forward pass.")
     mine = [int(t) for t in tokens] if isinstance(tokens, list) else []
     for step, call in enumerate(calls[: len(mine)]):
@@ -240,9 +317,16 @@ def _compare_generate(expected, got) -> Mismatch | None:
         if position_problem:
             return position_problem
     attention_problem = check_attention(calls, keeps_history=False)
-    if attention_problem or mismatch is None:
+    if attention_problem:
         return attention_problem
-    step = next((i for i, (e, g) in enumerate(zip(expected["tokens"], mine)) if e != g), None)
+    if mismatch is None:
+        if len(calls) > len(want):
+            return Mismatch(
+                f"{len(calls)} forward passes for {len(want)} new tokens",
+                "One pass per new token: the pass that picks the last token is the last pass.",
+            )
+        return None
+    step = next((i for i, (e, g) in enumerate(zip(want, mine)) if e != g), None)
     if step is not None and step < len(calls):
         logits = calls[step]["logits"]
         if int(logits[0].argmax()) == mine[step] != int(logits[-1].argmax()):
@@ -254,21 +338,36 @@ def _compare_generate(expected, got) -> Mismatch | None:
     return mismatch
 
 
-register(
-    diagnosed(
-        Exercise(
-            id="lab1.generate_without_cache",
-            functions=("generate_without_cache",),
-            make_inputs=prompt_and_steps,
-            run=_run_generate,
-            oracle=greedy_without_cache,
-            compare=_compare_generate,
-            tested="generate_without_cache(model, prompt, n) with the default model: every step reruns the whole sequence "
-            "(positions from 0) and the n greedy tokens equal transformers' greedy choice",
-            hint="Every step reruns the whole sequence so far through prefill and keeps the last row's most likely token, "
-            'appended to the sequence and to the output. labkit.hint("lab1.generate_without_cache") shows more.',
-        )
+def _compare_generate(expected, got) -> Mismatch | None:
+    cases = expected["cases"]
+    if not isinstance(got, list) or len(got) != len(cases):
+        return Mismatch(f"expected one run per case ({len(cases)}), got {type(got).__name__}")
+    for index, (want, have) in enumerate(zip(cases, got)):
+        mismatch = _compare_case(want, have, expected["eos"])
+        if mismatch is not None:
+            steps = len(want["tokens"])
+            return mismatch.within(f"case {index} (a {len(want['prompt'])}-token prompt, max_new_tokens={steps})")
+    return None
+
+
+GENERATE = diagnosed(
+    Exercise(
+        id="lab1.generate_without_cache",
+        functions=("generate_without_cache",),
+        make_inputs=_generate_inputs,
+        run=_run_generate,
+        oracle=_generate_oracle,
+        compare=_compare_generate,
+        tested="generate_without_cache(model, prompt, n) with the default model, on the course's own prefill (yours "
+        "is checked on its own), for n = 3, 0 and 4 (a reply that reaches end-of-text, which this exercise "
+        "ignores): every step reruns the whole sequence (positions from 0), exactly n greedy tokens equal to "
+        "transformers' greedy choice, and only the new tokens returned",
+        hint="Every step reruns the whole sequence so far through prefill and keeps the last row's most likely token, "
+        'appended to the sequence and to the output. labkit.hint("lab1.generate_without_cache") shows more.',
     )
+)
+register(
+    on_its_own(GENERATE, Piece(MASK, course_causal_mask), Piece(ATTENTION, attention), Piece(PREFILL, course_prefill))
 )
 
 

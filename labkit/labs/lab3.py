@@ -4,6 +4,8 @@ The learner lays prompts of different lengths out as one rectangle (left padding
 counted from each prompt's first real token), writes the mask that hides pads and the future,
 decodes the whole batch until its longest member ends, and counts the slot-steps lost to
 padding. The oracle for the batch is each prompt decoded alone, greedily, with labkit's cache.
+The batch is graded on the course's own left_pad and mask (``on_its_own``), so one mistake costs
+one point; the learner's own are checked on the side.
 """
 
 from __future__ import annotations
@@ -12,15 +14,16 @@ from typing import Any
 
 import torch
 
-from labkit.engine.reference import solo_greedy
+from labkit.engine.reference import SoloRun, solo_greedy
 from labkit.grading.checks import Exercise, register
 from labkit.grading.compare import compare_tensors, compare_tokens
 from labkit.grading.result import Mismatch
 from labkit.kv.attention import causal_mask
 from labkit.labs.checking.diagnose import check_logits, check_positions
 from labkit.labs.checking.learner_errors import diagnosed
+from labkit.labs.checking.pieces import Piece, on_its_own
 from labkit.labs.checking.recording import RecordingModel
-from labkit.labs.checking.shared import course_model, pick_prompts, rng
+from labkit.labs.checking.shared import course_model, ends_early_prompt, pick_prompts, rng
 from labkit.labs.hints import register_hints
 from labkit.viz.timeline import batch_spans
 from labkit.workloads import LogNormal
@@ -29,10 +32,11 @@ from labkit.workloads import LogNormal
 
 
 def _pad_inputs(seed: int) -> tuple[list[list[int]], int]:
+    """Four prompts of four different lengths, and a pad id that is never 0 (nor any real token's id)."""
     pick = rng(seed)
-    lengths = [3, 1, 5] + [pick.randint(1, 6)]
+    lengths = [3, 1, 5] + [pick.choice((2, 4, 6))]
     prompts = [[pick.randint(10, 999) for _ in range(n)] for n in lengths]
-    return prompts, pick.choice((0, 2))
+    return prompts, pick.randint(2, 9)
 
 
 def padded_layout(prompts: list[list[int]], pad_id: int, left: bool = True) -> tuple[torch.Tensor, ...]:
@@ -68,6 +72,12 @@ def _compare_pad(expected, got) -> Mismatch | None:
             "Pad on the LEFT: then every row's last column holds its last real token, and the next "
             "token of every sequence is predicted from the same column.",
         )
+    if isinstance(got_real, torch.Tensor) and got_real.shape == is_real.shape and got_real.dtype != torch.bool:
+        return Mismatch(
+            f"is_real has dtype {got_real.dtype}, expected torch.bool",
+            "is_real is a mask, not a count: make it bool (torch.zeros(B, L, dtype=torch.bool)), so that it can "
+            "index and combine with & and ~ as a mask does.",
+        )
     for name, want, have, dims in (
         ("ids", ids, got_ids, ("row", "column")),
         ("is_real", is_real, got_real, ("row", "column")),
@@ -91,7 +101,7 @@ def _compare_pad(expected, got) -> Mismatch | None:
     return mismatch
 
 
-register(
+LEFT_PAD = register(
     diagnosed(
         Exercise(
             id="lab3.left_pad",
@@ -100,8 +110,8 @@ register(
             run=lambda functions, inputs: functions[0](*inputs),
             oracle=_pad_oracle,
             compare=_compare_pad,
-            tested="left_pad(prompts, pad_id) on 4 prompts of lengths 3, 1, 5 and one more: ids, is_real and positions "
-            "[B, L] (positions of pads are not checked)",
+            tested="left_pad(prompts, pad_id) on 4 prompts of lengths 3, 1, 5 and one more, with a pad id other than "
+            "0: ids, is_real (bool) and positions [B, L] (positions of pads are not checked)",
             hint="Rows are as wide as the longest prompt; a shorter prompt sits at the right end of its row, pads on the "
             'left; positions count from each prompt\'s first real token. labkit.hint("lab3.left_pad") shows more.',
         )
@@ -113,10 +123,15 @@ register(
 
 def _mask_inputs(seed: int) -> tuple[list[tuple[torch.Tensor, int]]]:
     pick = rng(seed)
-    lengths = [5, 2, pick.randint(1, 4)]
+    lengths = [5, 2, pick.choice((1, 3, 4))]
     _, prefill_real, _ = padded_layout([[1] * n for n in lengths], 0)
     decoded = torch.cat([prefill_real, torch.ones(3, 2, dtype=torch.bool)], dim=1)
     return ([(prefill_real, 5), (decoded, 1), (decoded, 2)],)
+
+
+def course_padded_causal_mask(key_is_real: torch.Tensor, num_queries: int) -> torch.Tensor:
+    """The course's answer to exercise 2, used in place of the learner's when exercise 3 is graded."""
+    return causal_mask(num_queries, key_is_real.shape[1], key_is_real.device)[None] & key_is_real[:, None, :]
 
 
 def _mask_oracle(inputs) -> dict[str, list[torch.Tensor]]:
@@ -160,7 +175,7 @@ def _compare_masks(expected, got) -> Mismatch | None:
     return None
 
 
-register(
+MASK = register(
     diagnosed(
         Exercise(
             id="lab3.padded_causal_mask",
@@ -181,11 +196,12 @@ register(
 
 
 def _batch_inputs(seed: int) -> tuple[Any, list[list[int]], list[int], int]:
+    """Four prompts of different lengths: a short one (so the batch surely pads), one asked for no tokens,
+    the longest asked for more than its reply holds before end-of-text (ignored here), and one more."""
     pick = rng(seed)
-    prompts = pick_prompts(seed, 3)
-    prompts[0] = prompts[0][:3]  # a short one, so the batch surely needs padding
-    max_new = [pick.randint(1, 3) for _ in prompts]
-    max_new[pick.randrange(len(prompts))] = 4
+    short, zero, other = pick_prompts(seed, 3)
+    prompts = [short[:3], zero, ends_early_prompt(), other]
+    max_new = [pick.randint(1, 3), 0, 5, pick.randint(2, 4)]
     return course_model(), prompts, max_new, 2
 
 
@@ -206,14 +222,21 @@ def _run_batch(functions, inputs) -> dict[str, Any]:
     }
 
 
+def _solo(model, prompt: list[int], max_new: int) -> SoloRun:
+    """The prompt decoded alone for exactly ``max_new`` tokens, end-of-text ignored (none for 0)."""
+    run = solo_greedy(model, prompt, max(max_new, 1), ignore_eos=True)
+    return SoloRun(run.tokens[:max_new], run.logits[:max_new], run.gaps[:max_new])
+
+
 def _batch_oracle(inputs) -> dict[str, Any]:
     model, prompts, max_new, _ = inputs
-    solo = [solo_greedy(model, p, n, ignore_eos=True) for p, n in zip(prompts, max_new)]
+    solo = [_solo(model, p, n) for p, n in zip(prompts, max_new)]
     return {
         "outputs": [run.tokens for run in solo],
         "logits": [[logit.cpu() for logit in run.logits] for run in solo],
         "prompts": [list(p) for p in prompts],
         "max_new": list(max_new),
+        "eos": model.tokenizer.eos_token_id,
     }
 
 
@@ -248,20 +271,19 @@ def _compare_layout(prompts: list[list[int]], calls: list[dict]) -> Mismatch | N
     return None
 
 
-def _compare_batch(expected, got) -> Mismatch | None:
-    prompts, max_new, calls = expected["prompts"], expected["max_new"], got["calls"]
-    mismatch = _compare_layout(prompts, calls)
-    if mismatch:
-        return mismatch
-    steps = max(max_new)
-    decodes = calls[1:]
-    if len(decodes) < steps - 1:
+def _compare_decode_passes(prompts: list[list[int]], steps: int, decodes: list[dict]) -> Mismatch | None:
+    """The decode passes: as many as the longest request needs, one token per row, each row at its own position."""
+    if len(decodes) != steps - 1:
         return Mismatch(
             f"the batch made {len(decodes)} decode passes; its longest member needs {steps} tokens, so "
             f"{steps - 1} decode passes after the prefill",
-            "A static batch runs until its LONGEST member ends.",
+            "A static batch runs until its LONGEST member ends."
+            if len(decodes) < steps - 1
+            else "The prefill's logits give every row's first token and each decode pass one more, so the pass "
+            "after the longest request's last token is wasted: stop before it.",
         )
-    for step, call in enumerate(decodes[: steps - 1], start=1):
+    width = max(map(len, prompts))
+    for step, call in enumerate(decodes, start=1):
         if call["input_ids"].numel() != len(prompts):
             return Mismatch(
                 f"decode pass {step} fed {call['input_ids'].numel()} tokens for {len(prompts)} rows",
@@ -269,8 +291,22 @@ def _compare_batch(expected, got) -> Mismatch | None:
             )
         expected_positions = [len(p) + step - 1 for p in prompts]
         mismatch = check_positions(call["positions"], expected_positions, f"decode pass {step}")
+        if mismatch and call["positions"].tolist() == [width + step - 1] * len(prompts):
+            return Mismatch(
+                mismatch.difference,
+                "Every row got the padded width as its position. A position counts the row's own tokens, pads "
+                "excluded: row b's next position is len(prompts[b]), then one more per step.",
+            )
         if mismatch:
             return mismatch
+    return None
+
+
+def _compare_batch(expected, got) -> Mismatch | None:
+    prompts, max_new, calls = expected["prompts"], expected["max_new"], got["calls"]
+    mismatch = _compare_layout(prompts, calls) or _compare_decode_passes(prompts, max(max_new), calls[1:])
+    if mismatch:
+        return mismatch
     outputs = got["outputs"]
     if not isinstance(outputs, list) or len(outputs) != len(prompts):
         return Mismatch(f"expected a list of {len(prompts)} token lists, one per prompt, got {type(outputs).__name__}")
@@ -278,13 +314,20 @@ def _compare_batch(expected, got) -> Mismatch | None:
     problems = {row: _row_problem(row, expected, got) for row in range(len(prompts))}
     failures = [row for row, problem in problems.items() if problem]
     for row in failures:
-        mismatch = problems[row]
+        mismatch, mine, want = problems[row], outputs[row], expected["outputs"][row]
         label = f"sequence {row} (prompt of {len(prompts[row])} tokens, {max_new[row]} new) against its solo run"
-        if isinstance(outputs[row], list) and len(outputs[row]) > max_new[row]:
+        if isinstance(mine, list) and len(mine) > max_new[row]:
             return Mismatch(
                 mismatch.difference,
-                "Keep only each sequence's first max_new_tokens[b] tokens: what a "
+                "Keep only each sequence's first max_new_tokens[b] tokens (none when it is 0): what a "
                 "finished row produces afterwards is padding work.",
+            ).within(label)
+        eos = expected["eos"]
+        if isinstance(mine, list) and mine and mine[-1] == eos and mine == want[: len(mine)]:
+            return Mismatch(
+                mismatch.difference,
+                "This row stopped at end-of-text. Ignore it here: every row gets exactly max_new_tokens[b] "
+                "tokens (the next lab's scheduler lets a request finish early).",
             ).within(label)
         if all(padded[r] for r in failures) and not any(padded[r] for r in range(len(prompts)) if r not in failures):
             return Mismatch(
@@ -305,24 +348,25 @@ def _row_problem(row: int, expected, got) -> Mismatch | None:
     return compare_tokens(expected["outputs"][row], got["outputs"][row])
 
 
-register(
-    diagnosed(
-        Exercise(
-            id="lab3.generate_static_batch",
-            functions=("generate_static_batch",),
-            make_inputs=_batch_inputs,
-            run=_run_batch,
-            oracle=_batch_oracle,
-            compare=_compare_batch,
-            tested="generate_static_batch(model, prompts, max_new_tokens, pad_id) on 3 prompts of different lengths with the "
-            "default model: left-padded prefill, one token per row per step until the longest ends, and every "
-            "sequence equal to its solo greedy run",
-            hint="Prefill the padded rectangle once, reading each row's last column; then each step adds one real column "
-            "for every row, at the position that counts that row's tokens so far, until the longest request ends. "
-            'labkit.hint("lab3.generate_static_batch") shows more.',
-        )
+STATIC_BATCH = diagnosed(
+    Exercise(
+        id="lab3.generate_static_batch",
+        functions=("generate_static_batch",),
+        make_inputs=_batch_inputs,
+        run=_run_batch,
+        oracle=_batch_oracle,
+        compare=_compare_batch,
+        tested="generate_static_batch(model, prompts, max_new_tokens, pad_id) on 4 prompts of different lengths with the "
+        "default model, on the course's own left_pad and mask (yours are checked on their own), one row asked for "
+        "no tokens and one for more than its reply holds before end-of-text: left-padded prefill, one token per "
+        "row per step until the longest ends (no pass after it), and every sequence equal to its solo greedy run",
+        hint="Prefill the padded rectangle once, reading each row's last column; then each step adds one real column "
+        "for every row, at the position that counts that row's tokens so far, until the longest request ends. "
+        'labkit.hint("lab3.generate_static_batch") shows more.',
     )
 )
+register(on_its_own(STATIC_BATCH, Piece(LEFT_PAD, padded_layout), Piece(MASK, course_padded_causal_mask)))
+
 
 # --- lab3.padding_waste -------------------------------------------------------------------
 

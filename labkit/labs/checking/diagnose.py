@@ -35,6 +35,16 @@ def _scaled_by_one(q, k, v, mask):
     return out.transpose(0, 1)
 
 
+def _softmax_wrong(q, k, v, mask, masked_score: float = float("-inf"), dim: int = -1):
+    """Attention with the masked scores set to ``masked_score`` and the softmax taken over ``dim``
+    ([Hq, Tq, Tk] scores: -1 is over the keys, the right axis; -2 over the queries)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / q.shape[-1] ** 0.5
+    weights = torch.softmax(scores.masked_fill(~mask, masked_score), dim=dim)
+    return torch.einsum("hqk,khd->qhd", weights, v)
+
+
 def _heads_tiled(q, k, v, mask):
     """Query head h paired with KV head h % Hkv (tiling) instead of h // group (blocks)."""
     repeats = q.shape[1] // k.shape[1]
@@ -52,6 +62,12 @@ def known_attention_mistakes(
         "(a lower-triangular boolean mask, True where the query may look).": attention(q, keys, values, None),
         "Scores were not divided by sqrt(head_dim): softmax(q·kᵀ / √D) keeps the scores in a range "
         "where softmax is not almost one-hot.": _scaled_by_one(q, keys, values, causal),
+        "The softmax runs over the queries: each key's weights sum to 1. It must run over the keys (the "
+        "last axis of [Hq, Tq, Tk] scores), so that each query's weights sum to 1.": _softmax_wrong(
+            q, keys, values, causal, dim=-2
+        ),
+        "Masked scores were set to 0, which still gets weight after the softmax (e^0 = 1). Set them to "
+        "-inf: e^-inf = 0, so a hidden key gets no weight at all.": _softmax_wrong(q, keys, values, causal, 0.0),
     }
     if q.shape[1] != keys.shape[1]:
         mistakes[

@@ -3,8 +3,10 @@
 A demo cell written as ``if passed("lab2.generate_with_cache"): ...`` runs its body when the
 learner's function passes the check, and otherwise prints that it is skipped until that exercise
 passes. A function that is merely attempted is not enough: a wrong one would print garbage or
-crash the demo, far from the mistake. The verdict is kept per function object, so a cell that
-asks again costs nothing, and redefining the function (running its cell again) asks afresh.
+crash the demo, far from the mistake. An exercise graded on the course's own earlier pieces
+(``Exercise.builds_on``) also waits for those exercises: the demo runs the learner's whole chain.
+The verdict is kept per function object, so a cell that asks again costs nothing, and redefining
+the function (running its cell again) asks afresh.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def passed(*exercise_ids: str) -> bool:
     The learner's functions are looked up among the caller's globals (the notebook's variables).
     """
     namespace = sys._getframe(1).f_globals
-    for exercise_id in exercise_ids:
+    needed = dict.fromkeys(earlier for one in exercise_ids for earlier in (*get_exercise(one).builds_on, one))
+    for exercise_id in needed:
         if not passes(exercise_id, namespace):
             exercise = get_exercise(exercise_id)
             print(

@@ -5,11 +5,16 @@ the real forward pass, and keeps what went in (token ids, positions), what the l
 ``attend`` produced at each layer (with the q, k, v it was given) and what came out
 (logits). The check then compares those with the oracle and can say *where* they part:
 "call 2 got position 7, expected 6" or "layer 0: attention ignores the cache".
+
+It keeps only what a check will read (``record_layers``, ``logits_rows``): the grader refuses a
+result much bigger than the expected answer, so a recording of every [T, vocab] logit of a long
+decode would cost an honest learner their point.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -24,9 +29,12 @@ class AttentionShapeError(ValueError):
 class RecordingModel:
     """Looks like a LlamaModel to the learner (forward, config, device, dtype, tokenizer)."""
 
-    def __init__(self, model: LlamaModel, record_layers: int | None = None):
+    def __init__(self, model: LlamaModel, record_layers: int | None = None, logits_rows: Sequence[int] | None = None):
+        """``record_layers``: how many layers' attention to keep (all by default); ``logits_rows``: which rows
+        of each pass's logits to keep, e.g. ``(0, -1)`` (all by default)."""
         self._model = model
         self._record_layers = model.config.num_layers if record_layers is None else record_layers
+        self._logits_rows = None if logits_rows is None else list(logits_rows)
         self.calls: list[dict[str, Any]] = []
 
     @property
@@ -76,7 +84,7 @@ class RecordingModel:
                 "seconds": time.perf_counter() - start,
                 "input_ids": input_ids.detach().clone().cpu(),
                 "positions": positions.detach().clone().cpu(),
-                "logits": logits.detach().clone().cpu(),
+                "logits": (logits if self._logits_rows is None else logits[self._logits_rows]).detach().clone().cpu(),
                 "attention": layers,
             }
         )

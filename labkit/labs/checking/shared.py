@@ -30,6 +30,11 @@ PROMPTS = (
 )
 
 
+# A chat turn whose greedy reply ends early: "Hello." then end-of-text (<|im_end|>), its 3rd token. A
+# decoding check asks it for more tokens than that, so code that stops at end-of-text is seen to.
+ENDS_EARLY = "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+
+
 @functools.lru_cache(maxsize=1)
 def course_model() -> LlamaModel:
     """The default model in fp32 on labkit's device, loaded once per process (notebook and checks share it).
@@ -56,6 +61,11 @@ def pick_prompts(seed: int, count: int) -> list[list[int]]:
     tokenizer = course_model().tokenizer
     texts = rng(seed).sample(PROMPTS, count)
     return [list(tokenizer.encode(text)) for text in texts]
+
+
+def ends_early_prompt() -> list[int]:
+    """The token ids of ``ENDS_EARLY``, a prompt whose greedy reply reaches end-of-text at its 3rd token."""
+    return list(course_model().tokenizer.encode(ENDS_EARLY))
 
 
 def torch_generator(seed: int) -> torch.Generator:

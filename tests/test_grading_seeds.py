@@ -1,0 +1,81 @@
+"""An honest notebook keeps every point under every seed: each lab's solved exercises, graded over several seeds.
+
+Each submission draws a seed of its own, so a check whose inputs sometimes trip a right answer (a
+result too big for the grader's budget, a near-tie, an unlucky draw) takes a point from an honest
+learner now and then. Here every lab's solved exercise cells run in-process and go through what the
+grader does with them for each seed: the learner's half is run and saved as the kernel saves it, the
+file is loaded back under the budget drawn from the expected answer, and the verdict must be PASS.
+(The sandboxed path itself is tested once per lab in test_grading_labs.py and test_grading_grader.py.)
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from labkit.grading.attempt import attempt_in_namespace
+from labkit.grading.checks import exercises_for_lab
+from labkit.grading.judge import expected_outputs, judge, verdict
+from labkit.grading.judge_process import _attempt
+from labkit.grading.result import ERROR
+from labkit.grading.result_check import ResultRefused, budget_for, file_limit, load_result
+
+SOURCES = Path(__file__).resolve().parents[1] / "labs" / "source"
+SEEDS = range(1, 6)
+LABS = [
+    pytest.param("lab1", range(1, 21), marks=pytest.mark.lab1),  # 20 seeds: the issue it fixes lost a point in 6 of 10
+    pytest.param("lab2", SEEDS, marks=pytest.mark.lab2),
+    pytest.param("lab3", SEEDS, marks=pytest.mark.lab3),
+    pytest.param("lab4", SEEDS, marks=pytest.mark.lab4),
+    pytest.param("lab5", SEEDS, marks=pytest.mark.lab5),
+    pytest.param("lab6", SEEDS, marks=pytest.mark.lab6),
+    pytest.param("lab7", SEEDS, marks=pytest.mark.lab7),
+    pytest.param("lab8", SEEDS, marks=pytest.mark.lab8),
+    pytest.param("lab9", SEEDS, marks=pytest.mark.lab9),
+]
+
+
+def solved_namespace(lab: str) -> dict:
+    """What a learner who solved every exercise has: the notebook's first code cell, then its exercise cells."""
+    (path,) = SOURCES.glob(f"{lab}_*.ipynb")
+    cells = [cell for cell in nbformat.read(path, as_version=4).cells if cell.cell_type == "code"]
+    namespace: dict = {}
+    exec(cells[0].source, namespace)
+    for cell in cells:
+        if any(tag.startswith("exercise:") for tag in cell.metadata.get("tags", [])):
+            exec(cell.source, namespace)
+    return namespace
+
+
+def graded(exercise, namespace: dict, seed: int):
+    """The verdict the grader would give: the attempt saved as the kernel saves it, loaded back under the budget."""
+    expected = expected_outputs(exercise, seed)
+    buffer = io.BytesIO()
+    torch.save(attempt_in_namespace(exercise, namespace, seed).to_record(), buffer)
+    data = buffer.getvalue()
+    budget = budget_for(expected)
+    try:
+        if len(data) > file_limit(budget):
+            raise ResultRefused(f"the result file is {len(data):,} bytes, more than {file_limit(budget):,}")
+        return judge(exercise, _attempt(load_result(data, budget)), expected)
+    except ResultRefused as refused:
+        return verdict(exercise, ERROR, str(refused))
+
+
+@pytest.mark.parametrize("lab, seeds", LABS)
+def test_solved_exercises_earn_every_point_under_every_seed(lab, seeds):
+    namespace = solved_namespace(lab)
+    # lab 9's load tests are `measured_once`: one measurement of this machine serves every seed (see Exercise)
+    exercises = [exercise for exercise in exercises_for_lab(lab) if not exercise.measured_once]
+    assert exercises
+    lost = []
+    for seed in seeds:
+        for exercise in exercises:
+            result = graded(exercise, namespace, seed)
+            if not result.passed:
+                lost.append(f"seed {seed}: {result.message}")
+    assert not lost, "\n\n".join(lost)
