@@ -10,13 +10,15 @@ import csv
 import json
 import xml.etree.ElementTree as ET
 
+import nbformat
+import pytest
 from markdown_it import MarkdownIt  # installed with jupyter-book (the book extra)
 
-from labkit.grading.grader import SubmissionGrade
+from labkit.grading.grader import SubmissionGrade, class_summary
 from labkit.grading.report_text import MAX_TEXT_BYTES, csv_cell, fenced, report_text
 from labkit.grading.reports import write_reports
 from labkit.grading.result import CheckResult
-from labkit.grading.submissions import MAX_NAME_CHARS, submission_names
+from labkit.grading.submissions import MAX_NAME_CHARS, SubmissionError, infer_lab, submission_names
 
 
 def hostile_grade(message: str, name: str = "attacker", notes: list[str] | None = None) -> SubmissionGrade:
@@ -107,3 +109,18 @@ def test_a_submission_called_checksums_keeps_its_report_and_the_manifest_its_nam
     files = json.loads(manifest.read_text())["files"]
     assert manifest.name == "checksums.json" and "checksums.json" not in files
     assert json.loads((tmp_path / f"{name}.json").read_text())["submission"] == name
+
+
+def test_a_lab_named_in_metadata_must_look_like_a_lab_id():
+    notebook = nbformat.v4.new_notebook(metadata={"labkit": {"lab": "lab2\n# forged: 4 / 4"}})
+    with pytest.raises(SubmissionError, match="no lab's id; pass --lab"):
+        infer_lab(notebook)
+
+
+def test_the_run_summary_counts_the_submissions_it_could_not_grade():
+    refused = hostile_grade("x", name="deep")
+    refused.error = "deep.ipynb is not a readable Jupyter notebook"
+    assert class_summary([honest_grade()]) == "1 of 1 submissions graded"
+    summary = class_summary([honest_grade(), refused])
+    assert summary.startswith("1 of 2 submissions graded; 1 could not be") and summary.endswith(": deep")
+    assert refused.to_dict()["status"] == "not_graded" and honest_grade().to_dict()["status"] == "graded"

@@ -36,6 +36,28 @@ LABKIT = Path(labkit.__file__).resolve().parent
 GUARDED = [LABKIT / "grading" / "judge.py", LABKIT / "grading" / "exercises" / "demo.py"]
 PLANTED = Path(sys.executable).parent / "mimetypes.py"
 
+_DEPTH = 100_000
+CRAFTED = {  # notebooks crafted to be read wrongly, or to break the reading (issue 30.4)
+    "crafted_deep": '{"nbformat": 4, "nbformat_minor": 5, "metadata": {"x": '
+    + "[" * _DEPTH
+    + "]" * _DEPTH
+    + '}, "cells": []}',
+    "crafted_metadata": json.dumps(
+        {
+            "nbformat": 4,
+            "nbformat_minor": 5,
+            "metadata": {
+                "kernelspec": {"name": ["x"], "display_name": 3},
+                "language_info": 5,
+                "labkit": {"lab": "x\n#"},
+            },
+            "cells": [
+                {"cell_type": "code", "metadata": {"tags": "exercise:"}, "source": "def add(a, b):\n    return a - b"}
+            ],
+        }
+    ),
+}
+
 pytestmark = pytest.mark.skipif(
     sandbox.sandbox_problem() is not None, reason=f"no sandbox can be made here: {sandbox.sandbox_problem()}"
 )
@@ -100,6 +122,10 @@ def attacked_run(tmp_path_factory):
     for name in attackers:
         path = folder / f"{name}.ipynb"
         nbformat.write(attacking_notebook(name, placeholders), path)
+        paths.append(path)
+    for name, text in CRAFTED.items():
+        path = folder / f"{name}.ipynb"
+        path.write_text(text)
         paths.append(path)
     before = {path: path.read_bytes() for path in [*GUARDED, honest, cache / "model.safetensors"]}
     printed = io.StringIO()
@@ -202,6 +228,25 @@ def test_learner_text_cannot_forge_or_swamp_the_reports(attacked_run):
     for suffix in (".json", ".xml", ".md"):  # each message within the bound, not 3 MB
         assert (out / f"forges_reports{suffix}").stat().st_size < 10 * MAX_TEXT_BYTES, suffix
     ET.parse(out / "forges_reports.xml")  # still well-formed XML
+
+
+def test_crafted_results_still_get_a_verdict_on_every_exercise(attacked_run):
+    report = attack_failed(attacked_run, "crafts_results")
+    assert report["status"] == "graded"
+    assert {exercise["status"] for exercise in report["exercises"]} == {"error"}, messages(report)
+    assert len(report["exercises"]) == 3 and all(exercise["message"] for exercise in report["exercises"])
+
+
+@pytest.mark.parametrize("name", sorted(CRAFTED))
+def test_a_crafted_notebook_gets_a_report_with_its_status_and_reason(attacked_run, name):
+    report = attack_failed(attacked_run, name)
+    assert len(report["exercises"]) == 3  # a row per exercise, so the class table lines up
+    if name == "crafted_deep":
+        assert report["status"] == "not_graded" and "not a readable Jupyter notebook" in report["error"]
+        assert {exercise["status"] for exercise in report["exercises"]} == {"not_run"}
+    else:  # graded on the lab the run names, whatever its metadata says
+        assert report["status"] == "graded" and report["exercises"][0]["status"] == "fail"
+    assert "could not be (0 points" in attacked_run["printed"] and "crafted_deep" in attacked_run["printed"]
 
 
 def test_no_process_of_the_run_is_left(attacked_run):

@@ -9,6 +9,7 @@ the test waits for the state it expects, with a generous bound only against a ha
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
@@ -533,3 +534,50 @@ def test_what_labkit_cannot_do_is_refused_by_name_and_what_it_can_is_honoured(mo
     developer = [{"role": "developer", "content": "You are terse."}, CHAT[1]]
     said = client.chat.completions.create(model=server.name, messages=developer, max_tokens=6, temperature=0)
     assert said.choices[0].message.content == expected_text(model, CHAT, 6)
+
+
+def test_only_json_bodies_are_read_so_a_web_page_cannot_drive_the_server(server):
+    body = json.dumps({"model": server.name, "messages": CHAT, "max_tokens": 2}).encode()
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+            headers = {"Content-Type": content_type} if content_type else {}
+            response = http.post("/v1/chat/completions", content=body, headers=headers)
+            assert response.status_code == 415, (content_type, response.text)
+            assert "Content-Type: application/json" in response.json()["error"]["message"]
+        fine = http.post(
+            "/v1/chat/completions", content=body, headers={"Content-Type": "application/json; charset=utf-8"}
+        )
+        assert fine.status_code == 200
+
+
+def test_a_prompt_stuck_in_the_tokenizer_does_not_stall_other_clients(model, monkeypatch):
+    """Tokenizing runs off the event loop: while one request's tokenizer is held (as a multi-MB prompt
+    would hold it), a request of token ids is answered. The wait bound only stops a hang."""
+    import labkit.serve.app as app_module
+
+    held, release = threading.Event(), threading.Event()
+    real_encode = app_module.encode_prompt
+
+    def slow_encode(tokenizer, prompt):
+        held.set()
+        release.wait(120)
+        return real_encode(tokenizer, prompt)
+
+    monkeypatch.setattr(app_module, "encode_prompt", slow_encode)
+    with ServerThread(make_llm(model)) as running:
+        name = running.worker.llm.describe()["model"]
+        with (
+            httpx.Client(base_url=running.url, timeout=120) as first,
+            httpx.Client(base_url=running.url, timeout=60) as second,
+        ):
+            stuck = threading.Thread(
+                target=first.post,
+                args=("/v1/chat/completions",),
+                kwargs={"json": {"model": name, "messages": CHAT, "max_tokens": 2}},
+            )
+            stuck.start()
+            assert held.wait(60), "the first request never reached the tokenizer"
+            answer = second.post("/v1/completions", json={"model": name, "prompt": [5, 6, 7], "max_tokens": 3})
+            release.set()
+            stuck.join(120)
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1

@@ -66,6 +66,10 @@ class GradeSettings:
     hint_penalty: float = 0.0  # fraction of an exercise's points taken per hint shown (0: reported only)
 
 
+GRADED = "graded"
+NOT_GRADED = "not_graded"  # every exercise 0 points, NOT RUN, with the reason
+
+
 @dataclass
 class SubmissionGrade:
     """Everything the grader found about one submission."""
@@ -78,6 +82,11 @@ class SubmissionGrade:
     notes: list[str] = field(default_factory=list)  # what went wrong while running the notebook
     error: str | None = None  # set when the submission could not be graded at all
     elapsed_s: float = 0.0
+
+    @property
+    def status(self) -> str:
+        """GRADED, or NOT_GRADED when the submission could not be graded at all (`error` says why)."""
+        return GRADED if self.error is None else NOT_GRADED
 
     @property
     def score(self) -> float:
@@ -102,6 +111,7 @@ class SubmissionGrade:
         """Plain data for the JSON report."""
         return {
             "submission": self.name,
+            "status": self.status,
             "path": self.path,
             "lab": self.lab,
             "seed": self.seed,
@@ -226,9 +236,9 @@ class Grader:
                 expected = {exercise.id: expected_outputs(exercise, grade.seed) for exercise in exercises}
             self._run_and_judge(path, notebook, exercises, expected, grade, sandbox.sandbox_uid(1 + slot))
         except SubmissionError as error:
-            grade.error = str(error)
+            grade.error = report_text(str(error))
         except Exception as error:  # keep grading the others; the report says what broke
-            grade.error = f"the grader failed on this submission: {type(error).__name__}: {error}"
+            grade.error = report_text(f"the grader failed on this submission: {type(error).__name__}: {error}")
         if grade.error and grade.lab:  # still give every exercise a row, so the class table lines up
             judged = {result.exercise for result in grade.results}
             grade.results += [
@@ -343,3 +353,13 @@ def grade_submissions(
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         running = pool.map(lambda job: grader.grade(*job), jobs_list)
         return list(tqdm(running, total=len(jobs_list), desc="grading", unit="notebook", disable=None))
+
+
+def class_summary(grades: Sequence[SubmissionGrade]) -> str:
+    """One line for the end of a run: how many submissions were graded and how many could not be."""
+    refused = [grade.name for grade in grades if grade.status == NOT_GRADED]
+    line = f"{len(grades) - len(refused)} of {len(grades)} submissions graded"
+    if refused:
+        shown = ", ".join(refused[:10]) + (f" and {len(refused) - 10} more" if len(refused) > 10 else "")
+        line += f"; {len(refused)} could not be (0 points; the reason is in each one's report): {shown}"
+    return line

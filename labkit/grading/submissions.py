@@ -19,7 +19,8 @@ import nbformat
 from labkit.grading.checks import lab_of
 from labkit.grading.learner_notebook import EXERCISE_TAG
 
-RUN_REPORT_STEMS = frozenset({"checksums", "grades"})  # the run's own reports (reports.py): no submission's
+RUN_REPORT_STEMS = frozenset({"checksums", "grades", "run"})  # the run's own reports (reports.py)
+_LAB_ID = re.compile(r"[A-Za-z0-9_]{1,40}")
 MAX_NAME_CHARS = 100  # of a report's name, leaving room for its suffix under any file system's limit
 
 
@@ -56,6 +57,8 @@ def infer_lab(notebook: nbformat.NotebookNode) -> str:
     """The lab a notebook belongs to: its `labkit.lab` metadata, else its exercise tags."""
     lab = _as_dict(_as_dict(notebook.get("metadata")).get("labkit")).get("lab")
     if isinstance(lab, str) and lab:
+        if not _LAB_ID.fullmatch(lab):
+            raise SubmissionError(f"its metadata names the lab {lab[:40]!r}, which is no lab's id; pass --lab")
         return lab
     for cell in notebook.cells:
         tags = _as_dict(cell.get("metadata")).get("tags")
@@ -78,7 +81,7 @@ def _file_stem(stem: str) -> str:
 
 def submission_names(paths: Sequence[Path]) -> list[str]:
     """Unique, safe names for report files, whatever the submissions are called: the file stem, or the
-    path below the common folder when stems repeat; a run's own report (`checksums`, `grades`) or a
+    path below the common folder when stems repeat; a run's own report (`RUN_REPORT_STEMS`) or a
     name already taken (also in another case, for case-insensitive file systems) gets a suffix."""
     stems = [path.stem for path in paths]
     if len(set(stems)) < len(stems):

@@ -4,7 +4,11 @@
 events (one event per token, then ``data: [DONE]``); ``GET /v1/models`` names the one model;
 ``GET /health`` says whether the engine loop runs; ``GET /metrics`` is for Prometheus. With an
 API key, the ``/v1`` routes want ``Authorization: Bearer KEY`` (health and metrics stay open,
-as in vLLM). A body over ``MAX_BODY_BYTES`` is refused with 413 before it is parsed. A client
+as in vLLM). A body over ``MAX_BODY_BYTES`` is refused with 413 before it is parsed, and one
+that is not ``Content-Type: application/json`` with 415, so a web page the learner visits cannot
+make a local server generate (a browser sends a cross-site form or ``text/plain`` body without
+asking). Parsing and tokenizing a request run off the event loop, so a huge prompt never
+stalls the other clients' streams. A client
 that hangs up, mid-stream or while it waits, has its request aborted, which frees its KV
 blocks before the next step.
 """
@@ -35,10 +39,10 @@ DRAIN_BYTES = 64 * 2**20  # an oversized body is read (and dropped) up to this, 
 
 def build_app(worker: EngineWorker, model_name: str, api_key: str | None = None) -> Starlette:
     """The ASGI app over a (not yet started) worker; starting the app starts the engine loop."""
-    tokenizer = worker.llm.model.tokenizer
+    tokenizer = worker.tokenizer
     if tokenizer is None:
         raise ValueError("labkit serve needs a model with a tokenizer (text in, text out); this one has none")
-    vocab_size = worker.llm.model.config.vocab_size
+    vocab_size = worker.vocab_size
     created = int(time.time())
 
     def authorize(request: Request) -> None:
@@ -79,7 +83,7 @@ def build_app(worker: EngineWorker, model_name: str, api_key: str | None = None)
                 param="model",
                 code="model_not_found",
             )
-        ids = prompt_ids(parsed)
+        ids = await asyncio.to_thread(prompt_ids, parsed)  # a long prompt's chat template and tokenizer take time
         handle = worker.submit(ids, parsed.sampling_params(len(ids), worker.context_limit))
         reply = Reply.new(handle.request_id, kind, model_name)
         text = TextStream(tokenizer, parsed.stop)
@@ -132,7 +136,14 @@ def build_app(worker: EngineWorker, model_name: str, api_key: str | None = None)
 
 
 async def read_json(request: Request) -> object:
-    """The decoded body; 413 past ``MAX_BODY_BYTES``, 400 if it is not JSON."""
+    """The decoded body; 415 unless it says it is JSON, 413 past ``MAX_BODY_BYTES``, 400 if it is not JSON."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise APIError(
+            415,
+            f"The request body must be sent as Content-Type: application/json, not {media_type or 'no type'}.",
+            code="unsupported_media_type",
+        )
     declared = request.headers.get("content-length", "")
     too_big = declared.isdigit() and int(declared) > MAX_BODY_BYTES
     body, size = bytearray(), 0
@@ -150,7 +161,7 @@ async def read_json(request: Request) -> object:
             code="request_too_large",
         )
     try:
-        return json.loads(body)
+        return await asyncio.to_thread(json.loads, body)  # a 4 MiB body takes a while to decode
     except (ValueError, RecursionError) as err:  # RecursionError: absurdly deep nesting
         raise APIError(
             400, f"The request body is not valid JSON ({type(err).__name__}: {str(err)[:200]}).", code="invalid_json"
