@@ -84,6 +84,33 @@ document riding along (the chunk size is ours: 256 is the size that gives 26); t
 """
 
 
+# Bytes per weight of each storage scheme, scales included: int8 keeps one fp16 scale per row
+# (negligible), 4-bit adds an fp16 scale and a zero per 128 weights (0.5 + 3/128, seed 000's
+# "about 0.52"); labkit.models.quant stores them so.
+WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.52}
+# Bytes per cached key or value: vLLM's --kv-cache-dtype fp8 halves the 16-bit cache.
+KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+
+
+def with_precision(model: ModelSpec | str, weights: str | None = None, kv: str | None = None) -> ModelSpec:
+    """``model`` with weights stored as ``weights`` (bf16, int8, int4) and its KV cache as ``kv`` (fp16, fp8)."""
+    model = get_model(model)
+    changes, labels = {}, []
+    for what, value, table, field_name in (
+        ("weights", weights, WEIGHT_BYTES, "bytes_per_param"),
+        ("kv", kv, KV_BYTES, "kv_bytes_per_value"),
+    ):
+        if value is None:
+            continue
+        if value not in table:
+            raise ValueError(f"unknown {what} precision {value!r}; use one of {sorted(table)}")
+        changes[field_name] = table[value]
+        labels.append(f"{what} {value}")
+    if not changes:
+        return model
+    return replace(model, name=f"{model.name} ({', '.join(labels)})", **changes)
+
+
 @dataclass(frozen=True)
 class CapacityPlan:
     """Everything :func:`plan` works out; ``str()`` gives the table, numbered as in the lesson."""

@@ -163,3 +163,38 @@ def test_cli_overrides_and_reports_bad_input(capsys):
     assert "as changed" in capsys.readouterr().out
     assert main(["plan", "--gpu", "rtx-4090", "--params-b", "70"]) == 2
     assert "do not fit" in capsys.readouterr().err
+
+
+class TestFewerBytes:
+    """--weights int4 --kv fp8 on the sale, every figure worked out by hand."""
+
+    plan = staticmethod(lambda **changes: plan(**{**SALE_EXAMPLE, **changes}))
+
+    def test_int4_weights_and_fp8_kv_move_every_row(self):
+        from labkit.capacity import with_precision
+
+        small = self.plan(model=with_precision(LESSON_LLAMA_8B, weights="int4", kv="fp8"))
+        assert small.model.weight_bytes == 8e9 * 0.52  # 4.16 GB
+        assert small.model.kv_bytes_per_token == 2 * 32 * 8 * 128 * 1  # 64 KiB
+        assert small.conversations == int((72e9 - 4.16e9) // (1300 * 65536)) == 796
+        assert round(small.decode_memory_s * MS, 1) == round((4.16e9 + 796 * 1150 * 65536) / 2e12 * MS, 1) == 32.1
+        assert round(small.decode_compute_s * MS, 1) == round(796 * 16e9 / 150e12 * MS, 1) == 84.9
+        assert round(small.single_stream_tokens_per_s, 1) == 480.8
+        assert small.tokens_per_s > SALE.tokens_per_s and small.cost_per_million_tokens < SALE.cost_per_million_tokens
+
+    def test_fp8_kv_alone_doubles_what_fits(self):
+        from labkit.capacity import with_precision
+
+        fp8 = self.plan(model=with_precision(LESSON_LLAMA_8B, kv="fp8"))
+        assert fp8.conversations == int((72e9 - 16e9) // (1300 * 65536)) == 657
+
+    def test_unknown_precision_names_the_choices(self):
+        from labkit.capacity import with_precision
+
+        with pytest.raises(ValueError, match="int4"):
+            with_precision(LESSON_LLAMA_8B, weights="int3")
+
+    def test_cli_flags_change_the_plan(self, capsys):
+        main(["plan", "--example", "sale", "--weights", "int4", "--kv", "fp8"])
+        table = capsys.readouterr().out
+        assert "796" in table and "64 KiB" in table and "480.8 tok/s" in table

@@ -5,6 +5,7 @@ override any figure, for example::
 
     labkit plan --gpu h100-sxm --model qwen3-8b --prompt 2000 --answer 400 --promise-ms 40 --price 3
     labkit plan --example sale --memory-fraction 0.95
+    labkit plan --example sale --weights int4 --kv fp8   # fewer bytes per weight and per cached value
     labkit plan --example sale --json   # every figure, for a script or a notebook
     labkit plan --gpu h100-sxm --speculate 4 --acceptance 0.7   # speculative decoding's speed-up by batch size
 """
@@ -16,11 +17,14 @@ from dataclasses import replace
 
 from labkit.capacity import (
     FRIENDS_EXAMPLE,
+    KV_BYTES,
     SALE_EXAMPLE,
+    WEIGHT_BYTES,
     format_speculation,
     plan,
     speculation_breakeven_batch,
     speculative_speedup,
+    with_precision,
 )
 from labkit.cli import print_json
 from labkit.sim.cost_model import MODELS, get_model
@@ -42,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help=f"model preset: {', '.join(sorted(MODELS))} (default llama-3.1-8b)")
     parser.add_argument("--params-b", type=float, help="parameters, billions")
     parser.add_argument("--bytes-per-param", type=float, help="2 for BF16, 1 for 8-bit, about 0.52 for 4-bit")
+    parser.add_argument(
+        "--weights", choices=sorted(WEIGHT_BYTES), help="weight storage: int8 or int4 as vLLM's --quantization serves"
+    )
+    parser.add_argument("--kv", choices=sorted(KV_BYTES), help="KV cache storage: fp8 as vLLM's --kv-cache-dtype fp8")
     parser.add_argument("--layers", type=int)
     parser.add_argument("--kv-heads", type=int)
     parser.add_argument("--head-dim", type=int)
@@ -92,6 +100,7 @@ def _inputs(args: argparse.Namespace) -> dict:
         hardware = replace(hardware, name=f"{hardware.name}, as changed", **hardware_changes)
     if model_changes:
         model = replace(model, name=f"{model.name}, as changed", **model_changes)
+    model = with_precision(model, args.weights, args.kv)
     inputs.update(hardware=hardware, model=model)
     for key, value in (
         ("memory_fraction", args.memory_fraction),
