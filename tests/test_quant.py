@@ -14,9 +14,9 @@ from labkit.models.quant import (
     quantize_int4,
     quantize_int8,
     quantize_model,
-    sharegpt_quality_prompts,
     unpack_nibbles,
 )
+from labkit.workloads import sharegpt_quality_prompts
 
 
 def weight(rows=48, columns=300, seed=0):

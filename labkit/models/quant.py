@@ -275,7 +275,9 @@ def quality(model: LlamaModel, quantized: LlamaModel, prompts: list[Prompt], n_t
     disagreement from counting against every token after it.
     """
     if not prompts:
-        raise ValueError("quality needs at least one prompt; try sharegpt_quality_prompts(model.tokenizer)")
+        raise ValueError(
+            "quality needs at least one prompt; try labkit.workloads.sharegpt_quality_prompts(model.tokenizer)"
+        )
     if not (isinstance(n_tokens, int) and n_tokens >= 1):
         raise ValueError(f"n_tokens must be a whole number, 1 or more; got {n_tokens!r}")
     agree = kl_sum = 0.0
@@ -299,11 +301,3 @@ def _greedy(model: LlamaModel, ids: list[int], n_tokens: int) -> list[int]:
     while len(tokens) < n_tokens:
         tokens.append(int(model.decode(tokens[-1], cache).argmax()))
     return tokens
-
-
-def sharegpt_quality_prompts(tokenizer, n: int = 8, max_prompt_tokens: int = 96) -> list[list[dict]]:
-    """The fixed prompts quality is measured on: the first ``n`` ShareGPT questions of seed 0, as chat messages."""
-    from labkit.workloads.sharegpt import sharegpt_prompts
-
-    workload = sharegpt_prompts(n, seed=0, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
-    return [spec.prompt for spec in workload]

@@ -119,6 +119,8 @@ class EngineWorker:
         self.max_num_seqs = setup["max_num_seqs"]
         # the longest sequence one request may reach: max_model_len, or what the whole KV cache holds
         self.context_limit = min(setup["max_model_len"], setup["num_blocks"] * setup["block_size"] + 1)
+        self.tokenizer = llm.model.tokenizer  # what the HTTP side needs of the model, read once here
+        self.vocab_size = llm.model.config.vocab_size
         self.error: str | None = None  # why the loop died, if it did
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}  # touched by the loop thread only

@@ -9,7 +9,13 @@
 from labkit.workloads.arrivals import LogNormal, arrival_times, replay_workload, sample_lengths, synthetic_workload
 from labkit.workloads.multiturn import sharegpt_multiturn
 from labkit.workloads.sale import sale_workload
-from labkit.workloads.sharegpt import ShareGPTData, load_sharegpt, read_conversations, sharegpt_prompts
+from labkit.workloads.sharegpt import (
+    ShareGPTData,
+    load_sharegpt,
+    read_conversations,
+    sharegpt_prompts,
+    sharegpt_quality_prompts,
+)
 from labkit.workloads.spec import RequestSpec, Workload
 from labkit.workloads.tokens import estimate_tokens
 
@@ -27,5 +33,6 @@ __all__ = [
     "sample_lengths",
     "sharegpt_multiturn",
     "sharegpt_prompts",
+    "sharegpt_quality_prompts",
     "synthetic_workload",
 ]

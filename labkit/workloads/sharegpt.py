@@ -220,3 +220,9 @@ def _fit_prompt(text: str, tokenizer, max_tokens: int | None) -> tuple[list[dict
         text = tokenizer.decode(text_ids[:keep])
         length = len(encode_prompt(tokenizer, as_chat(text)))
     return as_chat(text), length
+
+
+def sharegpt_quality_prompts(tokenizer, n: int = 8, max_prompt_tokens: int = 96) -> list[list[dict]]:
+    """The fixed prompts quantized models are judged on: the first ``n`` ShareGPT questions of seed 0, as chat messages."""
+    workload = sharegpt_prompts(n, seed=0, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
+    return [spec.prompt for spec in workload]
