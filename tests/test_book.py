@@ -22,6 +22,9 @@ import pytest
 import yaml
 from browser_helpers import ARTIFACTS, CHROMIUM_FLAGS, chromium
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
+from quiz import QuizError, read_quiz  # noqa: E402  (the book's own extension, not a package)
+
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = Path(__file__).resolve().parents[2] / "shared" / "sources"
 RUN_LENGTH = 8  # no run of this many consecutive words may come from the sources
@@ -30,10 +33,16 @@ SCREENSHOT_PAGES = ("capacity_planning", "kv_memory")
 
 
 def chapter_docs() -> list[str]:
-    """Book chapters (like 'book/sale') in table-of-contents order; the root, references and labs are not chapters."""
+    """Book chapters (like 'book/sale') in table-of-contents order: the numbered parts' pages.
+
+    The root, Get started, the labs and the back matter (glossary, references) are not chapters.
+    """
     toc = yaml.safe_load((REPO / "_toc.yml").read_text())
-    docs = [chapter["file"] for part in toc["parts"] for chapter in part["chapters"] if "file" in chapter]
-    return [doc for doc in docs if doc.startswith("book/") and Path(doc).name != "references"]
+    return [chapter["file"] for part in toc["parts"] if part.get("numbered") for chapter in part["chapters"]]
+
+
+def repository_url() -> str:
+    return yaml.safe_load((REPO / "_config.yml").read_text())["repository"]["url"]
 
 
 # --- our own words ---------------------------------------------------------------------------
@@ -107,6 +116,37 @@ def test_the_copy_check_catches_a_copied_sentence() -> None:
     copied = words("PREFILL pushes the whole prompt, through the model -- in one go")
     assert any(run in source for run in runs(copied))
     assert not any(run in source for run in runs(words("Prefill reads every prompt token in a single pass.")))
+
+
+# --- end-of-chapter checks -------------------------------------------------------------------
+
+QUIZ_BLOCK = re.compile(r"^```\{quiz\}\n(.*?)^```", re.S | re.M)
+
+
+@pytest.mark.parametrize("doc", chapter_docs())
+def test_every_chapter_ends_with_a_check_whose_options_explain_themselves(doc: str) -> None:
+    text = (REPO / f"{doc}.md").read_text(encoding="utf-8")
+    blocks = QUIZ_BLOCK.findall(text)
+    assert blocks, f"{doc}.md has no end-of-chapter check: add a ```{{quiz}} block (see book/_ext/quiz.py)"
+    for block in blocks:
+        quiz = read_quiz(block)  # raises QuizError naming what is missing
+        explanations = [option["why"].strip() for option in quiz["options"]]
+        assert len(set(explanations)) == len(explanations), f"{doc}: two options share one explanation"
+
+
+@pytest.mark.parametrize(
+    ("body", "complaint"),
+    [
+        ("options: []", "question"),
+        ("question: Q?\noptions:\n  - {answer: a, why: w, right: true}\n  - {answer: b, why: w}", "3 or 4"),
+        ("question: Q?\noptions:\n" + "  - {answer: a, why: w}\n" * 3, "exactly one option"),
+        ("question: Q?\noptions:\n  - {answer: a, right: true}\n" + "  - {answer: b, why: w}\n" * 2, "option 1"),
+        ("question: [unclosed", "not valid YAML"),
+    ],
+)
+def test_a_malformed_check_is_refused_with_the_fix(body: str, complaint: str) -> None:
+    with pytest.raises(QuizError, match=complaint):
+        read_quiz(body)
 
 
 # --- the build -----------------------------------------------------------------------------
@@ -230,6 +270,34 @@ def test_chapter_renders_figures_math_answers_and_navigation(html: Path, doc: st
     chapters = {Path(other).name + ".html" for other in chapter_docs()}
     in_sidebar = {Path(href.split("#")[0]).name for href in seen.sidebar_links} | {page.name}
     assert chapters <= in_sidebar, f"{doc}: sidebar lacks {sorted(chapters - in_sidebar)}"
+
+
+def test_every_chapter_page_has_its_check_with_every_explanation(html: Path) -> None:
+    for doc in chapter_docs():
+        text = (html / f"{doc}.html").read_text(encoding="utf-8")
+        options = text.count('class="quiz-option')
+        assert 3 <= options, f"{doc}.html: the end-of-chapter check has {options} options on the page"
+        assert text.count('class="quiz-explanation') == options, f"{doc}.html: an option lacks its explanation"
+        assert text.count("quiz-right") == 1, f"{doc}.html: the check should have exactly one right option"
+        assert "quiz.js" in text, f"{doc}.html: the check's script (book/_ext/quiz_static/quiz.js) is not loaded"
+
+
+def test_a_reader_finds_the_code_the_setup_and_the_glossary(html: Path) -> None:
+    url = repository_url()
+    start = (html / "book" / "get_started.html").read_text(encoding="utf-8")
+    assert f'href="{url}"' in start, f"get_started.html does not link to the repository {url} (_config.yml)"
+    for command in ("make test", "make labs", "labkit.hint"):
+        assert command in start, f"get_started.html does not mention `{command}`"
+    for doc in chapter_docs():
+        assert url in (html / f"{doc}.html").read_text(encoding="utf-8"), (
+            f"{doc}.html: no repository link in the header"
+        )
+
+    index = (html / "genindex.html").read_text(encoding="utf-8")
+    for term in ("TTFT", "TPOT", "ITL", "E2EL", "goodput", "SLO", "block", "preemption", "critical batch"):
+        assert f">{term}" in index, f"genindex.html lists no '{term}': is it in book/glossary.md's glossary?"
+    linking = [doc for doc in chapter_docs() if "glossary.html#term-" in (html / f"{doc}.html").read_text("utf-8")]
+    assert len(linking) >= 6, f"only {linking} link a term to the glossary ({{term}}`TTFT` in the chapter)"
 
 
 def test_bibliography_lists_the_papers_the_chapters_cite(html: Path) -> None:

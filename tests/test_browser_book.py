@@ -191,3 +191,27 @@ def test_predict_first_answers_unfold_when_clicked(html: Path, browser) -> None:
             screenshot(tab, "book-browser-answer-open")
         tab.close()
     assert opened >= 10, f"only {opened} 'predict first' answers found in the whole book"
+
+
+def test_each_check_option_shows_its_own_explanation_when_clicked(html: Path, browser) -> None:
+    from playwright.sync_api import expect
+
+    from test_book import chapter_docs
+
+    for doc in chapter_docs():
+        tab, errors = open_page(browser, html / f"{doc}.html")
+        options = tab.locator(".quiz-option").all()
+        assert 3 <= len(options) <= 4, f"{doc}: {len(options)} options in the end-of-chapter check"
+        for picked, option in enumerate(options):
+            explanation = option.locator(".quiz-explanation")
+            expect(explanation, f"{doc}: option {picked + 1} is explained before it is picked").to_be_hidden()
+            option.locator(".quiz-answer").click()
+            expect(explanation, f"{doc}: option {picked + 1} stayed unexplained after a click").to_be_visible()
+            verdict = "Right." if "quiz-right" in (option.get_attribute("class") or "") else "Not this one."
+            expect(explanation).to_contain_text(verdict)
+            for later in options[picked + 1 :]:
+                expect(later.locator(".quiz-explanation"), f"{doc}: a click unfolded another option").to_be_hidden()
+        if doc == "book/kv_memory":
+            screenshot(tab, "book-browser-check-answered")
+        tab.close()
+        assert not errors, f"{doc}: console errors: {errors}"

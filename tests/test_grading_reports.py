@@ -14,7 +14,7 @@ import nbformat
 import pytest
 from markdown_it import MarkdownIt  # installed with jupyter-book (the book extra)
 
-from labkit.grading.grader import SubmissionGrade, class_summary
+from labkit.grading.grader import SubmissionGrade, class_summary, kernel_env
 from labkit.grading.report_text import MAX_TEXT_BYTES, csv_cell, fenced, report_text
 from labkit.grading.reports import write_reports
 from labkit.grading.result import CheckResult
@@ -124,3 +124,13 @@ def test_the_run_summary_counts_the_submissions_it_could_not_grade():
     summary = class_summary([honest_grade(), refused])
     assert summary.startswith("1 of 2 submissions graded; 1 could not be") and summary.endswith(": deep")
     assert refused.to_dict()["status"] == "not_graded" and honest_grade().to_dict()["status"] == "graded"
+
+
+def test_a_kernel_gets_only_allow_listed_variables(monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "DATABASE_URL", "GH_PAT", "DEPLOY_SSH_KEY", "NPM_AUTH", "CI_JOB_JWT"):
+        monkeypatch.setenv(name, "hidden")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    env = kernel_env(sandboxed=True)
+    assert "hidden" not in env.values()
+    assert env["OMP_NUM_THREADS"] == "2" and env["LC_ALL"] == "C.UTF-8" and "PATH" in env

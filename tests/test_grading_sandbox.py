@@ -36,6 +36,10 @@ LABKIT = Path(labkit.__file__).resolve().parent
 GUARDED = [LABKIT / "grading" / "judge.py", LABKIT / "grading" / "exercises" / "demo.py"]
 PLANTED = Path(sys.executable).parent / "mimetypes.py"
 
+FAKE_SECRETS = {
+    name: f"labkit-fake-secret-{number}"
+    for number, name in enumerate(["AWS_ACCESS_KEY_ID", "DATABASE_URL", "GH_PAT", "DEPLOY_SSH_KEY", "NPM_AUTH"])
+}
 _DEPTH = 100_000
 CRAFTED = {  # notebooks crafted to be read wrongly, or to break the reading (issue 30.4)
     "crafted_deep": '{"nbformat": 4, "nbformat_minor": 5, "metadata": {"x": '
@@ -131,6 +135,8 @@ def attacked_run(tmp_path_factory):
     printed = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
         patch.setenv("LABKIT_CACHE", str(cache.parent))
+        for name, value in FAKE_SECRETS.items():  # as in any CI job
+            patch.setenv(name, value)
         code = main(
             ["grade", *map(str, paths), "--out", str(out), "--lab", "demo", "--cell-timeout", "30", "--jobs", "3"]
         )
@@ -247,6 +253,13 @@ def test_a_crafted_notebook_gets_a_report_with_its_status_and_reason(attacked_ru
     else:  # graded on the lab the run names, whatever its metadata says
         assert report["status"] == "graded" and report["exercises"][0]["status"] == "fail"
     assert "could not be (0 points" in attacked_run["printed"] and "crafted_deep" in attacked_run["printed"]
+
+
+def test_no_secret_of_the_graders_environment_reaches_a_kernel(attacked_run):
+    report = attack_failed(attacked_run, "reads_secrets")
+    assert "environment [" in messages(report) and "'PATH'" in messages(report)
+    reports = "".join(path.read_text() for path in attacked_run["out"].iterdir())
+    assert [name for name, value in FAKE_SECRETS.items() if value in reports] == []
 
 
 def test_no_process_of_the_run_is_left(attacked_run):

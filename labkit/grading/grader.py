@@ -47,7 +47,12 @@ from labkit.grading.result import CRASHED, ERROR, NOT_RUN, TIMEOUT, CheckResult
 from labkit.grading.submissions import SubmissionError, code_cells, infer_lab, read_notebook, submission_names
 from labkit.models.default_model import ModelCacheError, contents_verified
 
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE_?KEY", re.IGNORECASE)
+# The only variables of the grader's environment a kernel gets: what programs, locale, labkit, the
+# thread pools and a GPU need. Anything else (a CI job's tokens, keys, database URLs) stays out.
+_KERNEL_VARIABLES = re.compile(
+    r"PATH|HOME|USER|LOGNAME|LANG|LANGUAGE|LC_[A-Z]+|TZ|TERM|TMPDIR|LD_LIBRARY_PATH|CUDA_VISIBLE_DEVICES"
+    r"|LABKIT_[A-Z0-9_]+|(OMP|MKL|OPENBLAS|NUMEXPR|VECLIB_MAXIMUM)_NUM_THREADS|HF_HUB_OFFLINE|TRANSFORMERS_OFFLINE"
+)
 # What went wrong in the kernel while the grader ran an exercise -> the verdict's status.
 _GRADER_CODE_PROBLEMS = {ks.TIMED_OUT: TIMEOUT, ks.DIED: CRASHED, ks.SKIPPED: NOT_RUN, ks.RAISED: ERROR}
 
@@ -125,13 +130,14 @@ class SubmissionGrade:
 
 
 def kernel_env(sandboxed: bool = False) -> dict[str, str]:
-    """The environment for a submission's kernel: the grader's own, less any variable whose name
-    suggests a secret (the learner's code runs there), with the folder holding this labkit first
-    on PYTHONPATH so the kernel imports the same labkit, and exercise specs, as the grader, and the
-    model cache named explicitly (a sandboxed kernel has its own HOME and its own /tmp)."""
-    env = {name: value for name, value in os.environ.items() if not _SECRET_NAME.search(name)}
+    """The environment for a submission's kernel: only the allow-listed variables of the grader's own
+    (the learner's code runs there, so a secret in the grader's environment must not), with the
+    folder holding this labkit first on PYTHONPATH so the kernel imports the same labkit, and
+    exercise specs, as the grader, and the model cache named explicitly (a sandboxed kernel has its
+    own HOME and its own /tmp)."""
+    env = {name: value for name, value in os.environ.items() if _KERNEL_VARIABLES.fullmatch(name)}
     labkit_parent = str(Path(labkit.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(part for part in (labkit_parent, env.get("PYTHONPATH")) if part)
+    env["PYTHONPATH"] = os.pathsep.join(part for part in (labkit_parent, os.environ.get("PYTHONPATH")) if part)
     env[CACHE_ENV] = str(cache_root())
     if sandboxed:
         env.pop("TMPDIR", None)
