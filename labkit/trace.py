@@ -66,11 +66,34 @@ class StepRecord:
 
 @dataclass
 class Trace:
-    """A whole run: its requests, its steps, and free-form facts about the setup."""
+    """A whole run: its requests, its steps, and free-form facts about the setup.
+
+    With a ``window`` (a long-running server's), it keeps only the last ``window`` steps and
+    finished requests (and every unfinished one), so memory stays bounded however long it runs;
+    ``num_steps`` still counts every step and step indexes keep counting. Metrics over such a
+    trace cover the window.
+    """
 
     requests: list[RequestRecord] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+    window: int | None = None  # None: keep everything
+    num_steps: int = 0  # steps recorded, kept or not
+
+    def add_step(self, record: StepRecord) -> None:
+        """Record a step; with a window, forget what fell out of it."""
+        self.steps.append(record)
+        self.num_steps += 1
+        if self.window is None:
+            return
+        del self.steps[: len(self.steps) - self.window]
+        if len(self.requests) > 2 * self.window:  # trimmed in batches: each trim walks the whole list
+            self._forget_old_requests()
+
+    def _forget_old_requests(self) -> None:
+        finished = [record for record in self.requests if record.finish_time is not None]
+        old = {id(record) for record in finished[: max(len(finished) - self.window, 0)]}
+        self.requests[:] = [record for record in self.requests if id(record) not in old]
 
     def to_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self)))

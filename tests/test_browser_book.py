@@ -195,7 +195,6 @@ def test_predict_first_answers_unfold_when_clicked(html: Path, browser) -> None:
 
 def test_each_check_option_shows_its_own_explanation_when_clicked(html: Path, browser) -> None:
     from playwright.sync_api import expect
-
     from test_book import chapter_docs
 
     for doc in chapter_docs():

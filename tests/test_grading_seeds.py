@@ -11,11 +11,10 @@ file is loaded back under the budget drawn from the expected answer, and the ver
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
-import nbformat
 import pytest
 import torch
+from lab_sources import solved_namespace
 
 from labkit.grading.attempt import attempt_in_namespace
 from labkit.grading.checks import exercises_for_lab
@@ -24,7 +23,6 @@ from labkit.grading.judge_process import _attempt
 from labkit.grading.result import ERROR
 from labkit.grading.result_check import ResultRefused, budget_for, file_limit, load_result
 
-SOURCES = Path(__file__).resolve().parents[1] / "labs" / "source"
 SEEDS = range(1, 6)
 LABS = [
     pytest.param("lab1", range(1, 21), marks=pytest.mark.lab1),  # 20 seeds: the issue it fixes lost a point in 6 of 10
@@ -36,19 +34,8 @@ LABS = [
     pytest.param("lab7", SEEDS, marks=pytest.mark.lab7),
     pytest.param("lab8", SEEDS, marks=pytest.mark.lab8),
     pytest.param("lab9", SEEDS, marks=pytest.mark.lab9),
+    pytest.param("lab10", SEEDS, marks=pytest.mark.lab10),
 ]
-
-
-def solved_namespace(lab: str) -> dict:
-    """What a learner who solved every exercise has: the notebook's first code cell, then its exercise cells."""
-    (path,) = SOURCES.glob(f"{lab}_*.ipynb")
-    cells = [cell for cell in nbformat.read(path, as_version=4).cells if cell.cell_type == "code"]
-    namespace: dict = {}
-    exec(cells[0].source, namespace)
-    for cell in cells:
-        if any(tag.startswith("exercise:") for tag in cell.metadata.get("tags", [])):
-            exec(cell.source, namespace)
-    return namespace
 
 
 def graded(exercise, namespace: dict, seed: int):

@@ -2,10 +2,11 @@
 behind ``labkit serve`` over HTTP, the admission rule, and the capacity sweep.
 
 Each passes the right answer and fails the typical mistakes, naming them. Servers are started on
-free loopback ports by the checks themselves and stopped by them. The capacity check's verdict
-compares two real sweeps, so its pass and fail cases here are judged on fixed grader results; the
-whole check, both sweeps for real, runs on the right answer in the solved lab 9 notebook
-(test_labs_execute) and in its grading (test_grading_labs), where it must pass.
+free loopback ports by the checks themselves and stopped by them. The capacity check judges the
+learner's rate on the loads their own sweep sent (recorded by the load tester), so its typical
+mistakes are judged here on fixed recorded sweeps, and the whole check runs for real twice: the
+solved sweep with two busy cores beside it (it must pass, however slow the machine is) and one
+that measures nothing (it must fail).
 """
 
 import math
@@ -14,11 +15,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from labkit.bench.busy import busy_cores
 from labkit.engine.scheduler import SchedulerOutput
 from labkit.grading.checks import get_exercise
 from labkit.grading.feedback import evaluate
 from labkit.grading.result import FAIL, NOT_DONE, PASS
 from labkit.labs.checking.serve_admission import WRONG_RULES
+from labkit.labs.checking.serve_capacity import capacity_inputs, capacity_oracle
 
 pytestmark = pytest.mark.lab9
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,13 +33,15 @@ def verdict(exercise_id: str, function) -> str:
 
 
 # --- lab9.continuous_schedule ----------------------------------------------------------------------
-def solved(name: str):
-    """The function ``name`` as lab 9's solved notebook defines it (its import cell run first)."""
+def solved(name: str, *needs: str):
+    """The function ``name`` as lab 9's solved notebook defines it (its import cell run first, then the
+    cells of the solved functions it ``needs``)."""
     cells = nbformat.read(ROOT / "labs" / "source" / "lab9_serving.ipynb", as_version=4).cells
     code = [c.source for c in cells if c.cell_type == "code"]
     namespace: dict = {}
     exec(code[0], namespace)
-    exec(next(source for source in code if source.startswith(f"def {name}(")), namespace)
+    for each in (*needs, name):
+        exec(next(source for source in code if source.startswith(f"def {each}(")), namespace)
     return namespace[name]
 
 
@@ -148,40 +153,89 @@ def test_other_wrong_admissions_name_the_situation():
 
 # --- lab9.find_capacity --------------------------------------------------------------------------
 PROMISE = {"ttft_ms": 600.0, "tpot_ms": 140.0}
-GRADER = {
-    "rate": 2.0,
-    "promise": PROMISE,
-    "p99": {
-        "1.0": {"ttft_ms": 180.0, "tpot_ms": 80.0},
-        "2.0": {"ttft_ms": 420.0, "tpot_ms": 85.0},
-        "4.0": {"ttft_ms": 1100.0, "tpot_ms": 90.0},
-    },
-    "rates": [1.0, 2.0, 4.0, 8.0, 16.0],
-}
-MINE = {"promise": {"ttft_ms": 640.0, "tpot_ms": 150.0}}
+URL = "http://127.0.0.1:5555/v1"
+EXPECTED = capacity_oracle(capacity_inputs(0))
 
 
-@pytest.mark.parametrize("reported", [1.0, 2.0, 4.0])
-def test_a_rate_within_a_step_of_the_graders_passes(reported):
-    compare = get_exercise("lab9.find_capacity").compare
-    assert compare(GRADER, {**MINE, "rate": reported}) is None
+def sent(rate, ttft_ms: float, tpot_ms: float, lost: int = 0, url: str = URL, **shape) -> dict:
+    """One recorded load of six requests: ``lost`` of them failed, the rest with these latencies."""
+    ok = {"ok": True, "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "e2el_ms": ttft_ms + 15 * tpot_ms}
+    failed = {"ok": False, "ttft_ms": None, "tpot_ms": None, "e2el_ms": None}
+    return {"url": url, "rate": rate, "load": {**EXPECTED["load"], **shape}, "requests": [failed] * lost + [ok] * 6}
+
+
+# TTFT breaks its limit at 4 req/s (a queue); TPOT would keep its own up to 16
+SWEEP = [sent(1.0, 180, 80), sent(2.0, 420, 85), sent(4.0, 1100, 90)]
+FAR = [*SWEEP, sent(8.0, 2500, 95), sent(16.0, 5000, 100)]
+
+
+def judged(rate, loads=SWEEP):
+    return get_exercise("lab9.find_capacity").compare(
+        EXPECTED, {"rate": rate, "promise": PROMISE, "url": URL, "loads": loads}
+    )
+
+
+def test_labkits_rule_on_the_sweeps_own_measurements_passes():
+    assert judged(2.0) is None
+    assert judged(1.0, [sent(1.0, 180, 80), sent(2.0, 420, 85, lost=1)]) is None  # a lost request breaks it
+    assert judged(None, [sent(1.0, 700, 80)]) is None  # nothing keeps it: None, after measuring the lowest only
+    assert judged(16.0, [sent(rate, 100, 80) for rate in EXPECTED["rates"]]) is None  # all kept: all measured
 
 
 @pytest.mark.parametrize(
-    "reported, named",
+    "rate, loads, named",
     [
-        (16.0, "3 steps of the grid above"),
-        (8.0, "2 steps of the grid above"),
-        (None, "2 steps of the grid below"),
-        (3.0, "one of the rates you were given"),
-        ("fast", "'fast'"),
+        (8.0, SWEEP, "2 steps of the grid above"),
+        (1.0, SWEEP, "1 step of the grid below"),
+        (None, SWEEP, "2 steps of the grid below"),
+        (4.0, SWEEP, "the first rate that broke the promise"),
+        (16.0, FAR, "the TPOT limit alone allows"),
+        (3.0, SWEEP, "one of the rates you were given"),
+        ("fast", SWEEP, "'fast'"),
+        (None, [], "measured nothing"),
+        (2.0, [sent(1.0, 180, 80, url="http://127.0.0.1:8000/v1")], "not the server it was given"),
+        (2.0, [sent(1.0, 180, 80, num_prompts=8, input_len=32)], "another load than the lab's LOAD"),
+        (2.0, [*SWEEP, sent(2.0, 400, 85)], "2 req/s more than once"),
+        (1.0, [sent(1.0, 180, 80), sent(4.0, 1100, 90)], "but not 2 req/s"),
+        (2.0, FAR, "right answer, but"),
+    ],
+    ids=[
+        "two-above",
+        "one-below",
+        "none",
+        "first-broken",
+        "tpot-only",
+        "off-the-grid",
+        "not-a-number",
+        "measured-nothing",
+        "another-server",
+        "another-load",
+        "a-rate-twice",
+        "a-rate-skipped",
+        "measured-past-the-break",
     ],
 )
-def test_a_rate_far_from_the_graders_fails(reported, named):
-    mismatch = get_exercise("lab9.find_capacity").compare(GRADER, {**MINE, "rate": reported})
+def test_each_sweep_mistake_fails_and_is_named(rate, loads, named):
+    mismatch = judged(rate, loads)
     assert mismatch is not None and named in mismatch.difference, mismatch
-    if "rates you were given" not in mismatch.difference:
-        assert "4 req/s TTFT 1100 ms, TPOT 90 ms" in mismatch.difference, mismatch
+    if "of the grid" in named:  # the learner sees what was measured and what the rule makes of it
+        assert "4 req/s TTFT 1100 ms, TPOT 90.0 ms" in mismatch.difference and "signs 2 req/s" in mismatch.difference
+
+
+find_capacity = solved("find_capacity", "highest_rate")
+
+
+@pytest.mark.timing
+def test_the_solved_sweep_passes_however_busy_the_machine_is():
+    """Two spin loops beside the server and the sweep: the measurements move, the verdict must not."""
+    with busy_cores(2):
+        got = verdict("lab9.find_capacity", find_capacity)
+    assert got.startswith(PASS), got
+
+
+def test_a_sweep_that_measures_nothing_fails_on_a_real_server():
+    got = verdict("lab9.find_capacity", lambda url, rates, promise: None)
+    assert got.startswith(FAIL) and "measured nothing" in got, got
 
 
 def test_a_blank_sweep_is_not_done_before_any_server_starts(monkeypatch):

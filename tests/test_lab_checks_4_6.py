@@ -4,46 +4,16 @@ The answers are the solution cells of the lab sources themselves (so the tests c
 from the notebooks), and each wrong answer is that solution with one typical mistake edited in.
 """
 
-from pathlib import Path
-
-import nbformat
 import pytest
+from lab_sources import solved
 
 from labkit.grading import evaluate
 from labkit.grading.result import FAIL, NOT_DONE, PASS
 
-SOURCES = Path(__file__).resolve().parents[1] / "labs" / "source"
-NOTEBOOKS = {
-    "lab4": "lab4_continuous_batching.ipynb",
-    "lab5": "lab5_paged_attention.ipynb",
-    "lab6": "lab6_chunked_prefill.ipynb",
-}
-
-
-def exercise_code(lab: str, name: str) -> tuple[str, str]:
-    """The lab's import cell and the solved exercise cell that defines ``name``."""
-    cells = nbformat.read(SOURCES / NOTEBOOKS[lab], as_version=4).cells
-    imports = next(c.source for c in cells if c.cell_type == "code")
-    code = next(
-        c.source
-        for c in cells
-        if any(t.startswith("exercise:") for t in c.metadata.get("tags", []))
-        and (f"def {name}(" in c.source or f"class {name}:" in c.source)
-    )
-    return imports, code
-
 
 def answer(exercise_id: str, name: str, edits: tuple[tuple[str, str], ...] = ()):
     """The solved function (or class) ``name``, with each (old, new) edit applied to its source first."""
-    lab = exercise_id.split(".")[0]
-    imports, code = exercise_code(lab, name)
-    for old, new in edits:
-        assert old in code, f"the edit target {old!r} is not in the solution of {exercise_id}"
-        code = code.replace(old, new)
-    namespace: dict = {}
-    exec(imports, namespace)
-    exec(code, namespace)
-    return namespace[name]
+    return solved(exercise_id.split(".")[0], name, edits)
 
 
 def verdict(exercise_id: str, name: str, *edits: tuple[str, str]):

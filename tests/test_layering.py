@@ -106,3 +106,18 @@ def test_no_import_cycle_between_packages():
     cycles = sorted((a, b) for a, targets in graph.items() for b in targets if a in reachable(b))
     assert not cycles, f"packages that import each other (directly or through others): {cycles}"
     assert "labkit.kv" in graph["labkit.models"]  # the graph is real: llama.py uses the contiguous cache
+
+
+@pytest.mark.parametrize(
+    ("layer", "must_not_import"),
+    [
+        ("labkit.sim", {"labkit.serve"}),  # the simulator predicts a server; it does not run one
+        ("labkit.engine", {"labkit.labs", "labkit.grading", "labkit.serve", "labkit.sim"}),
+        ("labkit.kv", {"labkit.labs", "labkit.grading"}),
+        ("labkit.spec", {"labkit.labs", "labkit.grading"}),
+        ("labkit.workloads", {"labkit.serve", "labkit.sim", "labkit.engine"}),
+    ],
+)
+def test_lower_layers_import_nothing_from_the_layers_built_on_them(layer, must_not_import):
+    imported = import_graph().get(layer, set())
+    assert not imported & must_not_import, f"{layer} imports {sorted(imported & must_not_import)}"

@@ -3,8 +3,6 @@
 import numpy as np
 import pytest
 
-from labkit.metrics import summarize
-from labkit.serve.loadtest import best_rate, make_workload
 from labkit.sim import serving
 from labkit.sim.cost_model import CostModel
 from labkit.sim.serving import (
@@ -17,6 +15,8 @@ from labkit.sim.serving import (
     random_load,
 )
 from labkit.sim.simulator import simulate
+from labkit.slo import Promise
+from labkit.workloads import make_workload
 
 # About what a quick calibration fits for SmolLM2-135M in fp32 on a 2-core CPU: overhead-heavy steps.
 CPU_LIKE = CostModel(
@@ -131,39 +131,14 @@ def prediction(
     return RatePrediction(rate, p99_tpot_ms, p99_tpot_ms / 2, ttft, completed, num_requests)
 
 
-def test_highest_rate_stops_at_the_first_broken_promise():
-    sweep = [prediction(1, 50), prediction(2, 80), prediction(4, 200), prediction(8, 90)]
-    assert predicted_highest_rate(sweep, promise_ms=100) == 2  # 8 req/s passing after 4 failed is noise
-    assert predicted_highest_rate(list(reversed(sweep)), promise_ms=100) == 2  # order of the list does not matter
-    assert predicted_highest_rate(sweep, promise_ms=250) == 8
-    assert predicted_highest_rate(sweep, promise_ms=80) == 2  # the promise is "at most", not "below"
-
-
-def test_no_rate_when_the_lowest_breaks_the_promise_or_loses_a_request():
-    sweep = [prediction(1, 50), prediction(2, 80)]
-    assert predicted_highest_rate(sweep, promise_ms=40) is None
+def test_the_simulator_signs_with_labkits_rule():
+    """Its predictions are RateResults as they are (the rule's own cases are in test_slo.py)."""
+    sweep = [prediction(4, 200), prediction(1, 50), prediction(8, 90), prediction(2, 80)]
+    assert predicted_highest_rate(sweep, Promise(tpot_ms=100)) == 2  # in any order; 8 after 4 failed is noise
+    assert predicted_highest_rate([prediction(1, 50, completed=5), prediction(2, 60)], Promise(100)) is None  # lost
+    assert predicted_highest_rate([prediction(1, 50, completed=5, num_requests=None)], Promise(100)) == 1  # unknown
     ttft_first = [prediction(rate, 50.0, ttft=100.0 * rate) for rate in (1, 2, 4)]
-    assert predicted_highest_rate(ttft_first, promise_ms=100, ttft_promise_ms=250) == 2  # TTFT 400 ms at 4 breaks it
-    assert predicted_highest_rate([], promise_ms=40) is None
-    lossy = [prediction(1, 50, completed=5), prediction(2, 60)]
-    assert predicted_highest_rate(lossy, promise_ms=100) is None  # a lost request breaks any promise
-    assert predicted_highest_rate([prediction(1, 50, completed=5, num_requests=None)], 100) == 1  # count unknown
-
-
-def test_the_rule_agrees_with_the_load_testers_best_rate_on_the_same_runs():
-    rates = [1, 2, 4, 8, 16]
-    predictions = predict_sweep(CPU_LIKE, rates, num_prompts=6, input_len=32, output_len=12, **DIALS)
-    summaries = {
-        rate: summarize(simulate(random_load(6, rate, input_len=32, output_len=12), CPU_LIKE, "chunked", **DIALS))
-        for rate in rates
-    }
-    assert [p.p99_tpot_ms for p in predictions] == [summaries[rate].tpot_ms.p99 for rate in rates]
-    p99 = sorted(p.p99_tpot_ms for p in predictions)
-    promises = [p99[0] - 1] + [(a + b) / 2 for a, b in zip(p99, p99[1:])] + [p99[-1] + 1]
-    answers = {predicted_highest_rate(predictions, promise) for promise in promises}
-    assert len(answers) >= 3  # the promises really do move the answer
-    for promise in promises:
-        assert predicted_highest_rate(predictions, promise) == best_rate(summaries, promise)
+    assert predicted_highest_rate(ttft_first, Promise(tpot_ms=100, ttft_ms=250)) == 2  # TTFT 400 ms at 4 breaks it
 
 
 def test_the_table_puts_the_measurement_beside_the_prediction():

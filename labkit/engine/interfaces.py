@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from labkit.engine.request import Request
-    from labkit.engine.scheduler.base import SchedulerOutput, SchedulerState
+    from labkit.engine.state import SchedulerOutput, SchedulerState
 
 
 @runtime_checkable

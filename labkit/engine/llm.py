@@ -7,9 +7,11 @@ blocks, and the step is written to the trace. The loop itself is
 the model, the KV pools and the wall clock. The policy, the block allocator and the
 attention function are plain arguments, so a lab can swap in a learner's own.
 
-Dials carry vLLM's names: ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
-``num_blocks`` or ``gpu_memory_utilization``, ``block_size``, ``enable_chunked_prefill``,
-``enable_prefix_caching``, ``speculative_config`` (speculative decoding, see :mod:`labkit.spec`).
+The settings are one :class:`~labkit.engine.config.EngineConfig` with vLLM's names
+(``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``, ``num_blocks`` or
+``gpu_memory_utilization``, ``block_size``, ``enable_chunked_prefill``, ``enable_prefix_caching``,
+``speculative_config``: speculative decoding, see :mod:`labkit.spec`), built into the core by
+:func:`~labkit.engine.config.build_core`, as the simulator builds its own.
 """
 
 from __future__ import annotations
@@ -17,49 +19,55 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from tqdm.auto import tqdm
 
-from labkit.engine.core import Batch, EngineCore
-from labkit.engine.interfaces import VictimChooser, check_parts
+from labkit.engine.config import EngineConfig, build_core, engine_config
+from labkit.engine.core import Batch
+from labkit.engine.interfaces import Proposer, VictimChooser
 from labkit.engine.request import CompletionOutput, Request, RequestOutput
 from labkit.engine.runner import ModelRunner
-from labkit.engine.scheduler import SchedulerPolicy, SchedulerState, make_policy, token_budget
+from labkit.engine.scheduler import SchedulerPolicy
 from labkit.kv.block_allocator import BlockAllocator
-from labkit.kv.paged import AttentionFn, PagedKVCache, num_blocks_for_memory, paged_attention
-from labkit.kv.prefix_cache import PrefixCachingBlockAllocator, supports_prefix_caching
+from labkit.kv.paged import AttentionFn, PagedKVCache, kv_pool_size, paged_attention
 from labkit.models.tokens import Prompt, encode_prompt
 from labkit.sampling import SamplingParams
 from labkit.spec import parse_speculative_config
+from labkit.spec.config import SpeculativeConfig
 from labkit.spec.proposers import DraftModelProposer, NgramProposer
-from labkit.trace import Trace
+from labkit.trace import StepRecord, Trace
 
 
 class LLM:
     """A serving engine over one model: chunked-prefill continuous batching on a paged KV cache by default.
 
     ``model``: a labkit model, a checkpoint name for :func:`labkit.models.load_model`, or None
-    for the default one. ``max_model_len`` (default: the model's context) caps prompt plus
-    output. ``num_blocks`` sizes the KV pool directly; otherwise ``gpu_memory_utilization``
-    does (see :func:`labkit.kv.paged.num_blocks_for_memory`). ``policy`` is "static",
-    "continuous", "chunked" or your own :class:`SchedulerPolicy`; ``enable_chunked_prefill``
-    picks between the last two when no policy is given. ``block_allocator`` is a class built
-    as ``cls(num_blocks, block_size)`` or a ready instance (default: a prefix-caching one, or
-    the plain :class:`BlockAllocator` with ``enable_prefix_caching=False``). Prefix caching is
-    on by default, as in vLLM V1, and turned off, as ``describe()`` says, for an allocator that
-    cannot do it; asking for it with such an allocator is an error. ``attention`` is called as
-    ``attention(layer, q, k_pool, v_pool, batch)``; ``clock`` returns seconds (swap in a fake
-    one to control arrivals in a test).
+    for the default one. The settings are :class:`~labkit.engine.config.EngineConfig`'s, as keyword
+    arguments (``LLM(max_num_seqs=8, num_blocks=64)``) or as a ``config`` (the two combine, the
+    keywords win); ``llm.config`` is the resolved one. ``max_model_len`` (default: the model's
+    context) caps prompt plus output. ``num_blocks`` sizes the KV pool directly; otherwise
+    ``gpu_memory_utilization`` does (see :func:`labkit.kv.paged.kv_pool_size`; ``describe()["kv_pool"]`` says why).
+    ``trace_window`` keeps only that many recent steps in ``llm.trace`` (a long-running server's).
+
+    The parts are plain arguments, so a lab can plug in a learner's own. ``policy`` is "static",
+    "continuous", "chunked" or your own :class:`SchedulerPolicy`; ``enable_chunked_prefill`` picks
+    between the last two when no policy is given. ``block_allocator`` is a class built as
+    ``cls(num_blocks, block_size)`` or a ready instance (default: a prefix-caching one, or the plain
+    :class:`BlockAllocator` with ``enable_prefix_caching=False``). Prefix caching is on by default,
+    as in vLLM V1, and turned off, as ``describe()`` says, for an allocator that cannot do it; asking
+    for it with such an allocator is an error. ``attention`` is called as
+    ``attention(layer, q, k_pool, v_pool, batch)``; ``choose_victim(state, request)`` names whom to
+    preempt when blocks run out (default: the newest running request, lab 4); ``clock`` returns
+    seconds (swap in a fake one to control arrivals in a test). Every part is checked once, here,
+    against :mod:`labkit.engine.interfaces` for the features that are on.
 
     ``speculative_config`` turns on speculative decoding, with vLLM's keys:
     ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 1}``
     (prompt lookup) or ``{"method": "draft_model", "model": <smaller model or name>, "num_speculative_tokens": k}``.
     Each decoding request then verifies up to k drafts in the step's one pass (1 + k query tokens).
     labkit's own keys ``propose``, ``accept_greedy``, ``accept_sampling`` and ``rollback`` plug in
-    a learner's function (lab 8). ``choose_victim(state, request)`` names whom to preempt when blocks
-    run out (default: the newest running request, lab 4). Every part is checked once, here, against
-    :mod:`labkit.engine.interfaces` for the features that are on. The default model, SmolLM2-135M, is already the smallest of its
+    a learner's function (lab 8). The default model, SmolLM2-135M, is already the smallest of its
     family, so it has no smaller draft model: with it, use "ngram".
     """
 
@@ -67,54 +75,45 @@ class LLM:
         self,
         model=None,
         *,
-        max_model_len: int | None = None,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int | None = None,
-        num_blocks: int | None = None,
-        gpu_memory_utilization: float = 0.9,
-        block_size: int = 16,
-        enable_chunked_prefill: bool | None = None,
+        config: EngineConfig | None = None,
         policy: str | SchedulerPolicy | None = None,
         block_allocator: type | BlockAllocator | None = None,
-        enable_prefix_caching: bool | None = None,
         attention: AttentionFn = paged_attention,
         clock: Callable[[], float] = time.perf_counter,
-        speculative_config: dict | None = None,
         choose_victim: VictimChooser | None = None,
+        **settings: Any,
     ):
         self.model = _resolve_model(model)
         cfg = self.model.config
-        self.max_model_len = max_model_len or cfg.max_position_embeddings
-        if self.max_model_len > cfg.max_position_embeddings:
+        requested = engine_config(config, **settings)
+        max_model_len = requested.max_model_len or cfg.max_position_embeddings
+        if max_model_len > cfg.max_position_embeddings:
             raise ValueError(
-                f"max_model_len={self.max_model_len} exceeds the model's context of "
-                f"{cfg.max_position_embeddings}; lower it"
+                f"max_model_len={max_model_len} exceeds the model's context of {cfg.max_position_embeddings}; lower it"
             )
-        self.policy = _resolve_policy(policy, enable_chunked_prefill)
-        budget = token_budget(max_num_batched_tokens, self.max_model_len, self.policy.chunked)
-        if block_allocator is None:
-            block_allocator = BlockAllocator if enable_prefix_caching is False else PrefixCachingBlockAllocator
-        blocks = self._make_allocator(block_allocator, num_blocks, block_size, gpu_memory_utilization, max_num_seqs)
-        caching = supports_prefix_caching(blocks) if enable_prefix_caching is None else enable_prefix_caching
-        self._caching_note = (
-            None
-            if caching or enable_prefix_caching is False
-            else f"off: the allocator {type(blocks).__name__} cannot cache prefixes"
+        speculation, proposer = self._speculation(requested.speculative_config)
+        sized = replace(
+            requested,
+            max_model_len=max_model_len,
+            num_blocks=self._pool_size(requested, max_model_len, block_allocator),
+            speculative_config=speculation,
         )
-        self.speculative_config = parse_speculative_config(speculative_config)
-        proposer = self._make_proposer()
-        check_parts(
-            blocks=blocks,
-            policy=self.policy,
+        self.core, self.config = build_core(
+            sized,
+            cfg.eos_token_ids,
+            policy=policy,
+            block_allocator=block_allocator,
+            proposer=proposer,
             attention=attention,
             choose_victim=choose_victim,
-            proposer=proposer,
-            enable_prefix_caching=caching,
         )
-        self.state = SchedulerState(
-            blocks, max_num_seqs, budget, self.max_model_len, enable_prefix_caching=caching, choose_victim=choose_victim
+        self.policy, self.state = self.core.policy, self.core.state
+        blocks = self.state.blocks
+        self._caching_note = (
+            None
+            if self.config.enable_prefix_caching or requested.enable_prefix_caching is False
+            else f"off: the allocator {type(blocks).__name__} cannot cache prefixes"
         )
-        self.core = EngineCore(self.policy, self.state, cfg.eos_token_ids, proposer=proposer)
         cache = PagedKVCache(
             cfg.num_layers,
             blocks.num_blocks,
@@ -125,35 +124,37 @@ class LLM:
             self.model.dtype,
             attention,
         )
-        self.runner = ModelRunner(self.model, cache, self.speculative_config)
+        self.runner = ModelRunner(self.model, cache, speculation)
+        self.last_step: StepRecord | None = None  # the latest step()'s record; None if it ran nothing
         self._clock = clock
         self._ids = itertools.count()
         self.start_run()
 
-    def _make_proposer(self):
-        """The drafting side of speculative decoding, or None without it."""
-        config = self.speculative_config
+    def _speculation(self, speculative_config) -> tuple[SpeculativeConfig | None, Proposer | None]:
+        """The checked ``speculative_config`` (its draft model loaded) and its drafting side; None, None without it."""
+        config = parse_speculative_config(speculative_config)
         if config is None:
-            return None
+            return None, None
         if config.method == "ngram":
-            return NgramProposer(config)
+            return config, NgramProposer(config)
         draft = _resolve_model(config.model)
-        config = self.speculative_config = replace(config, model=draft)
-        return DraftModelProposer(config, draft, self.model)
+        config = replace(config, model=draft)
+        return config, DraftModelProposer(config, draft, self.model)
 
-    def _make_allocator(self, block_allocator, num_blocks, block_size, utilization, max_num_seqs):
-        if not isinstance(block_allocator, type):
-            return block_allocator  # a ready-made allocator decides its own size
-        if num_blocks is None:
-            cfg = self.model.config
-            num_blocks = num_blocks_for_memory(
-                cfg.kv_bytes_per_token(self.model.dtype),
-                block_size,
-                self.model.device,
-                utilization,
-                max_num_seqs * self.max_model_len,
-            )
-        return block_allocator(num_blocks, block_size)
+    def _pool_size(self, config: EngineConfig, max_model_len: int, block_allocator) -> int | None:
+        """``num_blocks`` as given, or what the device's memory holds beside the model (vLLM's sizing);
+        None for a ready-made allocator, which decides its own size."""
+        self._pool_note = None  # how the pool was sized, when the engine sized it
+        if config.num_blocks is not None or not (block_allocator is None or isinstance(block_allocator, type)):
+            return config.num_blocks
+        num_blocks, self._pool_note = kv_pool_size(
+            self.model.config.kv_bytes_per_token(self.model.dtype),
+            config.block_size,
+            self.model.device,
+            config.gpu_memory_utilization,
+            config.max_num_seqs * max_model_len,
+        )
+        return num_blocks
 
     # --- the clock and the record of a run ----------------------------------------------
     def now(self) -> float:
@@ -165,7 +166,7 @@ class LLM:
         if self.core.has_unfinished():
             raise RuntimeError("cannot start a new run while requests are unfinished; finish them first")
         self._start = self._clock()
-        self.core.trace = Trace(meta=self.describe())
+        self.core.trace = Trace(meta=self.describe(), window=self.config.trace_window)
 
     @property
     def trace(self) -> Trace:
@@ -173,24 +174,19 @@ class LLM:
         return self.core.trace
 
     def describe(self) -> dict:
-        """The setup, as written into each trace's meta (with why prefix caching is off, if the engine chose so)."""
-        blocks = self.state.blocks
+        """The setup, as written into each trace's meta: the model, the policy, the resolved settings
+        (``config.describe()``) and why prefix caching is off, if the engine chose so."""
         setup = dict(
             model=self.model.config.name,
             device=str(self.model.device),
             dtype=str(self.model.dtype),
             policy=self.policy.name,
-            max_model_len=self.max_model_len,
-            max_num_seqs=self.state.max_num_seqs,
-            max_num_batched_tokens=self.state.max_num_batched_tokens,
-            num_blocks=blocks.num_blocks,
-            block_size=blocks.block_size,
-            enable_prefix_caching=self.state.enable_prefix_caching,
+            **self.config.describe(),
         )
         if self._caching_note:
             setup["prefix_caching"] = self._caching_note
-        config = self.speculative_config
-        setup["speculative_decoding"] = "off" if config is None else config.describe()
+        if self._pool_note:
+            setup["kv_pool"] = self._pool_note
         return setup
 
     @property
@@ -233,9 +229,14 @@ class LLM:
         return found
 
     def step(self) -> list[RequestOutput]:
-        """Run one step; return an output for every request that got a token or finished."""
+        """Run one step; return an output for every request that got a token or finished.
+
+        The step's record (who ran, with how many tokens, the queues) is ``self.last_step``
+        afterwards, None if nothing ran.
+        """
         start = self.now()
         outcome = self.core.step(start, self._execute)
+        self.last_step = outcome.record
         if outcome.record is None and self.core.next_arrival is not None:  # idle: wait for the next arrival
             time.sleep(min(max(self.core.next_arrival - start, 0.0), 0.05))
         for request in outcome.progressed:
@@ -348,19 +349,6 @@ def _resolve_model(model):
     if model is None or isinstance(model, str):
         return load_model() if model is None else load_model(model)
     return model
-
-
-def _resolve_policy(policy, enable_chunked_prefill: bool | None) -> SchedulerPolicy:
-    """The policy object; chunked prefill by default, as in vLLM V1."""
-    if policy is None:
-        return make_policy("continuous" if enable_chunked_prefill is False else "chunked")
-    resolved = make_policy(policy)
-    if enable_chunked_prefill is not None and resolved.chunked != enable_chunked_prefill:
-        raise ValueError(
-            f"policy {resolved.name!r} contradicts enable_chunked_prefill={enable_chunked_prefill}; "
-            "pass only one of them"
-        )
-    return resolved
 
 
 def _grouped(answers: list[RequestOutput]) -> RequestOutput:

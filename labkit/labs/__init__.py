@@ -1,9 +1,11 @@
 """The course's labs, in two kinds of module that are easy to tell apart.
 
-- ``lab1`` ... ``lab9``: the **exercise specs**, one module per lab notebook: what each
+- ``lab1`` ... ``lab10``: the **exercise specs**, one module per lab notebook: what each
   exercise asks for, the inputs a check builds from a seed, the oracle it compares with,
   and the hints. Importing one registers its exercises with :mod:`labkit.grading`, which
   finds them by these names (``labkit.labs.lab5``).
+- :mod:`~labkit.labs.api`: the one surface notebooks import (a test holds them to it), so the
+  modules below can change without breaking a notebook already handed out.
 - :mod:`~labkit.labs.checking`: what the specs check with (the course model loaded once,
   seeded prompts, a model that records every forward pass, diagnoses of attention mistakes,
   runs of the engine with a learner's piece plugged in).

@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from labkit.engine.scheduler import policy_from_function
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.labs.checking.engine_runs import (
     CheckRequest,
     compare_with_solo,
-    policy_from_function,
     random_requests,
     run_failure,
     run_requests,

@@ -13,9 +13,10 @@
   queue snapshots, compared with ``labkit.serve.admission.retry_after`` and its typical misreadings.
 - ``highest_rate(measure, rates, promise)``: the highest request rate whose p99 latencies keep
   the promise with nothing lost, measuring as few rates as it can; compared with labkit's rule
-  (``labkit loadtest``'s ``best_rate``) on replayed measurements.
-- ``find_capacity(url, rates, promise)``: the SLO sweep against a real server, compared with the
-  grader's own sweep of its own server, within one step of the rate grid.
+  (:func:`labkit.slo.highest_rate`, the one ``labkit loadtest`` and the simulator use) on replayed
+  measurements.
+- ``find_capacity(url, rates, promise)``: the SLO sweep against a real server, whose every load is
+  recorded; the answer must equal labkit's rule applied to exactly those measurements.
 """
 
 from __future__ import annotations
@@ -27,16 +28,7 @@ from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.labs.checking.learner_errors import diagnosed, raised_mismatch
 from labkit.labs.checking.serve_admission import WRONG_RULES, admission_inputs, admission_oracle, describe, run_admit
-from labkit.labs.checking.serve_capacity import (
-    TOLERANCE_STEPS,
-    capacity_inputs,
-    capacity_oracle,
-    describe_promise,
-    describe_sweep,
-    grid_steps,
-    rate_text,
-    run_capacity,
-)
+from labkit.labs.checking.serve_capacity import capacity_inputs, capacity_oracle, judge_sweep, run_capacity
 from labkit.labs.checking.serve_loop import client_script, drive
 from labkit.labs.checking.serve_metrics import KEYS, close, read_dashboard, seeded_scrapes, typical_misreadings
 from labkit.labs.checking.serve_policy import joined_mid_run, policy_inputs, policy_oracle, serve_clients
@@ -383,26 +375,6 @@ register(
 # --- lab9.find_capacity -----------------------------------------------------------------------
 
 
-def _compare_capacity(expected, got) -> Mismatch | None:
-    rates, mine, grader = expected["rates"], got["rate"], expected["rate"]
-    if mine is not None and mine not in rates:
-        return Mismatch(
-            f"you reported {mine!r}; report one of the rates you were given ({rates}) or None",
-            "Return what highest_rate returns for the sweep: a rate of the grid, or None if none keeps the promise.",
-        )
-    steps = grid_steps(rates, mine, grader)
-    if steps <= TOLERANCE_STEPS:
-        return None
-    direction = "above" if (mine or 0) > (grader or 0) else "below"
-    return Mismatch(
-        f"you reported {rate_text(mine)} for the promise {describe_promise(got['promise'])}; "
-        f"{describe_sweep(expected)}, so it signs {rate_text(grader)}: yours is {steps} steps of the grid "
-        f"{direction}, more than two sweeps differ by noise",
-        "Measure every rate with the lab's LOAD (measure(url, rate, **LOAD)), pass the promise on as it is (its "
-        "limits are in ms), and let highest_rate decide.",
-    )
-
-
 register(
     diagnosed(
         Exercise(
@@ -411,13 +383,13 @@ register(
             make_inputs=capacity_inputs,
             run=run_capacity,
             oracle=capacity_oracle,
-            compare=_compare_capacity,
+            compare=judge_sweep,
             tested="your sweep runs against a fresh labkit serve (4 seats) with a promise of 5x the TTFT and 3x the "
-            "TPOT one user alone sees there; the grader starts its own server, measures its own promise and sweeps "
-            "the same rates with labkit's rule: your rate must be within one step of the grid of the grader's",
+            "TPOT one user alone sees there, and every load it sends is recorded: it must send the lab's LOAD to "
+            "that server, each rate once, up to the first that breaks the promise, and your rate must equal "
+            "labkit's rule applied to exactly those measurements",
             hint="find_capacity(url, rates, promise) = highest_rate(a measure that loads url with LOAD, rates, "
             "promise).",
-            measured_once=True,
         )
     )
 )

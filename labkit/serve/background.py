@@ -24,8 +24,9 @@ import time
 
 import httpx
 
-from labkit.serve.loadtest import api_base, make_workload, run_load
+from labkit.serve.loadtest import api_base, run_load
 from labkit.trace import Trace
+from labkit.workloads import make_workload
 
 
 class ServeProcess:

@@ -10,8 +10,9 @@ latency are what a user would see, network and queue included.
 The stamps go into a :class:`~labkit.trace.Trace`, the same record the engine and the
 simulator write, so :func:`labkit.metrics.summarize` measures a served run exactly as it
 measures a simulated one (vLLM's definitions). A request the server refused or broke off
-counts as failed, never silently dropped. A sweep over rates finds the highest that keeps
-p99 TPOT within a promise.
+counts as failed, never silently dropped. A sweep over rates finds the highest that keeps a
+promise, with :mod:`labkit.slo`'s rule. Inside :func:`recording`, every run is also handed to the
+caller: that is how lab 9's check judges exactly the loads a learner's sweep sent.
 """
 
 from __future__ import annotations
@@ -19,21 +20,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 import time
-from dataclasses import dataclass, field, replace
-
-import numpy as np
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 from labkit.metrics import Summary
+from labkit.slo import Promise, from_summary, highest_rate
 from labkit.trace import RequestRecord, Trace
-from labkit.workloads import Workload, arrival_times, sale_workload, sharegpt_prompts, synthetic_workload
-
-DATASETS = ("sale", "sharegpt", "random")
-# Plain words for the random dataset: the client has no tokenizer, so lengths are about 1.3 tokens a word.
-WORDS = (
-    "time person year way day thing man world life hand part child eye woman place work week case point "
-    "number group problem fact money market story water light house river train music cloud garden"
-).split()
+from labkit.workloads import Workload
 
 
 @dataclass
@@ -66,38 +61,21 @@ class Sent:
         )
 
 
-def make_workload(
-    dataset: str,
-    num_prompts: int,
-    rate: float,
-    burstiness: float = 1.0,
-    seed: int = 0,
-    max_output_tokens: int = 128,
-    input_len: int = 64,
-    output_len: int = 32,
-) -> Workload:
-    """The requests to send: ``num_prompts`` of ``dataset`` with Poisson/gamma arrivals at ``rate``."""
-    if dataset == "sale":
-        return sale_workload(num_prompts, rate, burstiness=burstiness, seed=seed, max_answer_len=max_output_tokens)
-    if dataset == "sharegpt":
-        prompts = sharegpt_prompts(num_prompts, seed, max_prompt_tokens=1024, max_output_tokens=max_output_tokens)
-        return prompts.with_arrival_times(arrival_times(num_prompts, rate, burstiness, seed))
-    if dataset == "random":
-        workload = synthetic_workload(
-            num_prompts, rate, input_len, output_len, burstiness=burstiness, seed=seed, name="random"
-        )
-        rng = np.random.default_rng(seed)
-        requests = [
-            replace(
-                r,
-                prompt=[
-                    {"role": "user", "content": " ".join(rng.choice(WORDS, size=max(1, round(r.prompt_len / 1.3))))}
-                ],
-            )
-            for r in workload
-        ]
-        return replace(workload, requests=tuple(requests))
-    raise ValueError(f"unknown dataset {dataset!r}; use one of {', '.join(DATASETS)}")
+_recordings: list[list[tuple[Workload, Trace]]] = []
+_recordings_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[tuple[Workload, Trace]]]:
+    """Every load :func:`run_load` sends in this process while the block lasts, as (workload, trace), in order."""
+    runs: list[tuple[Workload, Trace]] = []
+    with _recordings_lock:
+        _recordings.append(runs)
+    try:
+        yield runs
+    finally:
+        with _recordings_lock:
+            _recordings.remove(runs)
 
 
 async def _send(client, model: str, spec, start: float, ignore_eos: bool) -> Sent:
@@ -164,6 +142,9 @@ async def run_load(
             "ignore_eos": ignore_eos,
         },
     )
+    with _recordings_lock:
+        for runs in _recordings:
+            runs.append((workload, trace))
     return trace, [f"{s.request_id}: {s.error}" for s in sents if s.error]
 
 
@@ -186,25 +167,9 @@ def api_base(url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
-def keeps_promise(summary: Summary, promise_ms: float, ttft_promise_ms: float | None = None) -> bool:
-    """Every request served, p99 TPOT within ``promise_ms`` and, if given, p99 TTFT within
-    ``ttft_promise_ms`` (a lost request breaks any promise)."""
-    ttft_kept = ttft_promise_ms is None or summary.ttft_ms.p99 <= ttft_promise_ms
-    return summary.num_completed == summary.num_requests and summary.tpot_ms.p99 <= promise_ms and ttft_kept
-
-
-def best_rate(summaries: dict[float, Summary], promise_ms: float, ttft_promise_ms: float | None = None) -> float | None:
-    """The highest rate below the first (lowest) rate that breaks the promise, or None if the lowest does.
-
-    A rate that happens to pass above one that failed is noise, not capacity: the promise has to
-    hold at every load up to the one we sign.
-    """
-    best = None
-    for rate in sorted(summaries):
-        if not keeps_promise(summaries[rate], promise_ms, ttft_promise_ms):
-            break
-        best = rate
-    return best
+def best_rate(summaries: Mapping[float, Summary], promise: Promise) -> float | None:
+    """The highest rate of a sweep that keeps the promise (:func:`labkit.slo.highest_rate`)."""
+    return highest_rate({rate: from_summary(summary) for rate, summary in summaries.items()}, promise)
 
 
 def format_bench(summary: Summary, max_concurrency: int | None = None, errors: list[str] = ()) -> str:
@@ -256,9 +221,7 @@ def format_bench(summary: Summary, max_concurrency: int | None = None, errors: l
     return "\n".join(lines)
 
 
-def format_sweep(
-    summaries: dict[float, Summary], promise_ms: float | None, ttft_promise_ms: float | None = None
-) -> str:
+def format_sweep(summaries: dict[float, Summary], promise: Promise | None) -> str:
     """One line per rate, and the highest rate that kept the promise."""
     lines = [
         f"{'rate (req/s)':>12}{'served':>9}{'req/s':>9}{'out tok/s':>11}{'p99 TTFT':>10}{'p99 TPOT':>10}",
@@ -269,11 +232,9 @@ def format_sweep(
             f"{rate:>12g}{s.num_completed:>5}/{s.num_requests:<3}{s.request_throughput:>9.2f}"
             f"{s.output_throughput:>11.1f}{s.ttft_ms.p99:>10.1f}{s.tpot_ms.p99:>10.1f}"
         )
-    if promise_ms is not None:
-        best = best_rate(summaries, promise_ms, ttft_promise_ms)
-        ttft = "" if ttft_promise_ms is None else f", p99 TTFT <= {ttft_promise_ms:g} ms"
+    if promise is not None:
+        best = best_rate(summaries, promise)
         lines.append(
-            f"highest rate with p99 TPOT <= {promise_ms:g} ms{ttft} and nothing lost: "
-            + (f"{best:g} req/s" if best is not None else "none of these")
+            f"highest rate with {promise.describe()}: " + (f"{best:g} req/s" if best is not None else "none of these")
         )
     return "\n".join(lines)

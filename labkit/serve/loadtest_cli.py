@@ -22,16 +22,9 @@ import sys
 from pathlib import Path
 
 from labkit.metrics import parse_slo, summarize
-from labkit.serve.loadtest import (
-    DATASETS,
-    api_base,
-    best_rate,
-    format_bench,
-    format_sweep,
-    make_workload,
-    run_load,
-    server_model,
-)
+from labkit.serve.loadtest import api_base, best_rate, format_bench, format_sweep, run_load, server_model
+from labkit.slo import Promise
+from labkit.workloads import DATASETS, make_workload
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     slo = parse_slo(args.goodput) if args.goodput else None
     if args.plot and len(rates) < 2:
         raise ValueError("--plot draws latency against rate: give several rates, e.g. --request-rate 1,2,4")
+    promise = None if args.promise_ms is None else Promise(args.promise_ms, args.ttft_promise_ms)
     base = api_base(args.url)
     model = args.model or asyncio.run(server_model(base, args.api_key))
     summaries, results = {}, []
@@ -130,13 +124,13 @@ def run(args: argparse.Namespace) -> int:
         "goodput": slo,
         "runs": results,
     }
-    if args.promise_ms is not None:
-        result["promise_ms"], result["ttft_promise_ms"] = args.promise_ms, args.ttft_promise_ms
-        result["best_rate"] = best_rate(summaries, args.promise_ms, args.ttft_promise_ms)
+    if promise is not None:
+        result["promise_ms"], result["ttft_promise_ms"] = promise.tpot_ms, promise.ttft_ms
+        result["best_rate"] = best_rate(summaries, promise)
     if args.json:
         print(json.dumps(result, indent=2))
     elif len(rates) > 1:
-        print("\n" + format_sweep(summaries, args.promise_ms, args.ttft_promise_ms))
+        print("\n" + format_sweep(summaries, promise))
     if args.result_file:
         Path(args.result_file).write_text(json.dumps(result, indent=2))
     if args.plot:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
+from labkit.trace import StepRecord
+
 TTFT_BUCKETS = (
     0.001,
     0.005,
@@ -155,36 +157,31 @@ class ServerMetrics:
             buckets=REQUEST_LATENCY_BUCKETS,
         )
 
-    def on_step(
-        self,
-        num_running: int,
-        num_waiting: int,
-        kv_usage: float,
-        num_preempted: int,
-        prefix_queries: int = 0,
-        prefix_hits: int = 0,
-        spec_counts: tuple[int, int, int] = (0, 0, 0),
-    ) -> None:
-        """After each engine step: the batch it ran, the queue behind it, the cache it filled and found.
+    def on_step(self, record: StepRecord) -> None:
+        """After each engine step, from its record: the batch it ran, the queue behind it, the cache it
+        filled and found, and its speculation.
 
-        ``prefix_queries`` are the prompt tokens of the requests the step admitted (looked up in the
-        prefix cache), ``prefix_hits`` those found there; hits / queries is the hit rate, as in vLLM.
-        Both stay 0 with prefix caching off. ``spec_counts`` are the step's speculation: requests
-        that verified drafts, draft tokens verified, and those accepted.
+        The prefix cache's queries are the prompt tokens of the requests the step admitted (looked up in
+        the cache), its hits those found there; hits / queries is the hit rate, as in vLLM. Both stay 0
+        with prefix caching off. Speculation counts requests that verified drafts, draft tokens verified,
+        and those accepted.
         """
-        self.running.set(num_running)
-        self.waiting.set(num_waiting)
-        self.kv_usage.set(kv_usage)
-        self.preemptions.inc(num_preempted)
-        self.prefix_queries.inc(prefix_queries)
-        self.prefix_hits.inc(prefix_hits)
+        self.running.set(record.num_active)
+        self.waiting.set(record.num_waiting)
+        self.kv_usage.set(record.blocks_used / max(record.blocks_total, 1))
+        self.preemptions.inc(len(record.preempted))
+        self.prefix_queries.inc(record.prefix_cache_queries)
+        self.prefix_hits.inc(record.prefix_cache_hits)
         if self.spec is not None:
-            for counter, count in zip(self.spec, spec_counts):
+            counts = (record.num_drafts, record.num_draft_tokens, record.num_accepted_tokens)
+            for counter, count in zip(self.spec, counts):
                 counter.inc(count)
 
     def on_idle(self) -> None:
         """Nothing left to run: no batch, no queue, and every block back in the pool."""
-        self.on_step(0, 0, 0.0, 0)
+        self.running.set(0)
+        self.waiting.set(0)
+        self.kv_usage.set(0.0)
 
     def on_tokens(self, prompt_len: int, num_new: int, first_token_s: float | None, gaps_s: list[float]) -> None:
         """A request got ``num_new`` tokens; the first one brings its prompt and its TTFT."""

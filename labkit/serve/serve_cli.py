@@ -18,6 +18,8 @@ import sys
 
 from labkit.serve.admission import admission_within
 
+TRACE_WINDOW = 4096  # the steps (and finished requests) a long-running server keeps in its engine's trace
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -148,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_waiting is not None and args.max_waiting < 1:
         raise ValueError(f"--max-waiting must be at least 1, got {args.max_waiting}; leave it out for no bound")
-    llm = LLM(load_model(args.model, dtype=args.dtype), **engine_dials(args))
+    llm = LLM(load_model(args.model, dtype=args.dtype), trace_window=TRACE_WINDOW, **engine_dials(args))
     server, sock, worker = make_server(
         llm,
         args.host,
@@ -169,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    if "kv_pool" in setup:
+        print(f"labkit serve: KV pool {setup['kv_pool']} (--num-gpu-blocks-override sets it)", file=sys.stderr)
     try:
         server.run(sockets=[sock])  # after a graceful stop, uvicorn raises the signal that stopped it again
     except KeyboardInterrupt:

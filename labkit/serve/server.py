@@ -38,7 +38,7 @@ def make_server(
     :mod:`~labkit.serve.admission`).
     """
     name = served_model_name or llm.describe()["model"]
-    metrics = ServerMetrics(name, speculative=getattr(llm, "speculative_config", None) is not None)
+    metrics = ServerMetrics(name, speculative=llm.config.speculative_config is not None)
     worker = EngineWorker(llm, metrics, max_waiting, admission)
     app = build_app(worker, name, api_key)
     config = uvicorn.Config(

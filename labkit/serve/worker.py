@@ -11,9 +11,10 @@ Before it accepts a request, :meth:`EngineWorker.submit` can ask an admission ho
 :mod:`~labkit.serve.admission`) whether the queue it would join still keeps the server's
 promise; a hook that says no turns the request away with 503 and ``Retry-After``.
 
-The loop also feeds :class:`~labkit.serve.metrics.ServerMetrics` from each step's record,
-and restarts the engine's trace whenever it goes idle so a long-running server keeps only
-the current busy spell in memory.
+The loop also feeds :class:`~labkit.serve.metrics.ServerMetrics` from each step's record
+(``llm.last_step``), so the counters stay whole however little of the run the engine's trace
+keeps: a long-running server bounds its trace with the engine's ``trace_window`` setting
+(``labkit serve`` sets one), and the engine's clock runs on from the server's start.
 """
 
 from __future__ import annotations
@@ -115,10 +116,10 @@ class EngineWorker:
         self.metrics = metrics
         self.max_waiting = max_waiting
         self.admission = admission
-        setup = llm.describe()
-        self.max_num_seqs = setup["max_num_seqs"]
+        config = llm.config
+        self.max_num_seqs = config.max_num_seqs
         # the longest sequence one request may reach: max_model_len, or what the whole KV cache holds
-        self.context_limit = min(setup["max_model_len"], setup["num_blocks"] * setup["block_size"] + 1)
+        self.context_limit = min(config.max_model_len, config.num_blocks * config.block_size + 1)
         self.tokenizer = llm.model.tokenizer  # what the HTTP side needs of the model, read once here
         self.vocab_size = llm.model.config.vocab_size
         self.error: str | None = None  # why the loop died, if it did
@@ -262,35 +263,26 @@ class EngineWorker:
         self.metrics.on_finish(reason, now - live.arrival, _queue_time(live))
         live.handle.push(APIError(499, "The request was aborted."))
         if not self.llm.has_unfinished():
-            self._go_idle()
+            self.metrics.on_idle()
 
     def _step(self) -> None:
-        steps_before = len(self.llm.trace.steps)
         outputs = self.llm.step()
+        record = self.llm.last_step
         now = self.llm.now()
-        if len(self.llm.trace.steps) > steps_before:
-            record = self.llm.trace.steps[-1]
+        if record is not None:
             now = record.end  # the time the engine stamped on this step's tokens
             for request_id in record.scheduled:
                 live = self._live.get(request_id)
                 if live is not None and live.scheduled_at is None:
                     live.scheduled_at = record.start
                     self._start(live)
-            self.metrics.on_step(
-                record.num_active,
-                record.num_waiting,
-                record.blocks_used / max(record.blocks_total, 1),
-                len(record.preempted),
-                record.prefix_cache_queries,
-                record.prefix_cache_hits,
-                (record.num_drafts, record.num_draft_tokens, record.num_accepted_tokens),
-            )
+            self.metrics.on_step(record)
         for output in outputs:
             live = self._live.get(output.request_id)
             if live is not None:
                 self._deliver(live, output, now)
         if not self.llm.has_unfinished():
-            self._go_idle()
+            self.metrics.on_idle()
 
     def _deliver(self, live: _Live, output: RequestOutput, now: float) -> None:
         num_new = len(output.token_ids) - live.num_tokens
@@ -330,10 +322,6 @@ class EngineWorker:
         if live.scheduled_at is not None:
             with self._lock:
                 self._service_s.append(now - live.scheduled_at)
-
-    def _go_idle(self) -> None:
-        self.metrics.on_idle()
-        self.llm.start_run()  # a fresh trace and clock: memory stays bounded by one busy spell
 
     def _end_all(self, error: APIError) -> None:
         for request_id, live in list(self._live.items()):

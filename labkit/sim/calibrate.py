@@ -470,20 +470,10 @@ def check_workload(vocab_size: int, num_requests: int = 32, rate: float = 2.0, s
 
 
 def check_prediction(llm, cost: CostModel, workload) -> tuple[list[Comparison], Trace, Trace]:
-    """Serve ``workload`` on ``llm`` and simulate it with ``cost`` under the same dials; compare them."""
+    """Serve ``workload`` on ``llm`` and simulate it with ``cost`` under the same settings (``llm.config``); compare them."""
     from labkit.engine import serve_workload
     from labkit.sim.simulator import simulate
 
     measured = serve_workload(llm, workload)
-    dials = llm.describe()
-    simulated = simulate(
-        workload,
-        cost,
-        dials["policy"],
-        num_blocks=dials["num_blocks"],
-        block_size=dials["block_size"],
-        max_num_seqs=dials["max_num_seqs"],
-        max_num_batched_tokens=dials["max_num_batched_tokens"],
-        max_model_len=dials["max_model_len"],
-    )
+    simulated = simulate(workload, cost, llm.policy.name, config=llm.config)
     return compare(summarize(simulated), summarize(measured)), simulated, measured

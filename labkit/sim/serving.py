@@ -8,10 +8,10 @@ the simulator's clock, so the measured answer can be set beside a predicted one:
    of the shapes the sweep sends (short prompts, short answers, batch 1 up to
    ``max_num_seqs``), instead of :func:`~labkit.sim.calibrate.calibrate_engine`'s minutes.
 2. :func:`predict_sweep` simulates, at each rate, the very requests the load tester sends
-   (:func:`~labkit.serve.loadtest.make_workload`: same lengths, same arrival times) and
+   (:func:`~labkit.workloads.make_workload`: same lengths, same arrival times) and
    measures them with :func:`~labkit.metrics.summarize`, the code that measures a real run.
-3. :func:`predicted_highest_rate` applies the load tester's rule
-   (:func:`~labkit.serve.loadtest.best_rate`) to the predictions.
+3. :func:`predicted_highest_rate` applies the rule the load tester and lab 9's checks apply
+   (:func:`labkit.slo.highest_rate`) to the predictions.
 
 The simulator times only the engine's steps. What a client measures also holds HTTP, the
 tokenizer, the server's event loop and the streaming of every token, on the same cores as
@@ -27,11 +27,11 @@ from typing import Iterable, Sequence
 
 from labkit.engine.scheduler import SchedulerPolicy
 from labkit.metrics import summarize
-from labkit.serve.loadtest import make_workload
 from labkit.sim.calibrate import Calibration, calibration_from_steps, time_engine_steps
 from labkit.sim.cost_model import CostModel
 from labkit.sim.simulator import simulate
-from labkit.workloads import Workload
+from labkit.slo import Promise, highest_rate
+from labkit.workloads import Workload, make_workload
 
 QUICK_PROMPT_TOKENS = 48  # median prompt of a calibration wave: a short chat message with its template
 QUICK_MAX_BATCH = 16  # larger waves would take the calibration past its seconds, and a small sweep never fills them
@@ -59,7 +59,8 @@ def quick_calibration(llm, seed: int = 0) -> CostModel:
 
 @dataclass(frozen=True)
 class RatePrediction:
-    """What the simulator predicts a client sees at one request rate (latencies in ms)."""
+    """What the simulator predicts a client sees at one request rate (latencies in ms); a
+    :class:`labkit.slo.RateResult` as it is."""
 
     rate: float  # requests per second
     p99_tpot_ms: float  # the simulator's 99th-percentile time per output token
@@ -152,24 +153,9 @@ def predict_sweep(
     return predictions
 
 
-def keeps_promise(prediction: RatePrediction, promise_ms: float, ttft_promise_ms: float | None = None) -> bool:
-    """Nothing lost and p99 TPOT within ``promise_ms``, as :func:`labkit.serve.loadtest.keeps_promise` asks
-    (and p99 TTFT within ``ttft_promise_ms`` when there is one)."""
-    ttft_kept = ttft_promise_ms is None or prediction.p99_ttft_ms <= ttft_promise_ms
-    return prediction.lost == 0 and prediction.p99_tpot_ms <= promise_ms and ttft_kept
-
-
-def predicted_highest_rate(
-    predictions: Iterable[RatePrediction], promise_ms: float, ttft_promise_ms: float | None = None
-) -> float | None:
-    """The same rule as labkit loadtest's best_rate: the highest rate below the first whose p99 TPOT (or,
-    with ``ttft_promise_ms``, p99 TTFT) breaks the promise."""
-    best = None
-    for prediction in sorted(predictions, key=lambda p: p.rate):
-        if not keeps_promise(prediction, promise_ms, ttft_promise_ms):
-            break
-        best = prediction.rate
-    return best
+def predicted_highest_rate(predictions: Iterable[RatePrediction], promise: Promise) -> float | None:
+    """The highest rate the simulator would sign: :func:`labkit.slo.highest_rate` on the predictions."""
+    return highest_rate({prediction.rate: prediction for prediction in predictions}, promise)
 
 
 def format_predictions(predictions: Sequence[RatePrediction], measured_p99_tpot_ms: Sequence[float] = ()) -> str:

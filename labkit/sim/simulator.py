@@ -11,13 +11,15 @@ run of an 8B model on an H100 takes seconds on a laptop.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from tqdm.auto import tqdm
 
-from labkit.engine.core import Batch, EngineCore
+from labkit.engine.config import EngineConfig, build_core, engine_config
+from labkit.engine.core import Batch
 from labkit.engine.request import Request
-from labkit.engine.scheduler import SchedulerPolicy, SchedulerState, make_policy, token_budget
-from labkit.kv.block_allocator import BlockAllocator
-from labkit.kv.prefix_cache import PrefixCachingBlockAllocator
+from labkit.engine.scheduler import SchedulerPolicy
 from labkit.sampling_params import SamplingParams
 from labkit.sim.cost_model import CostModel, ModelSpec, conversations_that_fit
 from labkit.sim.hardware import Hardware
@@ -62,23 +64,20 @@ def _request(spec: RequestSpec, token_ids: list[int]) -> Request:
 def simulate(
     workload: Workload,
     cost: CostModel,
-    policy: str | SchedulerPolicy = "chunked",
+    policy: str | SchedulerPolicy | None = None,
     *,
-    num_blocks: int,
-    block_size: int = 16,
-    max_num_seqs: int = 64,
-    max_num_batched_tokens: int | None = None,
-    max_model_len: int | None = None,
-    enable_prefix_caching: bool = True,
-    speculative_config: dict | None = None,
+    config: EngineConfig | None = None,
     use_tqdm: bool = False,
+    **settings: Any,
 ) -> Trace:
     """Run ``workload`` through ``policy`` with step times from ``cost``; return the trace.
 
-    The dials mean what they mean for :class:`labkit.engine.LLM`, with the same defaults,
-    except that ``max_model_len`` defaults to the longest request in the workload. Get
-    ``num_blocks`` for a real card from :func:`blocks_that_fit`. Prefix caching sees the
-    prefixes the workload declares (see :func:`prompt_token_ids`).
+    The settings are :class:`~labkit.engine.config.EngineConfig`'s, as keywords
+    (``num_blocks=4096, max_num_seqs=64``) or a ``config`` (a real engine's ``llm.config``
+    simulates that engine); they mean what they mean for :class:`labkit.engine.LLM`, with the
+    same defaults, except that ``max_model_len`` defaults to the longest request in the workload
+    and ``num_blocks`` must be given: get it for a real card from :func:`blocks_that_fit`. Prefix
+    caching sees the prefixes the workload declares (see :func:`prompt_token_ids`).
 
     ``speculative_config`` simulates speculative decoding: ``{"method": "ngram", "num_speculative_tokens":
     k, "acceptance_rate": a}``. Every decoding request verifies up to k drafts in its step (1 + k tokens
@@ -86,32 +85,26 @@ def simulate(
     draw, so runs repeat); rejected KV is rolled back as in the engine. ``"method": "draft_model"`` with
     ``"model"``: the draft's :class:`CostModel` adds its k one-token passes over the speculating requests.
     """
-    policy = make_policy(policy)
-    max_model_len = max_model_len or int(max(workload.prompt_lens + workload.output_lens))
-    budget = token_budget(max_num_batched_tokens, max_model_len, policy.chunked)
-    allocator = PrefixCachingBlockAllocator if enable_prefix_caching else BlockAllocator
-    state = SchedulerState(
-        allocator(num_blocks, block_size),
-        max_num_seqs,
-        budget,
-        max_model_len,
-        enable_prefix_caching=enable_prefix_caching,
-    )
-    speculation = parse_speculative_config(speculative_config, simulated=True)
+    requested = engine_config(config, **settings)
+    if requested.num_blocks is None:
+        raise ValueError(
+            "simulate needs num_blocks (the simulator has no device memory to size the pool from); "
+            "get it for a real card from blocks_that_fit(hardware, model)"
+        )
+    speculation = parse_speculative_config(requested.speculative_config, simulated=True)
     proposer = None if speculation is None else SimulatedProposer(speculation)
-    core = EngineCore(policy, state, NO_END_TOKENS, proposer=proposer)
+    sized = replace(
+        requested,
+        max_model_len=requested.max_model_len or int(max(workload.prompt_lens + workload.output_lens)),
+        speculative_config=speculation,
+    )
+    core, resolved = build_core(sized, NO_END_TOKENS, policy=policy, proposer=proposer)
     core.trace.meta = dict(
         simulated=True,
         workload=workload.name,
-        policy=policy.name,
+        policy=core.policy.name,
         cost_model=vars(cost),
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=budget,
-        num_blocks=num_blocks,
-        block_size=block_size,
-        enable_prefix_caching=enable_prefix_caching,
-        speculative_decoding="off" if speculation is None else speculation.describe(),
+        **resolved.describe(),
     )
 
     def execute(batch: Batch, start: float) -> tuple[dict[str, int | list[int]], float]:
@@ -126,7 +119,7 @@ def simulate(
     index, upcoming = next(arrivals, (None, None))
     prefix_markers: dict[str, int] = {}
     now = 0.0
-    with tqdm(total=len(workload), desc=f"simulate ({policy.name})", disable=not use_tqdm) as bar:
+    with tqdm(total=len(workload), desc=f"simulate ({core.policy.name})", disable=not use_tqdm) as bar:
         while upcoming is not None or core.has_unfinished():
             # Requests are made as they arrive, so a 100,000-request run holds only the live ones.
             while upcoming is not None and upcoming.arrival_time <= now:

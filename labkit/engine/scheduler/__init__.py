@@ -13,6 +13,7 @@ from labkit.engine.scheduler.base import (
 )
 from labkit.engine.scheduler.chunked import ChunkedPrefill
 from labkit.engine.scheduler.continuous import ContinuousBatching
+from labkit.engine.scheduler.function import FunctionPolicy, policy_from_function
 from labkit.engine.scheduler.static import StaticBatching
 
 POLICIES = {"static": StaticBatching, "continuous": ContinuousBatching, "chunked": ChunkedPrefill}
@@ -43,6 +44,8 @@ __all__ = [
     "StaticBatching",
     "ContinuousBatching",
     "ChunkedPrefill",
+    "FunctionPolicy",
+    "policy_from_function",
     "POLICIES",
     "make_policy",
 ]

@@ -9,14 +9,14 @@ and invariants observed right after every scheduling decision.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from labkit.engine import LLM
 from labkit.engine.reference import SoloRun, compare_to_solo, solo_greedy
 from labkit.engine.request import RequestStatus
-from labkit.engine.scheduler import SchedulerOutput, SchedulerPolicy, SchedulerState
+from labkit.engine.scheduler import SchedulerOutput, SchedulerPolicy, SchedulerState, make_policy
+from labkit.engine.scheduler import policy_from_function as policy_from_function  # the notebooks import it here
 from labkit.grading.attempt import describe_exception
 from labkit.grading.result import Mismatch
 from labkit.labs.checking.shared import rng, small_model
@@ -72,36 +72,18 @@ def observe(state: SchedulerState, plan: SchedulerOutput) -> dict[str, Any]:
     }
 
 
-class FunctionPolicy(SchedulerPolicy):
-    """A scheduling function ``fn(state) -> SchedulerOutput`` as a policy, noting each decision.
+class ObservedPolicy(SchedulerPolicy):
+    """Any policy, with what each of its decisions left behind noted in ``decisions`` (see :func:`observe`)."""
 
-    ``chunked`` tells the engine whether the function cuts prompts into chunks (then the token
-    budget may be below max_model_len).
-    """
-
-    def __init__(
-        self, schedule_fn: Callable[[SchedulerState], SchedulerOutput], name: str = "yours", chunked: bool = False
-    ):
-        self.schedule_fn = schedule_fn
-        self.name = name
-        self.chunked = chunked
+    def __init__(self, policy: SchedulerPolicy):
+        self.policy = policy
+        self.name, self.chunked = policy.name, policy.chunked
         self.decisions: list[dict[str, Any]] = []
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
-        plan = self.schedule_fn(state)
-        if not isinstance(plan, SchedulerOutput):
-            raise TypeError(f"the scheduling function returned a {type(plan).__name__}; return a SchedulerOutput")
+        plan = self.policy.schedule(state)
         self.decisions.append(observe(state, plan))
         return plan
-
-
-def policy_from_function(
-    schedule_fn: Callable[[SchedulerState], SchedulerOutput], chunked: bool = False, name: str = "yours"
-) -> FunctionPolicy:
-    """Wrap a learner's ``schedule(state) -> SchedulerOutput`` so the engine can use it as its policy."""
-    if not callable(schedule_fn):
-        raise TypeError(f"expected your scheduling function, got {type(schedule_fn).__name__}")
-    return FunctionPolicy(schedule_fn, name, chunked)
 
 
 def random_requests(
@@ -152,24 +134,25 @@ def serve(
     requests: list[CheckRequest], policy: SchedulerPolicy | str = "continuous", model=None, **engine_args
 ) -> dict[str, Any]:
     """:func:`run_requests`, as plain data: each request's tokens, the step count, preemptions,
-    blocks still used at the end, and (for a :class:`FunctionPolicy`) every decision observed.
+    blocks still used at the end, and every decision the policy made, observed.
 
     If the run fails, ``error`` says how (one line naming the learner's code) and the decisions
     made until then are kept, so a check can point at the step where things first went wrong.
     """
+    policy = ObservedPolicy(make_policy(policy))
     try:
         llm, tokens = run_requests(requests, policy, model, **engine_args)
     except NotImplementedError:
         raise  # an unfinished exercise: the check says "not done", not "failed"
     except Exception as error:  # the learner's piece broke the run: judge what happened before
-        return {"error": describe_exception(error), "decisions": list(getattr(policy, "decisions", []))}
+        return {"error": describe_exception(error), "decisions": list(policy.decisions)}
     return {
         "error": None,
         "tokens": [tokens[f"r{i}"] for i in range(len(requests))],
         "steps": len(llm.trace.steps),
         "preemptions": llm.num_preemptions,
         "blocks_used_at_end": llm.state.blocks.num_used_blocks,
-        "decisions": list(getattr(policy, "decisions", [])),
+        "decisions": list(policy.decisions),
     }
 
 

@@ -1,34 +1,42 @@
-"""Lab 9's capacity check: the learner's SLO sweep against a real server, judged by the grader's own sweep.
+"""Lab 9's capacity check: the learner's SLO sweep against a real server, judged on the very measurements it made.
 
 The promise is relative to the machine (a GPU is far faster than two CPU cores): p99 time to
 first token within ``TTFT_FACTOR`` times, and p99 time per output token within ``TPOT_FACTOR``
 times, what one user alone sees on the same server. The run half (the notebook's kernel) starts
 a server, measures that promise there and runs the learner's ``find_capacity(url, rates,
-promise)`` against it; the oracle (the grader's own process) starts its own server, measures its
-own promise and sweeps with labkit's rule. Two sweeps of a few requests on a shared machine
-never agree exactly, so the learner's rate passes within ``TOLERANCE_STEPS`` step of the rate
-grid from the grader's: wide enough for noise, narrow enough to catch a sweep that measured the
-wrong thing (a limit in the wrong unit, another load, a promise ignored).
+promise)`` against it while labkit's load tester records every load it sends
+(:func:`labkit.serve.loadtest.recording`). The comparison applies labkit's rule
+(:func:`labkit.slo.highest_rate`) to exactly those measurements, and the learner's rate must
+equal it. So the verdict never depends on how fast or busy the machine is: a slow machine moves
+the learner's measurements and the rule's alike, because they are the same ones. Besides the
+rate it checks that the sweep measured at all, sent the lab's ``LOAD`` to the server it was
+given, measured each rate once, every rate up to the first that breaks the promise and none past.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from typing import Any
 
 from labkit.engine import LLM
-from labkit.labs.checking.serve_sweep import keeps_promise, p99
+from labkit.grading.result import Mismatch
+from labkit.labs.checking.serve_sweep import rates_needed
 from labkit.labs.checking.shared import course_model
-from labkit.serve.background import measure
+from labkit.serve.background import measure, per_request
+from labkit.serve.loadtest import api_base, recording
 from labkit.serve.server import ServerThread
+from labkit.slo import Promise, from_requests, highest_rate
+from labkit.trace import Trace
+from labkit.workloads import Workload
 
 RATES = (1.0, 2.0, 4.0, 8.0, 16.0)  # requests per second; each twice the last
 LOAD = dict(num_prompts=6, input_len=64, output_len=16)  # what every rate of the sweep sends
 SERVER_DIALS = dict(policy="continuous", max_num_seqs=4, max_model_len=512, num_blocks=256)
 TTFT_FACTOR, TPOT_FACTOR = 5.0, 3.0  # TPOT: a p99 of six is a maximum, and it moves 2x with noise alone
-TOLERANCE_STEPS = 1
 METRICS = ("ttft_ms", "tpot_ms")
+MEASURE_HINT = "Measure each rate with the lab's LOAD, measure(url, rate, **LOAD), and let highest_rate decide."
 
 
 def alone(url: str, repeats: int = 3) -> dict[str, float]:
@@ -68,58 +76,132 @@ def left_blank(find_capacity) -> bool:
     return False
 
 
+def sent_load(workload: Workload, trace: Trace) -> dict[str, Any]:
+    """One load the sweep sent, as plain data: where to, at which rate, its shape, what each request's user saw."""
+    return {
+        "url": trace.meta["url"],
+        "rate": workload.meta.get("rate"),
+        "load": {
+            "dataset": workload.name,
+            "num_prompts": len(workload),
+            "input_len": int(max(workload.prompt_lens)),
+            "output_len": int(max(workload.output_lens)),
+        },
+        "requests": per_request(trace),
+    }
+
+
 def run_capacity(functions, inputs) -> dict[str, Any]:
-    """The run half: a fresh server, its promise, and the rate the learner's sweep reports for it."""
+    """The run half: a fresh server, its promise, the rate the learner's sweep reports and every load it sent."""
     if left_blank(functions[0]):
         raise NotImplementedError
     with ServerThread(server_llm()) as server:
         promise = promise_for(server.url)
-        rate = functions[0](server.url, list(inputs["rates"]), dict(promise))
+        with recording() as sent:
+            rate = functions[0](server.url, list(inputs["rates"]), dict(promise))
     if rate is not None:
         rate = float(rate) if isinstance(rate, (int, float)) else repr(rate)
-    return {"rate": rate, "promise": promise}
-
-
-def p99s(requests: list[dict]) -> dict[str, float] | None:
-    """The p99 TTFT and TPOT of a load test's requests, or None if one was lost."""
-    if not all(request["ok"] for request in requests):
-        return None
-    return {metric: round(p99(requests, metric), 1) for metric in METRICS}
+    return {"rate": rate, "promise": promise, "url": api_base(server.url), "loads": [sent_load(*run) for run in sent]}
 
 
 def capacity_oracle(inputs) -> dict[str, Any]:
-    """The grader's own sweep: its server, its promise, every rate up to the first that breaks it."""
-    rates = sorted(inputs["rates"])
-    with ServerThread(server_llm()) as server:
-        promise = promise_for(server.url)
-        best, measured = None, {}
-        for rate in rates:
-            requests = measure(server.url, rate, **LOAD)
-            measured[str(rate)] = p99s(requests)
-            if not keeps_promise(requests, promise):
-                break
-            best = rate
-    return {"rate": best, "promise": promise, "p99": measured, "rates": rates}
+    """Nothing to measure: the grid, and the load every rate of the sweep must send."""
+    return {"rates": sorted(inputs["rates"]), "load": {"dataset": "random", **LOAD}}
 
 
-def grid_steps(rates: list[float], a: float | None, b: float | None) -> int:
-    """How many steps of the grid apart two answers are (None sits one step below the lowest rate)."""
-    index = {None: -1, **{rate: i for i, rate in enumerate(rates)}}
-    return abs(index[a] - index[b])
+def describe_load(load: dict[str, Any]) -> str:
+    return (
+        f"{load['num_prompts']} {load['dataset']} requests of {load['input_len']} prompt and "
+        f"{load['output_len']} answer tokens"
+    )
+
+
+def load_problem(expected: dict[str, Any], got: dict[str, Any]) -> Mismatch | None:
+    """What keeps labkit's rule from judging the loads the sweep sent (None: it can judge them)."""
+    loads, rates = got["loads"], expected["rates"]
+    if not loads:
+        return Mismatch("your find_capacity sent no request to the server: it measured nothing", MEASURE_HINT)
+    for load in loads:
+        if load["url"] != got["url"]:
+            return Mismatch(
+                f"your sweep loaded {load['url']}, not the server it was given ({got['url']})",
+                "Load the url find_capacity receives: the check started a fresh server for your sweep.",
+            )
+        if load["load"] != expected["load"]:
+            return Mismatch(
+                f"at {load['rate']} req/s your sweep sent {describe_load(load['load'])}, another load than the "
+                f"lab's LOAD ({describe_load(expected['load'])})",
+                MEASURE_HINT,
+            )
+        if load["rate"] not in rates:
+            return Mismatch(f"your sweep measured {load['rate']} req/s, which is not one of the rates ({rates})")
+    twice = [rate for rate, count in Counter(load["rate"] for load in loads).items() if count > 1]
+    if twice:
+        return Mismatch(
+            f"your sweep measured {twice[0]:g} req/s more than once: which measurement did your answer use?",
+            "Measure each rate once, going up from the lowest, and let highest_rate decide.",
+        )
+    return None
+
+
+def describe_measurements(results: dict[float, Any]) -> str:
+    return "; ".join(
+        f"{rate:g} req/s "
+        + ("lost a request" if result.lost else f"TTFT {result.p99_ttft_ms:.0f} ms, TPOT {result.p99_tpot_ms:.1f} ms")
+        for rate, result in sorted(results.items())
+    )
 
 
 def rate_text(rate: float | None) -> str:
     return "None (no rate keeps the promise)" if rate is None else f"{rate:g} req/s"
 
 
-def describe_promise(promise: dict[str, float]) -> str:
-    return ", ".join(f"p99 {metric.removesuffix('_ms').upper()} <= {limit:g} ms" for metric, limit in promise.items())
+def judge_sweep(expected: dict[str, Any], got: dict[str, Any]) -> Mismatch | None:
+    """The learner's rate against labkit's rule on the very loads their sweep sent."""
+    rates, mine = expected["rates"], got["rate"]
+    if mine is not None and mine not in rates:
+        return Mismatch(
+            f"you reported {mine!r}; report one of the rates you were given ({rates}) or None",
+            "Return what highest_rate returns for the sweep: a rate of the grid, or None if none keeps the promise.",
+        )
+    problem = load_problem(expected, got)
+    if problem is not None:
+        return problem
+    results = {load["rate"]: from_requests(load["requests"]) for load in got["loads"]}
+    promise = Promise.from_limits(got["promise"])
+    best = highest_rate(results, promise)
+    needed = rates_needed(rates, best)
+    seen = f"your sweep measured p99 {describe_measurements(results)} (promise: {promise.describe()})"
+    missing = [rate for rate in needed if rate not in results]
+    if missing:
+        return Mismatch(
+            f"{seen}, but not {missing[0]:g} req/s: labkit's rule needs every rate up to the first that breaks the "
+            "promise, so it cannot sign anything from these measurements",
+            "Go up from the lowest rate and measure each one until the promise breaks.",
+        )
+    if mine != best:
+        return Mismatch(
+            f"{seen}; on these very measurements labkit's rule signs {rate_text(best)}, you reported "
+            f"{rate_text(mine)}: {why_not(rates, results, promise, best, mine)}",
+            MEASURE_HINT,
+        )
+    past = [rate for rate in sorted(results) if rate not in needed]
+    if past:
+        return Mismatch(
+            f"right answer, but {seen}: {past[0]:g} req/s and up were measured after {needed[-1]:g} req/s broke it",
+            "Each measurement is minutes of load on a real server: stop at the first rate that breaks the promise.",
+        )
+    return None
 
 
-def describe_sweep(expected: dict[str, Any]) -> str:
-    measured = "; ".join(
-        f"{float(rate):g} req/s "
-        + ("lost a request" if seen is None else f"TTFT {seen['ttft_ms']:g} ms, TPOT {seen['tpot_ms']:g} ms")
-        for rate, seen in expected["p99"].items()
-    )
-    return f"my sweep ({describe_promise(expected['promise'])}) measured p99 {measured}"
+def why_not(rates: list[float], results: dict[float, Any], promise: Promise, best: float | None, mine) -> str:
+    """The likely mistake behind a rate that is not the rule's, in words."""
+    broke = rates_needed(rates, best)[-1]
+    if mine is not None and mine == broke and broke != best:
+        return "that is the first rate that broke the promise; sign the highest one that kept it, the one below"
+    if promise.ttft_ms is not None and mine == highest_rate(results, Promise(promise.tpot_ms)):
+        return "that is what the TPOT limit alone allows; the promise also limits the p99 TTFT, and that broke first"
+    index = {None: -1, **{rate: i for i, rate in enumerate(rates)}}
+    steps = abs(index[mine] - index[best])
+    direction = "above" if index[mine] > index[best] else "below"
+    return f"yours is {steps} step{'s' if steps > 1 else ''} of the grid {direction}; pass the promise on as it is"

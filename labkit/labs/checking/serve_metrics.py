@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from labkit.labs.checking.shared import rng
 from labkit.serve.metrics import FINISH_REASONS, ServerMetrics
+from labkit.trace import StepRecord
 
 TTFT = "vllm:time_to_first_token_seconds"
 KEYS = ("finished", "generation_tokens", "mean_ttft_s", "p90_ttft_s", "prefix_hit_rate", "running", "kv_usage")
@@ -129,6 +130,25 @@ def typical_misreadings(before_text: str, after_text: str) -> dict[str, list[tup
     return wrong
 
 
+def step_record(running: int, waiting: int, kv: float, preempted: int, queries: int = 0, hits: int = 0) -> StepRecord:
+    """A made-up engine step with these queue lengths, KV usage (of 1,000 blocks) and prefix-cache counts."""
+    return StepRecord(
+        index=0,
+        start=0.0,
+        end=0.0,
+        scheduled={f"r{index}": 1 for index in range(running)},
+        num_prefill_tokens=0,
+        num_decode_tokens=running,
+        slots_held=running,
+        num_waiting=waiting,
+        blocks_used=round(kv * 1000),
+        blocks_total=1000,
+        preempted=[f"p{index}" for index in range(preempted)],
+        prefix_cache_queries=queries,
+        prefix_cache_hits=hits,
+    )
+
+
 def seeded_scrapes(seed: int) -> tuple[str, str]:
     """Two scrapes of a server that served seeded traffic, the second some requests after the first."""
     r = rng(seed)
@@ -139,13 +159,15 @@ def seeded_scrapes(seed: int) -> tuple[str, str]:
             prompt, answer = r.randint(20, 400), r.randint(4, 60)
             looked_up = prompt + r.choice((0, 0, r.randint(10, prompt)))  # a preempted request is looked up again
             metrics.on_step(
-                r.randint(1, 8), r.randint(0, 5), r.random(), int(r.random() < 0.2), looked_up, r.randint(0, prompt)
+                step_record(
+                    r.randint(1, 8), r.randint(0, 5), r.random(), int(r.random() < 0.2), looked_up, r.randint(0, prompt)
+                )
             )
             metrics.on_tokens(prompt, 1, r.choice((r.uniform(0.03, 0.3), r.uniform(0.3, 2.4))), [])
             metrics.on_tokens(prompt, answer - 1, None, [r.uniform(0.02, 0.09) for _ in range(answer - 1)])
             reason = r.choice(("stop", "stop", "length", "abort"))
             metrics.on_finish(reason, r.uniform(0.5, 6.0), r.uniform(0.0, 0.5))
-        metrics.on_step(running, waiting, kv, 0)
+        metrics.on_step(step_record(running, waiting, kv, 0))
 
     traffic(r.randint(15, 30), r.randint(1, 8), r.randint(0, 4), round(r.uniform(0.1, 0.9), 3))
     before = metrics.render().decode()

@@ -19,7 +19,8 @@ import httpx
 
 from labkit.engine import LLM
 from labkit.engine.reference import NEAR_TIE, solo_greedy
-from labkit.labs.checking.engine_runs import policy_from_function
+from labkit.engine.scheduler import policy_from_function
+from labkit.labs.checking.engine_runs import ObservedPolicy
 from labkit.labs.checking.learner_errors import noting_errors
 from labkit.labs.checking.shared import course_model
 from labkit.models.tokens import encode_prompt
@@ -67,7 +68,7 @@ def stream_completion(url: str, prompt: str, max_tokens: int, delay_s: float) ->
 def serve_clients(schedule, inputs: dict[str, Any]) -> dict[str, Any]:
     """The run half: the learner's policy behind a server on a free loopback port, six clients against it."""
     noted, raised = noting_errors(schedule)
-    policy = policy_from_function(noted)
+    policy = ObservedPolicy(policy_from_function(noted))
     llm = LLM(course_model(), policy=policy, **inputs["dials"])
     answers: list[dict[str, Any] | None] = [None] * len(inputs["clients"])
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from labkit.labs.checking.shared import rng
+from labkit.slo import Promise, from_requests, highest_rate
 
 RATES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 NUM_REQUESTS = 20
@@ -77,26 +76,17 @@ def sweep_situations(seed: int) -> dict[str, Any]:
     return {"rates": list(RATES), "situations": situations}
 
 
-def p99(requests: list[dict], metric: str) -> float:
-    return float(np.percentile([request[metric] for request in requests], 99))
-
-
-def keeps_promise(requests: list[dict], promise: dict[str, float]) -> bool:
-    """labkit's rule: every request served, and the p99 of each metric of the promise within its limit."""
-    if not all(request["ok"] for request in requests):
-        return False
-    return all(p99(requests, metric) <= limit for metric, limit in promise.items())
+def rates_needed(rates: list[float], best: float | None) -> list[float]:
+    """The rates labkit's rule has to measure to sign ``best``: every one up to the first above it (which broke
+    the promise), or all of them if none did."""
+    ordered = sorted(rates)
+    return ordered[: 1 if best is None else ordered.index(best) + 2]
 
 
 def highest_rate_oracle(runs: dict[float, list[dict]], rates: list[float], promise: dict[str, float]) -> dict[str, Any]:
-    """labkit's answer (the rate below the first broken promise) and the rates it had to measure."""
-    best, measured = None, []
-    for rate in sorted(rates):
-        measured.append(rate)
-        if not keeps_promise(runs[rate], promise):
-            break
-        best = rate
-    return {"rate": best, "measured": measured}
+    """labkit's answer (:func:`labkit.slo.highest_rate`) and the rates it had to measure."""
+    best = highest_rate({rate: from_requests(runs[rate]) for rate in rates}, Promise.from_limits(promise))
+    return {"rate": best, "measured": rates_needed(rates, best)}
 
 
 def replay(runs: dict[float, list[dict]], measured: list[float]):

@@ -1,0 +1,180 @@
+"""The engine's settings in one object, and the one way to build an engine core from them.
+
+:class:`EngineConfig` holds the dials, with vLLM's names and labkit's one set of defaults. The real
+engine (:class:`labkit.engine.LLM`) and the simulator (:func:`labkit.sim.simulator.simulate`) both
+turn it into a core with :func:`build_core`, so a setting means the same on either clock, and each
+keeps the resolved config (``llm.config``) for whoever needs the engine's settings: the server, the
+simulator beside a real run, the labs. Plain Python, no torch: the simulator imports it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from labkit.engine.core import EngineCore
+from labkit.engine.interfaces import Attention, Proposer, VictimChooser, check_parts
+from labkit.engine.scheduler import SchedulerPolicy, SchedulerState, make_policy, token_budget
+from labkit.kv.block_allocator import BlockAllocator
+from labkit.kv.prefix_cache import PrefixCachingBlockAllocator, supports_prefix_caching
+from labkit.spec import parse_speculative_config
+from labkit.spec.config import SpeculativeConfig
+from labkit.trace import Trace
+
+_COUNTS = ("max_num_seqs", "block_size")  # whole numbers >= 1
+_OPTIONAL_COUNTS = ("max_model_len", "max_num_batched_tokens", "num_blocks", "trace_window")  # ... or None
+_SWITCHES = ("enable_chunked_prefill", "enable_prefix_caching")  # True, False or None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine's dials (vLLM's names, except ``trace_window``); None means "the engine chooses".
+
+    Checked when made, so a bad value is an error that names it. ``llm.config`` is the resolved one:
+    every None the engine filled in (the model's context, the pool it sized, the policy's token
+    budget, whether prefix caching is on) and ``speculative_config`` parsed.
+    """
+
+    max_model_len: int | None = None  # prompt + answer; None: the model's context (simulator: the longest request)
+    max_num_seqs: int = 64  # requests in one step's batch
+    max_num_batched_tokens: int | None = None  # tokens computed in one step; None: the policy's default budget
+    num_blocks: int | None = None  # KV blocks in the pool; None: what gpu_memory_utilization leaves room for
+    gpu_memory_utilization: float = 0.9  # share of device memory (or RAM) the KV cache may take
+    block_size: int = 16  # tokens per KV block
+    enable_chunked_prefill: bool | None = None  # None: on (vLLM V1), unless the policy given says otherwise
+    enable_prefix_caching: bool | None = None  # None: on (vLLM V1) if the block allocator can
+    speculative_config: dict | SpeculativeConfig | None = None  # off; vLLM's keys, see labkit.spec.config
+    trace_window: int | None = None  # labkit's own: keep only the last N steps (and finished requests); None: all
+
+    def __post_init__(self) -> None:
+        for name in _COUNTS + _OPTIONAL_COUNTS:
+            value = getattr(self, name)
+            if value is None and name in _OPTIONAL_COUNTS:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                leave_out = " (or None to let the engine choose)" if name in _OPTIONAL_COUNTS else ""
+                raise ValueError(f"{name} must be a whole number >= 1{leave_out}, got {value!r}")
+        utilization = self.gpu_memory_utilization
+        if isinstance(utilization, bool) or not isinstance(utilization, numbers.Real) or not 0 < utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be a share in (0, 1], got {utilization!r}; 0.9 is the default"
+            )
+        for name in _SWITCHES:
+            if getattr(self, name) not in (True, False, None):
+                raise ValueError(
+                    f"{name} must be True, False or None (the engine's default), got {getattr(self, name)!r}"
+                )
+        if not isinstance(self.speculative_config, (dict, SpeculativeConfig, type(None))):
+            raise TypeError(
+                "speculative_config must be a dict with vLLM's keys, e.g. "
+                f'{{"method": "ngram", "num_speculative_tokens": 3}}, or None; got {type(self.speculative_config).__name__}'
+            )
+
+    def describe(self) -> dict:
+        """The settings as plain values, for ``LLM.describe()`` and a trace's meta (JSON-safe)."""
+        speculation = parse_speculative_config(self.speculative_config, simulated=True)
+        return dict(
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            enable_prefix_caching=self.enable_prefix_caching,
+            speculative_decoding="off" if speculation is None else speculation.describe(),
+        )
+
+
+SETTINGS = tuple(field.name for field in fields(EngineConfig))
+
+
+def engine_config(config: EngineConfig | None = None, **settings: Any) -> EngineConfig:
+    """``config`` (default: the defaults) with ``settings`` changed; a misspelt setting is an error naming it."""
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], SETTINGS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise TypeError(f"unknown engine setting {unknown[0]!r}{hint}; the settings are {', '.join(SETTINGS)}")
+    return replace(config or EngineConfig(), **settings)
+
+
+def build_core(
+    config: EngineConfig,
+    eos_token_ids: Sequence[int],
+    *,
+    policy: str | SchedulerPolicy | None = None,
+    block_allocator: type | BlockAllocator | None = None,
+    proposer: Proposer | None = None,
+    attention: Attention | None = None,
+    choose_victim: VictimChooser | None = None,
+) -> tuple[EngineCore, EngineConfig]:
+    """The engine core ``config`` describes (policy, queues and block pool, step loop), and ``config`` resolved.
+
+    The caller sets what only it knows: ``max_model_len`` (the model's context, or the longest request),
+    ``num_blocks`` unless ``block_allocator`` is a ready instance (which decides its own size), and
+    ``proposer`` for a parsed ``speculative_config``. ``block_allocator`` is a class built as
+    ``cls(num_blocks, block_size)`` or an instance (default: a prefix-caching one, or the plain one with
+    ``enable_prefix_caching=False``). Every part is held against :mod:`labkit.engine.interfaces` here, once,
+    for the features that are on.
+    """
+    if config.max_model_len is None:
+        raise ValueError("build_core needs config.max_model_len set: the model's context, or the longest request")
+    if config.speculative_config is not None and proposer is None:
+        raise ValueError("speculative_config is on, so build_core needs its proposer (the drafting side)")
+    resolved_policy = resolve_policy(policy, config.enable_chunked_prefill)
+    budget = token_budget(config.max_num_batched_tokens, config.max_model_len, resolved_policy.chunked)
+    blocks = _make_allocator(block_allocator, config)
+    caching = supports_prefix_caching(blocks) if config.enable_prefix_caching is None else config.enable_prefix_caching
+    check_parts(
+        blocks=blocks,
+        policy=resolved_policy,
+        attention=attention,
+        choose_victim=choose_victim,
+        proposer=proposer,
+        enable_prefix_caching=caching,
+    )
+    state = SchedulerState(
+        blocks,
+        config.max_num_seqs,
+        budget,
+        config.max_model_len,
+        enable_prefix_caching=caching,
+        choose_victim=choose_victim,
+    )
+    core = EngineCore(resolved_policy, state, list(eos_token_ids), proposer=proposer)
+    core.trace = Trace(window=config.trace_window)
+    resolved = replace(
+        config,
+        max_num_batched_tokens=budget,
+        num_blocks=blocks.num_blocks,
+        block_size=blocks.block_size,
+        enable_chunked_prefill=resolved_policy.chunked,
+        enable_prefix_caching=caching,
+    )
+    return core, resolved
+
+
+def resolve_policy(policy: str | SchedulerPolicy | None, enable_chunked_prefill: bool | None) -> SchedulerPolicy:
+    """The policy object; chunked prefill by default, as in vLLM V1."""
+    if policy is None:
+        return make_policy("continuous" if enable_chunked_prefill is False else "chunked")
+    resolved = make_policy(policy)
+    if enable_chunked_prefill is not None and resolved.chunked != enable_chunked_prefill:
+        raise ValueError(
+            f"policy {resolved.name!r} contradicts enable_chunked_prefill={enable_chunked_prefill}; "
+            "pass only one of them"
+        )
+    return resolved
+
+
+def _make_allocator(block_allocator: type | BlockAllocator | None, config: EngineConfig) -> BlockAllocator:
+    """The block pool: a ready instance as given, else the class built at the config's size."""
+    if block_allocator is None:
+        block_allocator = BlockAllocator if config.enable_prefix_caching is False else PrefixCachingBlockAllocator
+    if not isinstance(block_allocator, type):
+        return block_allocator  # a ready-made allocator decides its own size
+    if config.num_blocks is None:
+        raise ValueError("num_blocks is not set: pass num_blocks (the simulator needs it; the engine sizes it itself)")
+    return block_allocator(config.num_blocks, config.block_size)
