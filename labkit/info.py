@@ -6,8 +6,15 @@ from __future__ import annotations
 
 def model_facts(model, bandwidth: float) -> dict:
     """The numbers `labkit info` prints, as a dict."""
+    from labkit.engine.config import EngineConfig
+    from labkit.kv.paged import kv_pool_size
+
     cfg = model.config
     weight_bytes = model.weight_bytes()
+    defaults = EngineConfig()
+    kv_bytes = cfg.kv_bytes_per_token(model.dtype)
+    useful_tokens = defaults.max_num_seqs * cfg.max_position_embeddings
+    _, pool = kv_pool_size(kv_bytes, defaults.block_size, model.device, defaults.gpu_memory_utilization, useful_tokens)
     return {
         "device": str(model.device),
         "dtype": str(model.dtype).removeprefix("torch."),
@@ -19,6 +26,7 @@ def model_facts(model, bandwidth: float) -> dict:
         "KV bytes per token": cfg.kv_bytes_per_token(model.dtype),
         "bandwidth (GB/s)": bandwidth / 1e9,
         "single-stream decode bound (tokens/s)": bandwidth / weight_bytes,
+        "KV pool at the engine's defaults": pool,
     }
 
 

@@ -72,3 +72,23 @@ def test_labkit_info_says_which_matmul_path_runs_and_why(monkeypatch, capsys, pr
         assert matmuls.endswith(
             matmul_path(torch.device("cpu"), torch.float32, default_model.weight_bytes()).describe()
         )
+
+
+def test_available_memory_counts_the_page_cache_the_os_would_drop(tmp_path):
+    # Right after reading big files: little is free, much is cache. The KV pool must not shrink for that.
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 16000000 kB\nMemFree: 500000 kB\nMemAvailable: 12000000 kB\nCached: 11000000 kB\n")
+    assert device.available_ram_bytes(meminfo) == 12000000 * 1024
+    assert device.available_ram_bytes(tmp_path / "absent") == device.os.sysconf("SC_PHYS_PAGES") * device.os.sysconf(
+        "SC_PAGE_SIZE"
+    )
+
+
+def test_the_kv_pool_says_how_it_was_sized():
+    from labkit.kv.paged import CPU_KV_CACHE_CAP_BYTES, kv_pool_size
+
+    cpu = torch.device("cpu")
+    blocks, why = kv_pool_size(1000, 16, cpu, 0.5, max_useful_tokens=160)
+    assert blocks == 10 and "max_num_seqs × max_model_len = 160 tokens" in why and "RAM available" in why
+    blocks, why = kv_pool_size(1000, 16, cpu, 0.9, max_useful_tokens=10**12)
+    assert blocks * 16 * 1000 <= CPU_KV_CACHE_CAP_BYTES and f"{blocks} blocks of 16 tokens" in why
