@@ -13,7 +13,7 @@ from labkit.bench.busy import busy_cores
 # Modules whose tests each stand alone (one notebook executed or graded per test): spread over the workers.
 SPREAD = {"test_labs_execute.py", "test_grading_labs.py"}
 # Modules that share one fixture through module state: they must run on the same worker.
-SAME_WORKER = {"test_book.py": "book", "test_browser_book.py": "book"}
+SAME_WORKER = {"test_book.py": "book", "test_browser_book.py": "book", "test_browser_interactive.py": "book"}
 
 MATMUL_PATHS = ("prepacked", "plain")
 _default_models: dict = {}

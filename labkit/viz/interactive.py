@@ -1,0 +1,306 @@
+"""Three figures a reader can play with in the static HTML book, with no kernel and no network.
+
+Why: the lessons say "move the sliders", but a built page has no Python behind it. So each
+figure carries its arithmetic as a few lines of JavaScript (``FORMULAS_JS``) that repeat, step
+for step, what labkit's Python computes: ``conversations_that_fit``, ``CostModel.pass_breakdown``
+and ``critical_batch``, and the static and continuous schedulers' step counts. The tests
+(tests/test_interactive_figures.py) run those lines in Chromium against labkit for a grid of
+settings. Bokeh draws the figures from its library inlined in the page (``page_html``).
+
+In a chapter: ``HTML(page_html(kv_capacity_figure()))`` in a hidden code cell.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from bokeh.document import Document
+from bokeh.embed import components
+from bokeh.events import DocumentReady
+from bokeh.layouts import column, row
+from bokeh.models import ColumnDataSource, CustomJS, Div, Range1d, Select, Slider, Span, TextInput
+from bokeh.palettes import Category10_10
+from bokeh.plotting import figure
+from bokeh.resources import INLINE
+
+from labkit.capacity import FRIENDS_GPU, KV_BYTES, LESSON_LLAMA_8B, SALE_GPU, WEIGHT_BYTES
+from labkit.sim.cost_model import MODELS
+from labkit.sim.hardware import PRESETS
+
+# Only the parts of BokehJS these figures use (plots and widgets), inlined: 1.6 MB instead of 3.9.
+RESOURCES = INLINE.clone(components=["bokeh", "bokeh-widgets"])
+
+# What the page computes. Each function mirrors the labkit code named above it, same operations
+# in the same order, so a browser's doubles come out equal to Python's.
+FORMULAS_JS = """
+// labkit.sim.cost_model.ModelSpec.kv_bytes_per_token: a key and a value per layer per KV head
+function kvBytesPerToken(m) { return 2 * m.layers * m.kv_heads * m.head_dim * m.kv_bytes_per_value; }
+
+// labkit.sim.cost_model.conversations_that_fit (0 where the weights alone fill the memory)
+function conversationsThatFit(gpuBytes, fraction, m, tokens) {
+  const left = gpuBytes * fraction - m.parameters * m.bytes_per_param;
+  return left <= 0 ? 0 : Math.floor(left / (tokens * kvBytesPerToken(m)));
+}
+
+// labkit's CostModel.pass_breakdown(batch, batch * context): a decode pass, no overhead
+function decodeTerms(gpu, m, batch, context) {
+  return {
+    memory: (m.parameters * m.bytes_per_param + kvBytesPerToken(m) * (batch * context)) / gpu.bandwidth,
+    compute: 2 * m.parameters * batch / gpu.flops,
+  };
+}
+
+// CostModel.critical_batch: tokens per pass whose arithmetic takes as long as reading the weights
+function criticalBatch(gpu, m) { return gpu.flops / gpu.bandwidth * (m.parameters * m.bytes_per_param) / (2 * m.parameters); }
+
+// CostModel.decode_crossover_batch: the batch at which decode with this context turns arithmetic-bound
+function decodeCrossover(gpu, m, context) {
+  const gap = 2 * m.parameters / gpu.flops - context * kvBytesPerToken(m) / gpu.bandwidth;
+  return gap <= 0 ? Infinity : m.parameters * m.bytes_per_param / gpu.bandwidth / gap;
+}
+
+// labkit's "static" policy: groups of `seats` run until their longest reply ends
+function staticBatching(lengths, seats) {
+  const spans = [];
+  let start = 0, padded = 0;
+  for (let first = 0; first < lengths.length; first += seats) {
+    const group = lengths.slice(first, first + seats), longest = Math.max(...group);
+    group.forEach((length, seat) => {
+      spans.push({seat, start, length, request: first + seat, padding: longest - length});
+      padded += longest - length;
+    });
+    start += longest;
+  }
+  return {spans, steps: start, padded};
+}
+
+// labkit's "continuous" policy: each request takes the seat that frees up first, nothing is padded
+function continuousBatching(lengths, seats) {
+  const freeAt = new Array(seats).fill(0), spans = [];
+  lengths.forEach((length, request) => {
+    const seat = freeAt.indexOf(Math.min(...freeAt));
+    spans.push({seat, start: freeAt[seat], length, request, padding: 0});
+    freeAt[seat] += length;
+  });
+  return {spans, steps: Math.max(...freeAt), padded: 0};
+}
+
+// A number a test can read exactly (data-value) beside its rounded text
+function shown(value, text, name) { return `<b data-name="${name}" data-value="${value}">${text}</b>`; }
+function fmt(x, digits = 0) { return x.toLocaleString('en-US', {maximumFractionDigits: digits, minimumFractionDigits: digits}); }
+"""
+
+ANSWER_STYLE = {"font-size": "15px"}  # the figure's result line, as large as the chapter's prose
+
+# The choices offered, each a labkit preset; the keys are what the page's selects hold.
+FIGURE_MODELS = {"llama-8b": LESSON_LLAMA_8B, "qwen3-8b": MODELS["qwen3-8b"], "smollm2-135m": MODELS["smollm2-135m"]}
+FIGURE_GPUS = {"sale-gpu": SALE_GPU, "friends-gpu": FRIENDS_GPU, **PRESETS}
+REPLIES = [21, 5, 8, 47, 32, 35, 6, 3, 8, 37]  # book/batching.md's ten replies: 84 steps against 58 with five seats
+
+
+def _constants() -> str:
+    """The presets as JavaScript constants, numbers exactly as labkit holds them."""
+    data = {
+        "MODELS": {key: asdict(model) for key, model in FIGURE_MODELS.items()},
+        "GPUS": {key: asdict(gpu) for key, gpu in FIGURE_GPUS.items()},
+        "WEIGHT_BYTES": WEIGHT_BYTES,
+        "KV_BYTES": KV_BYTES,
+        "PALETTE": list(Category10_10),
+    }
+    return "".join(f"const {name} = {json.dumps(value)};\n" for name, value in data.items())
+
+
+def _wire(layout, widgets: list, args: dict, body: str):
+    """Run ``body`` (with the formulas and presets in scope) when the page opens and when a widget moves."""
+    callback = CustomJS(args=args, code=FORMULAS_JS + _constants() + body)
+    for widget in widgets:
+        widget.js_on_change("value", callback)
+    document = Document()  # the page's document runs the callback once it is ready, to draw the first picture
+    document.add_root(layout)
+    document.js_on_event(DocumentReady, callback)
+    return layout
+
+
+def _select(title: str, options: dict, value: str, name: str) -> Select:
+    return Select(title=title, value=value, options=[(key, item.name) for key, item in options.items()], name=name)
+
+
+def _byte_options(table: dict) -> list:
+    return [(key, f"{key}: {value:g} byte{'' if value == 1 else 's'}") for key, value in table.items()]
+
+
+def kv_capacity_figure():
+    """How many conversations fit in a GPU's memory beside the weights, for a chosen model, GPU and context."""
+    model = _select("model", FIGURE_MODELS, "llama-8b", "model")
+    gpu = _select("GPU", FIGURE_GPUS, "friends-gpu", "gpu")
+    tokens = Slider(title="tokens per conversation", start=256, end=32768, step=256, value=8192, name="tokens")
+    fraction = Slider(title="share of memory vLLM may use", start=0.5, end=1.0, step=0.01, value=0.85, name="fraction")
+    weights = Select(title="bytes per weight", value="bf16", options=_byte_options(WEIGHT_BYTES), name="weights")
+    kv = Select(title="bytes per cached number", value="bf16", options=_byte_options(KV_BYTES), name="kv")
+    answer = Div(text="", name="answer", styles=ANSWER_STYLE)
+    curve, here = ColumnDataSource(data=dict(x=[], y=[])), ColumnDataSource(data=dict(x=[], y=[]))
+    plot = figure(
+        height=280,
+        sizing_mode="stretch_width",
+        x_axis_type="log",
+        toolbar_location=None,
+        x_range=Range1d(256, 32768),
+        y_range=Range1d(0, 1),
+    )
+    plot.line("x", "y", source=curve, line_width=2)
+    plot.scatter("x", "y", source=here, size=11, color="crimson")
+    plot.xaxis.axis_label, plot.yaxis.axis_label = "tokens per conversation", "conversations that fit"
+    body = """
+    const m = {...MODELS[model.value], bytes_per_param: WEIGHT_BYTES[weights.value],
+               kv_bytes_per_value: KV_BYTES[kv.value]};
+    const g = GPUS[gpu.value], share = Math.round(fraction.value * 100) / 100;
+    const fit = conversationsThatFit(g.memory_bytes, share, m, tokens.value);
+    const xs = Array.from({length: 61}, (_, i) => Math.round(256 * 2 ** (i / 60 * 7)));
+    curve.data = {x: xs, y: xs.map(t => conversationsThatFit(g.memory_bytes, share, m, t))};
+    plot.y_range.end = Math.max(1, ...curve.data.y) * 1.05;
+    here.data = {x: [tokens.value], y: [fit]};
+    const left = g.memory_bytes * share - m.parameters * m.bytes_per_param;
+    answer.text = left <= 0 ? shown(0, 'No conversation fits', 'conversations') + ': the weights alone fill that memory.'
+      : shown(fit, fmt(fit), 'conversations') + ` conversations fit: ${fmt(left / 1e9, 1)} GB left for KV caches, `
+        + `${fmt(tokens.value * kvBytesPerToken(m) / 1e6)} MB each (${fmt(kvBytesPerToken(m) / 1024)} KiB a token).`;
+    """
+    widgets = [model, gpu, tokens, fraction, weights, kv]
+    args = dict(
+        model=model,
+        gpu=gpu,
+        tokens=tokens,
+        fraction=fraction,
+        weights=weights,
+        kv=kv,
+        answer=answer,
+        curve=curve,
+        here=here,
+        plot=plot,
+    )
+    layout = column(row(model, gpu), row(weights, kv), row(tokens, fraction), answer, plot, sizing_mode="stretch_width")
+    return _wire(layout, widgets, args, body)
+
+
+def step_time_figure():
+    """A decode pass's memory and arithmetic terms against batch size, and where arithmetic takes over."""
+    model = _select("model", FIGURE_MODELS, "llama-8b", "model")
+    gpu = _select("GPU", FIGURE_GPUS, "sale-gpu", "gpu")
+    context = Slider(title="tokens of context per sequence", start=0, end=8192, step=50, value=1150, name="context")
+    batch = Slider(title="sequences in the pass", start=1, end=512, step=1, value=64, name="batch")
+    answer = Div(text="", name="answer", styles=ANSWER_STYLE)
+    terms, here = (
+        ColumnDataSource(data=dict(b=[], memory=[], compute=[], step=[])),
+        ColumnDataSource(data=dict(b=[], y=[])),
+    )
+    plot = figure(
+        height=300, sizing_mode="stretch_width", toolbar_location=None, x_range=Range1d(1, 512), y_range=Range1d(0, 1)
+    )
+    plot.line("b", "memory", source=terms, line_width=2, color="#1f77b4", legend_label="moving weights + KV")
+    plot.line("b", "compute", source=terms, line_width=2, color="darkorange", legend_label="arithmetic")
+    plot.line("b", "step", source=terms, line_width=3, color="black", alpha=0.6, legend_label="the pass takes")
+    plot.scatter("b", "y", source=here, size=10, color="crimson")
+    critical = Span(dimension="height", line_dash="dashed", line_color="grey", location=1)
+    plot.add_layout(critical)
+    plot.legend.location = "top_left"
+    plot.xaxis.axis_label, plot.yaxis.axis_label = "sequences in the decode pass", "ms per pass"
+    body = """
+    const m = MODELS[model.value], g = GPUS[gpu.value], c = context.value;
+    const bs = Array.from({length: 512}, (_, i) => i + 1), t = bs.map(b => decodeTerms(g, m, b, c));
+    terms.data = {b: bs, memory: t.map(x => x.memory * 1e3), compute: t.map(x => x.compute * 1e3),
+                  step: t.map(x => Math.max(x.memory, x.compute) * 1e3)};
+    const now = decodeTerms(g, m, batch.value, c), step = Math.max(now.memory, now.compute);
+    here.data = {b: [batch.value], y: [step * 1e3]};
+    plot.y_range.end = Math.max(...terms.data.step) * 1.05;
+    const star = criticalBatch(g, m), cross = decodeCrossover(g, m, c);
+    critical.location = star;
+    answer.text = `${fmt(batch.value)} sequences: memory term ` + shown(now.memory * 1e3, fmt(now.memory * 1e3, 2), 'memory')
+      + ' ms, arithmetic term ' + shown(now.compute * 1e3, fmt(now.compute * 1e3, 2), 'compute')
+      + ` ms, so the pass is ${now.memory >= now.compute ? 'memory' : 'arithmetic'}-bound. Critical batch (dashed): `
+      + shown(star, fmt(star), 'critical') + ' tokens. With this context decode turns arithmetic-bound '
+      + (cross === Infinity ? shown('Infinity', 'never', 'crossover')
+         : 'beyond ' + shown(cross, fmt(cross), 'crossover') + ' sequences') + '.';
+    """
+    args = dict(
+        model=model,
+        gpu=gpu,
+        context=context,
+        batch=batch,
+        answer=answer,
+        terms=terms,
+        here=here,
+        critical=critical,
+        plot=plot,
+    )
+    layout = column(row(model, gpu), row(context, batch), answer, plot, sizing_mode="stretch_width")
+    return _wire(layout, [model, gpu, context, batch], args, body)
+
+
+def batching_figure():
+    """The same replies under static and continuous batching: seats over steps, padding hatched."""
+    seats = Slider(title="seats (sequences per batch)", start=1, end=10, step=1, value=5, name="seats")
+    replies = TextInput(title="reply lengths, in tokens", value=", ".join(map(str, REPLIES)), name="replies", width=300)
+    answer = Div(text="", name="answer", styles=ANSWER_STYLE)
+    steps = Range1d(0, 90)
+    plots, sources = [], []
+    for policy in ("static", "continuous"):
+        source = ColumnDataSource(data=dict(left=[], right=[], bottom=[], top=[], color=[], hatch=[]))
+        plot = figure(
+            height=170,
+            sizing_mode="stretch_width",
+            x_range=steps,
+            y_range=Range1d(0, 5),
+            toolbar_location=None,
+            title=f"{policy} batching",
+        )
+        plot.quad(
+            "left",
+            "right",
+            "bottom",
+            "top",
+            source=source,
+            fill_color="color",
+            line_color="white",
+            hatch_pattern="hatch",
+            hatch_color="grey",
+        )
+        plot.yaxis.axis_label = "seat"
+        plot.yaxis.minor_tick_line_color = None
+        plots.append(plot)
+        sources.append(source)
+    plots[1].xaxis.axis_label = "decode step"
+    body = """
+    const lengths = replies.value.split(/[\\s,]+/).filter(s => s).map(Number);
+    if (!lengths.length || !lengths.every(n => Number.isInteger(n) && n >= 1 && n <= 1000)) {
+      answer.text = 'Type whole numbers from 1 to 1000, separated by commas.';
+      return;
+    }
+    const runs = [staticBatching(lengths, seats.value), continuousBatching(lengths, seats.value)];
+    runs.forEach((run, i) => {
+      const d = {left: [], right: [], bottom: [], top: [], color: [], hatch: []};
+      const box = (left, right, seat, color, hatch) => {
+        d.left.push(left); d.right.push(right); d.bottom.push(seat + 0.08); d.top.push(seat + 0.92);
+        d.color.push(color); d.hatch.push(hatch);
+      };
+      for (const s of run.spans) {
+        box(s.start, s.start + s.length, s.seat, PALETTE[s.request % PALETTE.length], ' ');
+        if (s.padding) box(s.start + s.length, s.start + s.length + s.padding, s.seat, '#e6e6e6', '/');
+      }
+      sources[i].data = d;
+      plots[i].y_range.end = seats.value;
+    });
+    steps.end = Math.max(runs[0].steps, runs[1].steps) + 2;
+    answer.text = 'Static: ' + shown(runs[0].steps, runs[0].steps, 'static-steps') + ' steps, '
+      + shown(runs[0].padded, runs[0].padded, 'static-padded') + ' padded seat-steps. Continuous: '
+      + shown(runs[1].steps, runs[1].steps, 'continuous-steps') + ' steps, '
+      + shown(runs[1].padded, runs[1].padded, 'continuous-padded') + ' padded.';
+    """
+    args = dict(seats=seats, replies=replies, answer=answer, steps=steps, plots=plots, sources=sources)
+    layout = column(row(seats, replies), answer, *plots, sizing_mode="stretch_width")
+    return _wire(layout, [seats, replies], args, body)
+
+
+def page_html(layout) -> str:
+    """One figure as an HTML fragment for a chapter: BokehJS inlined (no CDN), the figure and its callbacks."""
+    script, div = components(layout)
+    return RESOURCES.render_js() + script + div

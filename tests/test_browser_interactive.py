@@ -1,0 +1,162 @@
+"""The book's three interactive figures, played with in Chromium: each control moved, each new number checked.
+
+Why: a figure whose formula is right (test_interactive_figures.py) can still be wired wrong: a
+slider that redraws nothing, a select read under the wrong name, a number left from before. Here
+a reader's moves (a drag, arrow keys, a pick from a list, a typed list of replies) go to the pages
+this session built (`html`, shared with test_book.py), and every number the page then shows must
+equal labkit's for the settings the page now holds. The page may ask for nothing beyond its files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from browser_helpers import chromium_browser, screenshot  # noqa: F401  (the `browser` fixture)
+from test_book import built_book  # noqa: F401  (the `html` fixture: the book, built once per session)
+
+from labkit.capacity import with_precision
+from labkit.metrics import summarize
+from labkit.sim.cost_model import CostModel, conversations_that_fit
+from labkit.sim.simulator import simulate
+from labkit.viz.interactive import FIGURE_GPUS, FIGURE_MODELS
+from labkit.workloads import replay_workload
+
+pytestmark = pytest.mark.browser
+LOCAL = ("file:", "data:", "blob:", "about:")
+
+
+class Figure:
+    """One chapter's page in a fresh tab, with what a test needs to play with its figure and read it."""
+
+    def __init__(self, browser, page: Path) -> None:
+        self.tab = browser.new_page(viewport={"width": 1280, "height": 1000})
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        self.tab.on(
+            "request", lambda request: None if request.url.startswith(LOCAL) else self.requests.append(request.url)
+        )
+        self.tab.on("console", lambda message: self.errors.append(message.text) if message.type == "error" else None)
+        self.tab.on("pageerror", lambda error: self.errors.append(f"uncaught {error}"))
+        self.tab.goto(page.as_uri(), wait_until="load")
+        self.tab.locator("[data-name]").first.wait_for()  # the figure has drawn its first picture
+
+    def value(self, widget: str):
+        """What a control holds now, as the figure's own document says."""
+        return self.tab.evaluate(f"() => Bokeh.documents[0].get_model_by_name({widget!r}).value")
+
+    def number(self, name: str) -> float:
+        """The exact number behind a figure's shown value (its data-value)."""
+        return float(self.tab.locator(f'[data-name="{name}"]').get_attribute("data-value"))
+
+    def drag(self, slider: int, dx: float) -> None:
+        """Drag the slider-th slider's handle ``dx`` pixels, as a mouse does."""
+        handle = self.tab.locator(".noUi-handle").nth(slider)
+        handle.scroll_into_view_if_needed()
+        box = handle.bounding_box()
+        x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        self.tab.mouse.move(x, y)
+        self.tab.mouse.down()
+        self.tab.mouse.move(x + dx, y, steps=8)
+        self.tab.mouse.up()
+
+    def press(self, slider: int, key: str, times: int = 1) -> None:
+        handle = self.tab.locator(".noUi-handle").nth(slider)
+        handle.focus()
+        for _ in range(times):
+            handle.press(key)
+
+    def pick(self, select: int, label: str) -> None:
+        self.tab.locator("select").nth(select).select_option(label=label)
+
+    def close(self, shot: str) -> None:
+        screenshot(self.tab, shot)
+        self.tab.close()
+        assert not self.errors, f"console errors: {self.errors}"
+        assert not self.requests, f"the page asked the network for {self.requests}"
+
+
+def test_kv_capacity_sliders_give_labkits_conversations(html: Path, browser) -> None:
+    figure = Figure(browser, html / "book" / "kv_memory.html")
+
+    def labkit_says() -> int:
+        model = with_precision(FIGURE_MODELS[figure.value("model")], figure.value("weights"), figure.value("kv"))
+        share = round(figure.value("fraction"), 2)  # the page rounds the slider to a whole percent
+        try:
+            return conversations_that_fit(
+                FIGURE_GPUS[figure.value("gpu")].memory_bytes, share, model, figure.value("tokens")
+            )
+        except ValueError:  # the weights alone fill that memory: the page says none fit
+            return 0
+
+    assert figure.number("conversations") == labkit_says() == 4  # the chapter's 24 GB card, 8K chats
+    moves = [
+        lambda: figure.drag(0, -40),  # shorter conversations
+        lambda: figure.press(1, "ArrowRight", 5),  # a larger share of memory
+        lambda: figure.pick(3, "fp8: 1 byte"),  # bytes per cached number
+        lambda: figure.pick(2, "int4: 0.52 bytes"),  # bytes per weight
+        lambda: figure.pick(1, "NVIDIA H100 SXM"),
+        lambda: figure.pick(0, "Qwen3 8B"),
+    ]
+    for move in moves:
+        before = figure.number("conversations")
+        move()
+        assert figure.number("conversations") == labkit_says() != before
+    figure.close("book-browser-interactive-kv-capacity")
+
+
+def test_step_time_sliders_give_the_cost_models_terms(html: Path, browser) -> None:
+    figure = Figure(browser, html / "book" / "two_numbers.html")
+
+    def check() -> tuple[float, float]:
+        cost = CostModel.from_parts(FIGURE_GPUS[figure.value("gpu")], FIGURE_MODELS[figure.value("model")])
+        batch, context = figure.value("batch"), figure.value("context")
+        step = cost.pass_breakdown(batch, batch * context)
+        assert (figure.number("memory"), figure.number("compute")) == (step.memory_s * 1e3, step.compute_s * 1e3)
+        assert figure.number("critical") == cost.critical_batch
+        assert figure.number("crossover") == cost.decode_crossover_batch(context)
+        return figure.number("memory"), figure.number("crossover")
+
+    check()
+    assert figure.number("critical") == 75  # the worked example's A100-class card
+    moves = [
+        lambda: figure.drag(1, 120),  # more sequences in the pass
+        lambda: figure.press(0, "ArrowLeft", 4),  # less context per sequence
+        lambda: figure.pick(1, "NVIDIA H100 SXM"),
+        lambda: figure.pick(0, "Qwen3 8B"),
+    ]
+    for move in moves:
+        before = check()
+        move()
+        assert check() != before
+    figure.close("book-browser-interactive-step-time")
+
+
+def test_batching_slider_and_replies_give_the_schedulers_counts(html: Path, browser) -> None:
+    figure = Figure(browser, html / "book" / "batching.html")
+    cost = CostModel.from_parts(FIGURE_GPUS["a100-80gb"], FIGURE_MODELS["llama-8b"], overhead_s=0.003)
+
+    def check() -> list[float]:
+        lengths = [int(n) for n in figure.value("replies").replace(",", " ").split()]
+        requests = replay_workload([0.0] * len(lengths), [8] * len(lengths), lengths)
+        shown = []
+        for policy in ("static", "continuous"):
+            run = summarize(simulate(requests, cost, policy, num_blocks=1000, max_num_seqs=figure.value("seats")))
+            shown += [figure.number(f"{policy}-steps"), figure.number(f"{policy}-padded")]
+            assert shown[-2:] == [run.num_steps, run.padded_slot_steps], policy
+        return shown
+
+    assert check() == [84, 218, 58, 0]  # the chapter's ten replies in five seats
+    moves = [
+        lambda: figure.press(0, "ArrowLeft", 2),  # three seats
+        lambda: figure.drag(0, 200),  # many seats
+        lambda: (
+            figure.tab.locator("input.bk-input[type=text]").fill("50, 1, 1, 1, 40, 7"),
+            figure.tab.keyboard.press("Enter"),
+        ),
+    ]
+    for move in moves:
+        before = check()
+        move()
+        assert check() != before
+    figure.close("book-browser-interactive-batching")
