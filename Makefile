@@ -46,6 +46,7 @@ test-busy: setup model
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 labs: setup
 	$(VENV)/bin/jupyter lab labs/

@@ -98,7 +98,7 @@ def test_time_axis_starts_first_wait_at_arrival():
 def test_timeline_draws_one_row_per_request(two_requests):
     ax = plot_timeline(two_requests)
     assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b"]
-    assert ax.get_title() == "continuous: 3 steps"
+    assert ax.get_title() == "continuous: 3 steps: 2 with prefill, 1 decode only"
     assert len(ax.collections) == 5  # one per (row, state): a prefill, a decode, b waiting, b prefill, b decode
 
 

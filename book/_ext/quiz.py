@@ -47,7 +47,9 @@ def read_quiz(text: str) -> dict:
         raise QuizError(f"it needs 3 or 4 `options:`, found {len(options) if isinstance(options, list) else 0}")
     for number, option in enumerate(options, start=1):
         if not isinstance(option, dict) or not option.get("answer") or not option.get("why"):
-            raise QuizError(f"option {number} needs both `answer:` and `why:` (why it tempts, why it is wrong or right)")
+            raise QuizError(
+                f"option {number} needs both `answer:` and `why:` (why it tempts, why it is wrong or right)"
+            )
     right = sum(option.get("right") is True for option in options)
     if right != 1:
         raise QuizError(f"exactly one option must say `right: true`, found {right}")

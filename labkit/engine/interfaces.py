@@ -91,11 +91,12 @@ class PrefixCachingAllocator(BlockAllocator, Protocol):
 class Attention(Protocol):
     """The attention of one layer over the paged cache (lab 5 builds a per-sequence one)."""
 
-    def __call__(self, layer: int, q: Any, k_pool: Any, v_pool: Any, batch: Any) -> Any:
+    def __call__(self, layer: int, q: Any, k_pool: Any, v_pool: Any, batch: Any, /) -> Any:
         """``q`` [tokens, query heads, head_dim] for the step's flat batch; ``k_pool`` and ``v_pool``
         [num_blocks, block_size, kv heads, head_dim] already hold the step's new K/V; ``batch`` is the
         step's :class:`~labkit.kv.paged.PagedBatch` (block tables, context lengths). Returns a tensor
-        shaped like ``q``: row i attends to its own sequence's keys up to its own position."""
+        shaped like ``q``: row i attends to its own sequence's keys up to its own position. Called with
+        positional arguments only (the ``/``), so a plain function with any parameter names fits."""
         ...
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from tqdm.auto import tqdm
 
@@ -244,7 +244,7 @@ class LLM:
                 self.runner.release(request.request_id)
         return [self._output(request) for request in outcome.rejected + outcome.progressed]
 
-    def _execute(self, batch: Batch, start: float) -> tuple[dict[str, int], float]:
+    def _execute(self, batch: Batch, start: float) -> tuple[dict[str, int | list[int]], float]:
         """The real executor: one forward pass over the batch, timed on the engine's clock."""
         tokens = self.runner.execute(batch, self.state.blocks)
         return tokens, self.now()
@@ -279,7 +279,8 @@ class LLM:
         ``arrival_times`` (seconds from the start of this call) make requests trickle in;
         by default all arrive at once. The run's trace is in ``self.trace`` afterwards.
         """
-        prompts = [prompts] if _is_single_prompt(prompts) else list(prompts)
+        # one prompt or many: _is_single_prompt tells them apart at run time, the cast tells the type checker
+        prompts = cast("list[Prompt]", [prompts] if _is_single_prompt(prompts) else list(prompts))
         params = sampling_params if isinstance(sampling_params, Sequence) else [sampling_params] * len(prompts)
         arrivals = list(arrival_times) if arrival_times is not None else [0.0] * len(prompts)
         if not len(params) == len(arrivals) == len(prompts):

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
+from labkit.sampling_params import SamplingParams
 from labkit.trace import RequestRecord
 
 
@@ -23,11 +25,11 @@ class RequestStatus(enum.Enum):
 
 @dataclass
 class Request:
-    """One prompt being served. ``params`` is a :class:`labkit.sampling.SamplingParams`."""
+    """One prompt being served, picking its tokens and stopping as ``params`` says."""
 
     request_id: str
     prompt_token_ids: list[int]
-    params: object
+    params: SamplingParams
     arrival_time: float = 0.0
     prompt: object = None  # the text or chat messages it came from, for the output
     output_token_ids: list[int] = field(default_factory=list)
@@ -38,7 +40,7 @@ class Request:
     # Speculative decoding: draft tokens proposed for this step, to be verified (and their draft
     # probabilities, when the proposer has them). Scheduled like missing tokens, never part of the output.
     spec_token_ids: list[int] = field(default_factory=list)
-    spec_draft_probs: object = None
+    spec_draft_probs: Any = None  # a torch tensor [drafts, vocab] or None (Any: this module loads no torch)
     parent_id: str | None = None  # one of n answers to a prompt: it waits until this sibling's prompt is cached
     record: RequestRecord = field(init=False)
     _prefill_target: int = field(init=False)  # tokens to compute before decoding starts

@@ -15,8 +15,8 @@ from functools import partial
 import torch
 
 from labkit.engine.core import Batch
+from labkit.engine.interfaces import BlockAllocator
 from labkit.engine.request import Request
-from labkit.kv.block_allocator import BlockAllocator
 from labkit.kv.paged import PagedBatch, PagedKVCache, SequenceSlice
 from labkit.sampling import filtered_probabilities, make_generator, sample
 from labkit.spec import SpeculativeConfig, one_hot_probs
@@ -38,14 +38,17 @@ class ModelRunner:
         the same pass, and a list back: its accepted drafts and one token of the target's.
         """
         work = sorted(batch.work, key=_row_order)
-        ids, positions, sequences, logit_rows, samplers = [], [], [], [], []
+        ids: list[int] = []  # every new token of the step, one flat batch
+        positions: list[int] = []  # ... and each one's position in its own sequence
+        sequences: list[SequenceSlice] = []  # where each request's tokens sit in the flat batch
+        logit_rows: list[int] = []  # the rows whose logits a sampler needs
+        samplers: list[Request] = []  # the requests that get a token this step
         for request, num_new in work:
             start = request.num_computed_tokens
             ids.extend(request.token_ids_with_drafts[start : start + num_new])
             positions.extend(range(start, start + num_new))
-            sequences.append(
-                SequenceSlice(len(ids) - num_new, num_new, start + num_new, blocks.block_table(request.request_id))
-            )
+            table = list(blocks.block_table(request.request_id))  # any sequence of ints, as a list
+            sequences.append(SequenceSlice(len(ids) - num_new, num_new, start + num_new, table))
             if request.request_id in batch.samplers:
                 num_rows = 1 + len(request.spec_token_ids)  # the last position, or every verified one
                 logit_rows.extend(range(len(ids) - num_rows, len(ids)))
@@ -60,7 +63,10 @@ class ModelRunner:
         )
         if not samplers:
             return {}
-        plain, plain_rows, tokens, row = [], [], {}, 0
+        plain: list[Request] = []  # samplers without drafts: one token each, sampled together
+        plain_rows: list[int] = []
+        tokens: dict[str, int | list[int]] = {}
+        row = 0
         for request in samplers:
             num_rows = 1 + len(request.spec_token_ids)
             if num_rows == 1:
@@ -78,6 +84,7 @@ class ModelRunner:
     def _verify(self, request: Request, logits: torch.Tensor) -> list[int]:
         """Speculative decoding: what the target makes of the drafts, scored in one pass."""
         config, draft = self.speculative_config, request.spec_token_ids
+        assert config is not None, "a request carries drafts only when speculation is on"
         if request.params.greedy:
             return list(config.accept_greedy(list(draft), logits.argmax(dim=-1).tolist()))
         target_probs = torch.stack([filtered_probabilities(row, request.params) for row in logits])

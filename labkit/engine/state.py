@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, cast
 
-from labkit.engine.interfaces import BlockAllocator, require
+from labkit.engine.interfaces import BlockAllocator, PrefixCachingAllocator, require
 from labkit.engine.request import Request, RequestStatus
 from labkit.trace import StepRecord
 
@@ -94,6 +94,11 @@ class SchedulerState:
         self.prefix_cache_queries = 0  # this step's: prompt tokens of admitted requests
         self.prefix_cache_hits = 0  # ... of which found in the cache
 
+    @property
+    def _prefix_cache(self) -> PrefixCachingAllocator:
+        """The pool as a prefix cache: with prefix caching on, ``__init__`` checked it has the calls."""
+        return cast(PrefixCachingAllocator, self.blocks)
+
     # --- arrivals --------------------------------------------------------------------
     def rejection(self, request: Request) -> str | None:
         """Why a request can never be served here, or None if it can."""
@@ -146,7 +151,7 @@ class SchedulerState:
         if not self.enable_prefix_caching or not self.waiting or self.waiting[0].num_computed_tokens:
             return
         head = self.waiting[0]
-        head.num_computed_tokens = self.blocks.take_cached_prefix(head.request_id, head.all_token_ids[:-1])
+        head.num_computed_tokens = self._prefix_cache.take_cached_prefix(head.request_id, head.all_token_ids[:-1])
 
     def _release_head_prefix(self) -> bool:
         """The head lets go of its cached prefix (to be looked up again later); False if it held none."""
@@ -274,7 +279,7 @@ class SchedulerState:
         """If the step filled a block of the request, name it so later requests can find it."""
         size, computed = self.blocks.block_size, request.num_computed_tokens
         if self.enable_prefix_caching and computed // size > (computed - num_new) // size:
-            self.blocks.cache_full_blocks(request.request_id, token_ids)
+            self._prefix_cache.cache_full_blocks(request.request_id, token_ids)
 
     def abort(self, request: Request) -> None:
         """Drop an unfinished request wherever it is (its client went away): its blocks are freed now."""

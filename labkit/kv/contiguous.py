@@ -26,12 +26,13 @@ class ContiguousKVCache:
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add this pass's K/V for one layer; return everything cached for that layer."""
-        if self.keys[layer] is None:
-            self.keys[layer], self.values[layer] = k, v
+        keys, values = self.keys[layer], self.values[layer]
+        if keys is None or values is None:  # the layer's first pass (keys and values are set together)
+            keys, values = k, v
         else:
-            self.keys[layer] = torch.cat([self.keys[layer], k])
-            self.values[layer] = torch.cat([self.values[layer], v])
-        return self.keys[layer], self.values[layer]
+            keys, values = torch.cat([keys, k]), torch.cat([values, v])
+        self.keys[layer], self.values[layer] = keys, values
+        return keys, values
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The ``attend`` callback for LlamaModel.forward: store, then look back causally."""

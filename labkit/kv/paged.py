@@ -68,13 +68,13 @@ def group_rows(widths: list[int], group_cost: int = GROUP_COST_BLOCKS) -> list[t
     tried (a handful when rows come sorted, as the runner sends them, longest first).
     Any order is correct; sorted rows pad least.
     """
-    widths = np.asarray(widths, dtype=np.int64)
-    cuts = np.concatenate([[0], np.flatnonzero(np.diff(widths)) + 1, [len(widths)]]) if len(widths) else [0]
+    row_widths = np.asarray(widths, dtype=np.int64)
+    cuts = np.concatenate([[0], np.flatnonzero(np.diff(row_widths)) + 1, [len(widths)]]) if len(widths) else [0]
     best = np.zeros(len(cuts))  # best[j]: the cheapest way to read rows [0, cuts[j])
     last_run_from = np.zeros(len(cuts), dtype=np.int64)  # ... whose last run starts at cuts[last_run_from[j]]
     for j in range(1, len(cuts)):
         starts = np.asarray(cuts[:j])
-        widest = np.maximum.accumulate(widths[cuts[j] - 1 :: -1])[::-1][starts]  # max(widths[start:cuts[j]])
+        widest = np.maximum.accumulate(row_widths[cuts[j] - 1 :: -1])[::-1][starts]  # max(widths[start:cuts[j]])
         costs = best[:j] + (cuts[j] - starts) * widest + group_cost
         last_run_from[j] = np.argmin(costs)
         best[j] = costs[last_run_from[j]]

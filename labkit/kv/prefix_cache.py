@@ -139,8 +139,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         if not self._free and not self._evictable:
             raise OutOfBlocksError(f"all {self.num_blocks} blocks are in use; free some or preempt a sequence")
         block = self.pick()
-        if self._hash_of[block] is not None:  # evicted: its content leaves the map
-            del self._cached[self._hash_of[block]]
+        evicted = self._hash_of[block]
+        if evicted is not None:  # evicted: its content leaves the map
+            del self._cached[evicted]
             self._hash_of[block] = self._content[block] = None
             self.num_evictions += 1
         self._refs[block] = 1

@@ -19,8 +19,9 @@ import asyncio
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -122,6 +123,8 @@ def build_app(worker: EngineWorker, model_name: str, api_key: str | None = None)
         yield
         await asyncio.to_thread(worker.stop)  # every request still in the engine is aborted, its blocks freed
 
+    # Starlette types a handler as taking any Exception; each of these is called only with its own kind
+    handlers: dict[Any, Callable[..., Awaitable[Response]]] = {APIError: _api_error, HTTPException: _http_error}
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -130,7 +133,7 @@ def build_app(worker: EngineWorker, model_name: str, api_key: str | None = None)
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
         ],
-        exception_handlers={APIError: _api_error, HTTPException: _http_error},
+        exception_handlers=handlers,
         lifespan=lifespan,
     )
 
@@ -186,6 +189,7 @@ async def _whole(handle: Handle, reply: Reply, text: TextStream) -> dict:
                 break
     text.update(output.token_ids, finished=True)
     reason = "stop" if text.stopped else output.finish_reason
+    assert reason is not None, "the loop ends at a stop string or at the finished output, which has its reason"
     handle.close(reason)
     return reply.full(text.text, reason, usage(handle.prompt_len, len(output.token_ids)))
 
@@ -203,6 +207,7 @@ async def _events(
             yield _sse(reply.chunk(piece, reason, first=num_tokens == 0, with_usage=include_usage))
             num_tokens = len(output.token_ids)
             if done:
+                assert reason is not None, "a finished output has its reason"
                 handle.close(reason)
                 break
         if include_usage:

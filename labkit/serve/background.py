@@ -44,6 +44,7 @@ class ServeProcess:
         self.url = self._wait_for_url(lines, startup_timeout_s)
 
     def _read_log(self, lines: queue.SimpleQueue) -> None:
+        assert self.process.stderr is not None, "Popen(stderr=PIPE) gave it a pipe"
         for line in self.process.stderr:
             self.log.append(line.rstrip())
             lines.put(line)
@@ -93,20 +94,19 @@ def scrape(url: str) -> str:
 
 def per_request(trace: Trace) -> list[dict]:
     """One dict per request as a user saw it: ``ok`` and TTFT, TPOT, end-to-end latency in ms (None if lost)."""
-    rows = []
+    rows: list[dict] = []
     for record in trace.requests:
-        ok = record.finish_time is not None and record.finish_reason != "rejected" and record.output_len > 0
-        if not ok:
+        first, finish = record.first_token_time, record.finish_time  # None: no token yet, not finished
+        if first is None or finish is None or record.finish_reason == "rejected":
             rows.append({"ok": False, "ttft_ms": None, "tpot_ms": None, "e2el_ms": None})
             continue
-        first = record.first_token_time
-        tpot = (record.finish_time - first) / (record.output_len - 1) if record.output_len > 1 else 0.0
+        tpot = (finish - first) / (record.output_len - 1) if record.output_len > 1 else 0.0
         rows.append(
             {
                 "ok": True,
                 "ttft_ms": (first - record.arrival_time) * 1000.0,
                 "tpot_ms": tpot * 1000.0,
-                "e2el_ms": (record.finish_time - record.arrival_time) * 1000.0,
+                "e2el_ms": (finish - record.arrival_time) * 1000.0,
             }
         )
     return rows

@@ -22,7 +22,7 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from labkit.metrics import Summary
@@ -172,7 +172,7 @@ def best_rate(summaries: Mapping[float, Summary], promise: Promise) -> float | N
     return highest_rate({rate: from_summary(summary) for rate, summary in summaries.items()}, promise)
 
 
-def format_bench(summary: Summary, max_concurrency: int | None = None, errors: list[str] = ()) -> str:
+def format_bench(summary: Summary, max_concurrency: int | None = None, errors: Sequence[str] = ()) -> str:
     """The result block ``vllm bench serve`` prints, from a labkit summary (latencies in ms)."""
 
     def row(label: str, value) -> str:

@@ -145,7 +145,11 @@ def _plot(summaries, promise_ms: float | None, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
     from labkit.viz.latency import plot_latency_vs_rate
 
     ax = plot_latency_vs_rate({"served": summaries}, metric="tpot", slo_ms=promise_ms)
-    ax.figure.savefig(path, dpi=120, bbox_inches="tight")
+    figure = ax.figure
+    assert isinstance(figure, Figure), "plot_latency_vs_rate draws on a figure of its own"
+    figure.savefig(path, dpi=120, bbox_inches="tight")

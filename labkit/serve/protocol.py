@@ -46,7 +46,7 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def bad(param: str, message: str) -> APIError:
+def bad(param: str | None, message: str) -> APIError:
     return APIError(400, message, param=param)
 
 

@@ -42,7 +42,12 @@ def make_server(
     worker = EngineWorker(llm, metrics, max_waiting, admission)
     app = build_app(worker, name, api_key)
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=shutdown_timeout
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        # uvicorn annotates this as an int, but hands it to asyncio.timeout, which takes any seconds
+        timeout_graceful_shutdown=shutdown_timeout,  # type: ignore[arg-type]
     )
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

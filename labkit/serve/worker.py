@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 from labkit.engine.request import RequestOutput
 from labkit.sampling_params import SamplingParams
@@ -176,6 +177,7 @@ class EngineWorker:
 
     def _admit(self, snapshot: QueueSnapshot) -> None:
         """Ask the admission hook; raise 503 + Retry-After if it refuses, 500 if its answer makes no sense."""
+        assert self.admission is not None, "submit asks only when there is a hook"
         name = getattr(self.admission, "__name__", None) or repr(self.admission)
         try:
             seconds = self.admission(snapshot)
@@ -188,7 +190,12 @@ class EngineWorker:
             ) from None
         if seconds is None:
             return
-        if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 <= seconds < math.inf:
+        # the cast: every numbers.Real compares like a float, though typeshed's Real declares no comparisons
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, numbers.Real)
+            or not 0 <= cast(float, seconds) < math.inf
+        ):
             raise APIError(
                 500,
                 f"The admission hook {name} returned {seconds!r} (on {snapshot}); it must return None to admit "

@@ -169,10 +169,11 @@ class CostModel:
             flops_per_token=2 * model.parameters,
         )
 
-    def pass_breakdown(self, new_tokens: int, context_tokens: int) -> PassTime:
+    def pass_breakdown(self, new_tokens: int, context_tokens: float) -> PassTime:
         """The terms of a pass computing ``new_tokens`` while reading ``context_tokens`` of KV cache.
 
-        Both are totals over the batch. The simulator calls this (or :meth:`pass_time`) every step.
+        Both are totals over the batch (``context_tokens`` may be an average's total, not a whole number).
+        The simulator calls this (or :meth:`pass_time`) every step.
         """
         if new_tokens < 1 or context_tokens < 0:
             raise ValueError(
@@ -187,7 +188,7 @@ class CostModel:
             self.attention_s_per_token * context_tokens,
         )
 
-    def pass_time(self, new_tokens: int, context_tokens: int) -> float:
+    def pass_time(self, new_tokens: int, context_tokens: float) -> float:
         """Seconds of a pass over batch totals; see :meth:`pass_breakdown`."""
         return self.pass_breakdown(new_tokens, context_tokens).total_s
 

@@ -92,6 +92,8 @@ def as_the_server_sees_it(workload: Workload, tokenizer) -> Workload:
 
     requests = []
     for request in workload:
+        if request.prompt is None:
+            raise ValueError(f"request {request.request_id!r} has only lengths, no prompt for the server to encode")
         ids = encode_prompt(tokenizer, request.prompt)
         requests.append(replace(request, prompt=ids, prompt_len=len(ids)))
     return replace(workload, requests=tuple(requests))

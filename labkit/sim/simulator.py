@@ -48,6 +48,7 @@ def prompt_token_ids(spec: RequestSpec, index: int, prefix_markers: dict[str, in
         return list(spec.prompt)
     ids = []
     if spec.prefix_len:
+        assert spec.prefix_id is not None, "a RequestSpec with a prefix_len has a prefix_id"
         marker = prefix_markers.setdefault(spec.prefix_id, -1 - len(prefix_markers))
         ids = [marker] + [PLACEHOLDER_TOKEN] * (spec.prefix_len - 1)
     if spec.prompt_len > spec.prefix_len:
@@ -123,6 +124,7 @@ def simulate(
         while upcoming is not None or core.has_unfinished():
             # Requests are made as they arrive, so a 100,000-request run holds only the live ones.
             while upcoming is not None and upcoming.arrival_time <= now:
+                assert index is not None, "each arrival comes with its index"
                 core.add(_request(upcoming, prompt_token_ids(upcoming, index, prefix_markers)))
                 index, upcoming = next(arrivals, (None, None))
             outcome = core.step(now, execute)

@@ -43,8 +43,10 @@ class SimulatedProposer:
         drafts = request.spec_token_ids
         if not drafts:
             return PLACEHOLDER_DRAFT
+        rate = self.config.acceptance_rate
+        assert rate is not None, "__init__ refused a config without one"
         accepted = 0
-        while accepted < len(drafts) and self._random.random() < self.config.acceptance_rate:
+        while accepted < len(drafts) and self._random.random() < rate:
             accepted += 1
         return drafts[:accepted] + [PLACEHOLDER_DRAFT]
 

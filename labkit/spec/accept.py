@@ -20,7 +20,7 @@ def accept_greedy(draft: list[int], target_argmax: list[int]) -> list[int]:
             f"target_argmax needs len(draft) + 1 = {len(draft) + 1} entries (one per draft position plus the bonus), "
             f"got {len(target_argmax)}"
         )
-    accepted = []
+    accepted: list[int] = []
     for proposed, chosen in zip(draft, target_argmax):
         if proposed != chosen:
             return accepted + [int(chosen)]  # the target's correction ends the step

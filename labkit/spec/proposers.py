@@ -84,7 +84,7 @@ def check_same_vocabulary(draft, target) -> None:
             f"only one of draft {draft_cfg.name!r} and target {target_cfg.name!r} has a tokenizer, so their "
             f"vocabularies cannot be shown to match; {fix}"
         )
-    if draft_tok is not None and draft_tok.get_vocab() != target_tok.get_vocab():
+    if draft_tok is not None and target_tok is not None and draft_tok.get_vocab() != target_tok.get_vocab():
         raise ValueError(
             f"draft model {draft_cfg.name!r} and target {target_cfg.name!r} have different tokenizers "
             f"(the same ids name different tokens); {fix}"

@@ -19,12 +19,16 @@ from labkit.viz._axes import axes_or_new
 
 
 class GaugeReading(Protocol):
-    """One scrape's gauges (:class:`labkit.serve.watch.GaugeSample` is one)."""
+    """One scrape's gauges (:class:`labkit.serve.watch.GaugeSample` is one), read only: a frozen dataclass fits."""
 
-    t_s: float
-    running: float
-    waiting: float
-    kv_usage: float
+    @property
+    def t_s(self) -> float: ...
+    @property
+    def running(self) -> float: ...
+    @property
+    def waiting(self) -> float: ...
+    @property
+    def kv_usage(self) -> float: ...
 
 
 def plot_server_gauges(samples: Sequence[GaugeReading], ax: Axes | None = None) -> Axes:

@@ -196,8 +196,11 @@ def plot_batch_composition(
 
 
 def _default_title(trace: Trace) -> str:
+    """ "17 steps: 2 with prefill, 15 decode only", so the count agrees with what a lab prints beside it."""
     policy = trace.meta.get("policy")
-    return f"{policy}: {len(trace.steps)} steps" if policy else f"{len(trace.steps)} steps"
+    with_prefill = sum(step.num_prefill_tokens > 0 for step in trace.steps)
+    steps = f"{len(trace.steps)} steps: {with_prefill} with prefill, {len(trace.steps) - with_prefill} decode only"
+    return f"{policy}: {steps}" if policy else steps
 
 
 # --- static batching from answer lengths alone (lab 3) ----------------------------------------

@@ -14,7 +14,7 @@ from labkit.engine.scheduler.base import SchedulerOutput, SchedulerPolicy, Sched
 class StaticBatching(SchedulerPolicy):
     name = "static"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.batch: list[Request] = []
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:
