@@ -8,12 +8,19 @@ measurement: it shows which resource binds, then a benchmark has the last word.
 
 ``SALE_EXAMPLE`` and ``FRIENDS_EXAMPLE`` rebuild the two worked examples of the course's
 sources, whose tables were not published, from the numbers the texts quote.
+
+Past one GPU, ``plan(..., tensor_parallel=N, replicas=R)`` splits each replica's model N ways
+(:mod:`labkit.capacity_parallel` holds the split and its all-reduces) and runs R replicas
+side by side; :func:`size_fleet` searches N and R for the fewest GPUs that carry a load
+within the promise (the 10x sale: ``size_fleet(sale_load(10), **SALE_70B_EXAMPLE)``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 
+from labkit.capacity_parallel import LLAMA_3_1_70B, TensorSplit, does_not_fit, tensor_split
 from labkit.sim.cost_model import MODELS, CostModel, ModelSpec, conversations_that_fit, get_model
 from labkit.sim.hardware import GB, TB, TFLOPS, Hardware, get_hardware
 from labkit.sim.speculation import (  # noqa: F401  (the planner's speculation figures live here too)
@@ -33,7 +40,9 @@ SALE_GPU = Hardware(
     2 * TB,
     150 * TFLOPS,
     "reconstructed from seed 000: 2 TB/s is quoted; 150 TFLOP/s gives both its critical batch of 75 "
-    "and its 35.0 ms arithmetic term; about half the A100's 312 TFLOP/s peak, a rate kernels reach",
+    "and its 35.0 ms arithmetic term; about half the A100's 312 TFLOP/s peak, a rate kernels reach; "
+    "NVLink as the A100's, 300 GB/s each way",
+    interconnect_bandwidth=300 * GB,
 )
 
 SALE_EXAMPLE: dict = dict(
@@ -58,6 +67,23 @@ total, 24% decode share, 158 ms between a user's tokens, a 6.9 requests/s ceilin
 under a 50 ms promise 5.9 requests/s with 88 conversations in flight, about 15% lost.
 The price, $2.00 per GPU-hour, is our assumption: the source quotes no price.
 """
+
+SALE_70B_EXAMPLE: dict = dict(SALE_EXAMPLE, model=LLAMA_3_1_70B)
+"""The sale with a bot ten times the size: Llama 3.1 70B on the same cards. Its 141 GB of bf16
+weights fit no single card, so it must be split (``tensor_parallel``) or quantized."""
+
+
+def sale_load(multiple: float = 10.0) -> float:
+    """Requests/s of a sale bringing ``multiple`` times the usual traffic.
+
+    The sources quote "ten times the usual number of chats" but not the usual number; we take
+    it to be what one card of :data:`SALE_EXAMPLE` carries within its promise (5.9 requests/s),
+    the traffic the bot serves on an ordinary day.
+    """
+    if not multiple > 0:
+        raise ValueError(f"multiple must be positive, got {multiple!r}; 10 for a sale of ten times the usual")
+    return multiple * plan(**SALE_EXAMPLE).promise_load_per_s
+
 
 FRIENDS_GPU = Hardware(
     "the post's 24 GB card (close to an RTX 4090)",
@@ -92,9 +118,25 @@ WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.52}
 KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 
 
+# The planner's models: the simulator's presets and the one that needs several GPUs.
+PLANNER_MODELS: dict[str, ModelSpec] = {**MODELS, "llama-3.1-70b": LLAMA_3_1_70B}
+
+
+def planner_model(name: str | ModelSpec) -> ModelSpec:
+    """A model of :data:`PLANNER_MODELS` by name (``"llama-3.1-70b"``), or a ModelSpec passed through."""
+    if isinstance(name, str) and name.lower() in PLANNER_MODELS:
+        return PLANNER_MODELS[name.lower()]
+    if isinstance(name, str):
+        raise ValueError(
+            f"unknown model {name!r}; use one of {sorted(PLANNER_MODELS)} "
+            "or build a ModelSpec(name, parameters, layers, kv_heads, head_dim)"
+        )
+    return get_model(name)
+
+
 def with_precision(model: ModelSpec | str, weights: str | None = None, kv: str | None = None) -> ModelSpec:
     """``model`` with weights stored as ``weights`` (bf16, int8, int4) and its KV cache as ``kv`` (fp16, fp8)."""
-    model = get_model(model)
+    model = planner_model(model)
     changes, labels = {}, []
     for what, value, table, field_name in (
         ("weights", weights, WEIGHT_BYTES, "bytes_per_param"),
@@ -113,7 +155,11 @@ def with_precision(model: ModelSpec | str, weights: str | None = None, kv: str |
 
 @dataclass(frozen=True)
 class CapacityPlan:
-    """Everything :func:`plan` works out; ``str()`` gives the table, numbered as in the lesson."""
+    """Everything :func:`plan` works out; ``str()`` gives the table, numbered as in the lesson.
+
+    Memory figures are per GPU, times and rates per replica (``tensor_parallel`` GPUs that
+    share one copy of the model); the ``fleet_`` properties add up the ``replicas``.
+    """
 
     hardware: Hardware
     model: ModelSpec
@@ -121,10 +167,15 @@ class CapacityPlan:
     answer_len: int
     memory_fraction: float
     gpu_memory_bytes: float
+    tensor_parallel: int  # GPUs per replica, each holding 1/N of the weights and of the KV heads
+    replicas: int
+    hidden_size: int | None  # the width of what the all-reduces add up; None on one GPU
     # Part 1: how many conversations fit
-    kv_budget_bytes: float  # memory x fraction - weights
-    kv_bytes_per_conversation: float  # (prompt + answer) x KV bytes per token
-    conversations: int
+    weight_bytes_per_gpu: float
+    kv_bytes_per_token_per_gpu: float
+    kv_budget_bytes: float  # memory x fraction - weights, per GPU
+    kv_bytes_per_conversation: float  # (prompt + answer) x KV bytes per token, per GPU
+    conversations: int  # per replica
     # Part 2: how fast, and how much
     single_stream_tokens_per_s: float  # bandwidth / weight bytes
     critical_batch: float  # tokens per pass where arithmetic time = weight-read time
@@ -132,6 +183,7 @@ class CapacityPlan:
     decode_memory_s: float
     decode_compute_s: float
     overhead_s: float
+    decode_allreduce_s: float  # the GPUs of a replica adding up their partial results; 0 on one GPU
     decode_step_s: float
     prefill_s: float
     decode_s_per_request: float  # answer x step / conversations
@@ -151,15 +203,45 @@ class CapacityPlan:
         """Every figure of the plan, the derived ones too, as plain data (what ``labkit plan --json`` prints)."""
         return {
             **asdict(self),
-            "kv_read_bytes": self.kv_read_bytes,
-            "speedup_over_single_stream": self.speedup_over_single_stream,
-            "promise_capacity_cost": self.promise_capacity_cost,
+            **{
+                name: getattr(self, name)
+                for name in (
+                    "kv_read_bytes",
+                    "speedup_over_single_stream",
+                    "promise_capacity_cost",
+                    "gpus",
+                    "fleet_request_ceiling_per_s",
+                    "fleet_tokens_per_s",
+                    "fleet_promise_load_per_s",
+                )
+            },
         }
 
     @property
     def kv_read_bytes(self) -> float:
         """KV cache a full decode step reads: conversations x mean context x KV bytes per token."""
         return self.conversations * self.mean_context * self.model.kv_bytes_per_token
+
+    @property
+    def kv_read_bytes_per_gpu(self) -> float:
+        """The share of :attr:`kv_read_bytes` that each GPU of a replica reads."""
+        return self.conversations * self.mean_context * self.kv_bytes_per_token_per_gpu
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor_parallel * self.replicas
+
+    @property
+    def fleet_request_ceiling_per_s(self) -> float:
+        return self.replicas * self.request_ceiling_per_s
+
+    @property
+    def fleet_tokens_per_s(self) -> float:
+        return self.replicas * self.tokens_per_s
+
+    @property
+    def fleet_promise_load_per_s(self) -> float | None:
+        return None if self.promise_load_per_s is None else self.replicas * self.promise_load_per_s
 
     @property
     def speedup_over_single_stream(self) -> float:
@@ -173,10 +255,14 @@ class CapacityPlan:
         return 1 - self.promise_load_per_s / self.request_ceiling_per_s
 
     def __str__(self) -> str:
-        m, ms = self.model, 1e3
+        m, ms, n = self.model, 1e3, self.tensor_parallel
         tokens = self.prompt_len + self.answer_len
+        split = n > 1
+        per_gpu = ", per GPU" if split else ""
+        kv_heads = round(m.kv_heads * self.kv_bytes_per_token_per_gpu / m.kv_bytes_per_token)  # on each GPU
+        fleet = "" if self.gpus == 1 else f" ({self.replicas:,} x {n} GPU{'s' if split else ''})"
         rows = [
-            f"Capacity plan: {m.name} on {self.hardware.name}",
+            f"Capacity plan: {m.name} on {self.hardware.name}{fleet}",
             "(napkin estimate from the four-constant cost model, not a measurement)",
             "",
             "Part 1: how many conversations fit",
@@ -188,38 +274,47 @@ class CapacityPlan:
             ),
             _row(
                 2,
-                "left for KV caches",
-                f"minus {m.weight_bytes / GB:,.1f} GB of weights",
+                "left for KV caches" + per_gpu,
+                f"minus {self.weight_bytes_per_gpu / GB:,.1f} GB of weights" + (f" (1/{n})" if split else ""),
                 f"{self.kv_budget_bytes / GB:,.1f} GB",
             ),
             _row(
                 3,
-                "KV per token",
-                f"2 x {m.layers} x {m.kv_heads} x {m.head_dim} x {m.kv_bytes_per_value:g} B",
-                f"{m.kv_bytes_per_token / 1024:,.0f} KiB",
+                "KV per token" + per_gpu,
+                f"2 x {m.layers} x {kv_heads} x {m.head_dim} x {m.kv_bytes_per_value:g} B"
+                + (f" ({kv_heads} of {m.kv_heads} heads)" if split else ""),
+                f"{self.kv_bytes_per_token_per_gpu / 1024:,.0f} KiB",
             ),
-            _row(4, "KV per conversation", f"{tokens:,} tokens", f"{self.kv_bytes_per_conversation / 1e6:,.0f} MB"),
+            _row(
+                4,
+                "KV per conversation" + per_gpu,
+                f"{tokens:,} tokens",
+                f"{self.kv_bytes_per_conversation / 1e6:,.0f} MB",
+            ),
             _row(5, "conversations that fit", "row 2 / row 4, rounded down", f"{self.conversations:,}"),
             "",
             "Part 2: how fast, and how much",
             _row(6, "decode step, all on board", f"mean context {self.mean_context:,.0f} tokens", ""),
             _row(
                 "",
-                "  memory term",
-                f"({m.weight_bytes / GB:,.1f} + {self.kv_read_bytes / GB:,.1f} GB KV) / "
+                "  memory term" + per_gpu,
+                f"({self.weight_bytes_per_gpu / GB:,.1f} + {self.kv_read_bytes_per_gpu / GB:,.1f} GB KV) / "
                 f"{self.hardware.bandwidth / TB:.3g} TB/s",
                 f"{self.decode_memory_s * ms:.1f} ms",
             ),
             _row(
                 "",
-                "  arithmetic term",
-                f"{self.conversations:,} x 2 x {m.parameters / 1e9:.3g}e9 / {self.hardware.flops / TFLOPS:.3g} TFLOP/s",
+                "  arithmetic term" + per_gpu,
+                f"{self.conversations:,} x 2 x {m.parameters / 1e9:.3g}e9"
+                + (f" / {n}" if split else "")
+                + f" / {self.hardware.flops / TFLOPS:.3g} TFLOP/s",
                 f"{self.decode_compute_s * ms:.1f} ms",
             ),
+            *self._allreduce_rows(),
             _row(
                 "",
                 "  step",
-                f"the larger + {self.overhead_s * ms:.1f} ms overhead",
+                f"the larger + {self.overhead_s * ms:.1f} ms overhead" + (" + all-reduce" if split else ""),
                 f"{self.decode_step_s * ms:.1f} ms",
             ),
             _row(7, "prefill", f"{self.prompt_len:,} tokens", f"{self.prefill_s * ms:.1f} ms"),
@@ -233,7 +328,10 @@ class CapacityPlan:
             _row(10, "output tokens/s", f"row 9 x {self.answer_len:,}", f"{self.tokens_per_s:,.0f}"),
             _row(11, "cost per million tokens", self._price_formula(), self._price_value()),
             _row(
-                "", "single-stream bound", "bandwidth / weight bytes", f"{self.single_stream_tokens_per_s:,.1f} tok/s"
+                "",
+                "single-stream bound",
+                "bandwidth / weight bytes" + per_gpu,
+                f"{self.single_stream_tokens_per_s:,.1f} tok/s",
             ),
             _row("", "batching buys", "row 10 / single stream", f"{self.speedup_over_single_stream:.1f}x"),
             _row("", "critical batch", "flops / bandwidth x bytes per param / 2", f"{self.critical_batch:,.0f} tokens"),
@@ -258,12 +356,47 @@ class CapacityPlan:
                 _row("", "conversations in flight", "load x answer x promise", f"{self.promise_in_flight:,.0f}"),
                 _row("", "capacity the promise costs", "1 - load / ceiling", f"{self.promise_capacity_cost:.0%}"),
             ]
+        if self.gpus > 1:
+            rows += ["", f"Part 4: the fleet, {self.replicas:,} replica(s) of {n} GPU(s)", *self._fleet_rows()]
         return "\n".join(rows)
+
+    def _allreduce_rows(self) -> list[str]:
+        if self.tensor_parallel == 1:
+            return []
+        n = self.tensor_parallel
+        return [
+            _row(
+                "",
+                "  all-reduce",
+                f"{self.model.layers} x 2 x 2({n}-1)/{n} x {self.conversations:,} x {self.hidden_size:,} x 2 B "
+                f"/ {self.hardware.interconnect_bandwidth / GB:,.0f} GB/s",
+                f"{self.decode_allreduce_s * 1e3:.2f} ms",
+            )
+        ]
+
+    def _fleet_rows(self) -> list[str]:
+        r = self.replicas
+        rows = [
+            _row("", "GPUs", f"{r:,} x {self.tensor_parallel}", f"{self.gpus:,}"),
+            _row("", "request ceiling", f"{r:,} x row 9", f"{_rate(self.fleet_request_ceiling_per_s)} req/s"),
+            _row("", "output tokens/s", f"{r:,} x row 10", f"{self.fleet_tokens_per_s:,.0f}"),
+        ]
+        if self.promise_s is not None:
+            rows.append(
+                _row(
+                    "",
+                    "load that keeps the promise",
+                    f"{r:,} x the replica's",
+                    f"{_rate(self.fleet_promise_load_per_s)} req/s",
+                )
+            )
+        return rows
 
     def _price_formula(self) -> str:
         if self.price_per_gpu_hour is None:
             return "no price given"
-        return f"${self.price_per_gpu_hour:.2f}/h / 3600 / row 10 x 1e6"
+        gpus = "" if self.tensor_parallel == 1 else f" x {self.tensor_parallel}"
+        return f"${self.price_per_gpu_hour:.2f}/h{gpus} / 3600 / row 10 x 1e6"
 
     def _price_value(self) -> str:
         return "-" if self.cost_per_million_tokens is None else f"${self.cost_per_million_tokens:.3f}"
@@ -278,7 +411,12 @@ def _row(number: int | str, label: str, formula: str, value: str) -> str:
 
 
 def load_within_promise(
-    cost: CostModel, prefill_s: float, answer_len: int, mean_context: float, promise_s: float
+    cost: CostModel,
+    prefill_s: float,
+    answer_len: int,
+    mean_context: float,
+    promise_s: float,
+    allreduce_s_per_token: float = 0.0,
 ) -> tuple[float, float]:
     """Requests/s, and conversations in flight, at which users get a token every ``promise_s``.
 
@@ -299,6 +437,8 @@ def load_within_promise(
 
     The load is the smaller bound; the conversations in flight are B = λ·L·T. (The caller
     caps both by memory: if B exceeds the conversations that fit, memory binds first.)
+    Split over GPUs, a step also spends a·B on all-reduces (a = ``allreduce_s_per_token``),
+    after the maximum: it adds a to both m₁ and c₁.
     """
     if not promise_s > 0:
         raise ValueError(f"promise_s must be positive, got {promise_s!r}; for 50 ms between tokens pass 0.050")
@@ -309,8 +449,8 @@ def load_within_promise(
             f"takes {(weight_read_s + cost.overhead_s) * 1e3:.1f} ms to read the weights; promise "
             "more, or use more bandwidth or fewer bytes per parameter"
         )
-    kv_s_per_sequence = mean_context * cost.kv_bytes_per_token / cost.bandwidth
-    compute_s_per_sequence = cost.flops_per_token / cost.flops
+    kv_s_per_sequence = mean_context * cost.kv_bytes_per_token / cost.bandwidth + allreduce_s_per_token
+    compute_s_per_sequence = cost.flops_per_token / cost.flops + allreduce_s_per_token
     memory_bound = (promise_s - weight_read_s - cost.overhead_s) / (
         answer_len * promise_s * kv_s_per_sequence + promise_s * prefill_s
     )
@@ -332,42 +472,54 @@ def plan(
     overhead_s: float = 0.0,
     promise_s: float | None = None,
     price_per_gpu_hour: float | None = None,
+    tensor_parallel: int = 1,
+    replicas: int = 1,
+    hidden_size: int | None = None,
 ) -> CapacityPlan:
-    """Plan one GPU serving conversations of ``prompt_len`` + ``answer_len`` tokens.
+    """Plan GPUs serving conversations of ``prompt_len`` + ``answer_len`` tokens: one, or a fleet.
 
     ``hardware`` and ``model`` are presets or their names; ``gpu_memory_bytes`` overrides the
     card's memory. Times are in seconds (``promise_s=0.050`` for a token every 50 ms); the
     price is per GPU-hour. The batch is assumed full: every conversation that fits is on
     board, the average one halfway through its answer. See :func:`load_within_promise` for
     the algebra of the promise. ``plan(**SALE_EXAMPLE)`` is the lesson's worked example.
+
+    ``tensor_parallel=N`` splits each replica over N GPUs of a node (weights, KV heads and
+    arithmetic N ways, plus the all-reduces of :mod:`labkit.capacity_parallel`, which need the
+    card's ``interconnect_bandwidth`` and the model's ``hidden_size``); ``replicas=R`` runs R
+    such copies behind a router, so the fleet serves R times one replica.
     """
-    hardware, model = get_hardware(hardware), get_model(model)
+    hardware, model = get_hardware(hardware), planner_model(model)
     for name, value in (("prompt_len", prompt_len), ("answer_len", answer_len)):
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"{name} must be a whole number of tokens, 1 or more; got {value!r}")
+    if not (isinstance(replicas, int) and replicas >= 1):
+        raise ValueError(f"replicas must be a whole number, 1 or more; got {replicas!r}")
     if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
         raise ValueError(f"price_per_gpu_hour must be zero or more, got {price_per_gpu_hour!r}")
     gpu_memory = hardware.memory_bytes if gpu_memory_bytes is None else gpu_memory_bytes
-    cost = CostModel.from_parts(hardware, model, overhead_s)
+    split = tensor_split(hardware, model, tensor_parallel, hidden_size)
+    shard, allreduce_s = split.shard, split.allreduce_s_per_token  # what one GPU holds; talk per token
+    cost = CostModel.from_parts(hardware, shard, overhead_s)
+    conversations = _conversations_that_fit(gpu_memory, memory_fraction, model, split, prompt_len + answer_len)
 
-    conversations = conversations_that_fit(gpu_memory, memory_fraction, model, prompt_len + answer_len)
-    if conversations < 1:
-        raise ValueError(
-            f"not one conversation of {prompt_len + answer_len:,} tokens fits beside the weights; "
-            "shorten the prompt or answer, raise memory_fraction, or use a GPU with more memory"
-        )
     mean_context = prompt_len + answer_len / 2
     step = cost.pass_breakdown(conversations, conversations * mean_context)
-    prefill_s = cost.prefill_time(prompt_len)
-    decode_s_per_request = answer_len * step.total_s / conversations
+    decode_allreduce_s = allreduce_s * conversations
+    decode_step_s = step.total_s + decode_allreduce_s
+    prefill_s = cost.prefill_time(prompt_len) + allreduce_s * prompt_len
+    decode_s_per_request = answer_len * decode_step_s / conversations
     gpu_s_per_request = prefill_s + decode_s_per_request
     ceiling = 1 / gpu_s_per_request
     tokens_per_s = ceiling * answer_len
     decode_share = decode_s_per_request / gpu_s_per_request
+    price = None if price_per_gpu_hour is None else price_per_gpu_hour * tensor_parallel
 
     promise_load = in_flight = None
     if promise_s is not None:
-        promise_load, in_flight = load_within_promise(cost, prefill_s, answer_len, mean_context, promise_s)
+        promise_load, in_flight = load_within_promise(
+            cost, prefill_s, answer_len, mean_context, promise_s, allreduce_s_per_token=allreduce_s
+        )
         if in_flight >= conversations:  # the promise does not bind before memory does
             promise_load, in_flight = ceiling, float(conversations)
 
@@ -378,8 +530,13 @@ def plan(
         answer_len=answer_len,
         memory_fraction=memory_fraction,
         gpu_memory_bytes=gpu_memory,
-        kv_budget_bytes=gpu_memory * memory_fraction - model.weight_bytes,
-        kv_bytes_per_conversation=(prompt_len + answer_len) * model.kv_bytes_per_token,
+        tensor_parallel=tensor_parallel,
+        replicas=replicas,
+        hidden_size=split.hidden_size,
+        weight_bytes_per_gpu=shard.weight_bytes,
+        kv_bytes_per_token_per_gpu=shard.kv_bytes_per_token,
+        kv_budget_bytes=gpu_memory * memory_fraction - shard.weight_bytes,
+        kv_bytes_per_conversation=(prompt_len + answer_len) * shard.kv_bytes_per_token,
         conversations=conversations,
         single_stream_tokens_per_s=cost.single_stream_bound,
         critical_batch=cost.critical_batch,
@@ -387,17 +544,138 @@ def plan(
         decode_memory_s=step.memory_s,
         decode_compute_s=step.compute_s,
         overhead_s=overhead_s,
-        decode_step_s=step.total_s,
+        decode_allreduce_s=decode_allreduce_s,
+        decode_step_s=decode_step_s,
         prefill_s=prefill_s,
         decode_s_per_request=decode_s_per_request,
         gpu_s_per_request=gpu_s_per_request,
         request_ceiling_per_s=ceiling,
         tokens_per_s=tokens_per_s,
-        cost_per_million_tokens=None if price_per_gpu_hour is None else price_per_gpu_hour / 3600 / tokens_per_s * 1e6,
+        cost_per_million_tokens=None if price is None else price / 3600 / tokens_per_s * 1e6,
         price_per_gpu_hour=price_per_gpu_hour,
         decode_share=decode_share,
-        token_interval_s=step.total_s / decode_share,
+        token_interval_s=decode_step_s / decode_share,
         promise_s=promise_s,
         promise_load_per_s=promise_load,
         promise_in_flight=in_flight,
     )
+
+
+def _conversations_that_fit(
+    gpu_memory: float, memory_fraction: float, model: ModelSpec, split: TensorSplit, tokens: int
+) -> int:
+    """Conversations per replica: as many as fit on each of its GPUs, or an error that names the fix."""
+    if 0 < memory_fraction <= 1 and split.shard.weight_bytes >= gpu_memory * memory_fraction:
+        raise ValueError(does_not_fit(gpu_memory, memory_fraction, model, split, tokens))
+    conversations = conversations_that_fit(gpu_memory, memory_fraction, split.shard, tokens)  # checks the inputs
+    if conversations < 1:
+        raise ValueError(does_not_fit(gpu_memory, memory_fraction, model, split, tokens))
+    return conversations
+
+
+@dataclass(frozen=True)
+class FleetOption:
+    """One tensor-parallel size tried by :func:`size_fleet`: its replica plan and how many replicas, or why not."""
+
+    tensor_parallel: int
+    replicas: int | None = None
+    plan: CapacityPlan | None = None  # of the fleet: one replica's figures, and the fleet's totals
+    why_not: str = ""
+
+    @property
+    def gpus(self) -> int | None:
+        return None if self.replicas is None else self.tensor_parallel * self.replicas
+
+
+@dataclass(frozen=True)
+class FleetSizing:
+    """The fewest GPUs that carry ``load_per_s`` within the promise, and every split that was tried."""
+
+    load_per_s: float
+    options: tuple[FleetOption, ...]
+
+    @property
+    def best(self) -> FleetOption:
+        """The option with the fewest GPUs; of equals, the one with the most spare load."""
+        fitting = [o for o in self.options if o.replicas is not None]
+        return min(fitting, key=lambda o: (o.gpus, -_replica_load(o.plan) * o.replicas))
+
+    def to_dict(self) -> dict:
+        return {
+            "load_per_s": self.load_per_s,
+            "best": {"tensor_parallel": self.best.tensor_parallel, "replicas": self.best.replicas},
+            "options": [
+                {
+                    "tensor_parallel": o.tensor_parallel,
+                    "replicas": o.replicas,
+                    "gpus": o.gpus,
+                    "why_not": o.why_not,
+                    "plan": None if o.plan is None else o.plan.to_dict(),
+                }
+                for o in self.options
+            ],
+        }
+
+    def __str__(self) -> str:
+        example = next(o.plan for o in self.options if o.plan is not None)
+        kept = "within the promise" if example.promise_s is not None else "at the request ceiling"
+        rows = [
+            f"Fleet for {_rate(self.load_per_s)} requests/s {kept}: {example.model.name} on {example.hardware.name}",
+            "(napkin estimate from the cost model, not a measurement)",
+            "",
+            f"{'GPUs per replica':>16}  {'load per replica':>18}  {'in flight':>9}  {'replicas':>8}  {'GPUs':>5}  note",
+        ]
+        for o in self.options:
+            if o.plan is None:
+                rows.append(f"{o.tensor_parallel:>16}  {'-':>18}  {'-':>9}  {'-':>8}  {'-':>5}  {o.why_not}")
+                continue
+            note = "fewest GPUs" if o is self.best else ""
+            in_flight = o.plan.conversations if o.plan.promise_in_flight is None else o.plan.promise_in_flight
+            rows.append(
+                f"{o.tensor_parallel:>16}  {_rate(_replica_load(o.plan)) + ' req/s':>18}  {in_flight:>9,.0f}  "
+                f"{o.replicas:>8,}  {o.gpus:>5,}  {note}"
+            )
+        return "\n".join(rows)
+
+
+def _replica_load(replica: CapacityPlan) -> float:
+    """What one replica carries: the load within the promise, or the request ceiling without one."""
+    return replica.request_ceiling_per_s if replica.promise_load_per_s is None else replica.promise_load_per_s
+
+
+def size_fleet(
+    load_per_s: float,
+    hardware: Hardware | str,
+    model: ModelSpec | str,
+    prompt_len: int,
+    answer_len: int,
+    *,
+    tensor_parallel: tuple[int, ...] = (1, 2, 4, 8),
+    **settings,
+) -> FleetSizing:
+    """How many GPUs carry ``load_per_s`` requests/s: for each tensor-parallel size, the replicas needed.
+
+    Each size N gets R = ceil(load / what one replica carries) replicas (within ``promise_s`` if
+    given, else at the request ceiling); a size at which the model does not fit is listed with
+    the reason. ``settings`` are :func:`plan`'s keywords. The 10x sale of the 70B bot under its
+    50 ms promise: ``size_fleet(sale_load(10), **SALE_70B_EXAMPLE).best``.
+    """
+    if not load_per_s > 0:
+        raise ValueError(f"load_per_s must be positive, got {load_per_s!r}; e.g. sale_load(10) for the 10x sale")
+    if "replicas" in settings:
+        raise ValueError("size_fleet chooses the replicas; drop replicas=")
+    options = []
+    for ways in tensor_parallel:
+        try:
+            replica = plan(hardware, model, prompt_len, answer_len, tensor_parallel=ways, **settings)
+        except ValueError as error:
+            options.append(FleetOption(ways, why_not=str(error)))
+            continue
+        replicas = max(1, math.ceil(load_per_s / _replica_load(replica) - 1e-9))  # 1e-9: 10 x 5.9 / 5.9 is 10
+        options.append(FleetOption(ways, replicas, replace(replica, replicas=replicas)))
+    if all(o.plan is None for o in options):
+        raise ValueError(
+            f"no tensor-parallel size of {tuple(tensor_parallel)} fits the model; the first reason: "
+            f"{options[0].why_not}"
+        )
+    return FleetSizing(load_per_s, tuple(options))

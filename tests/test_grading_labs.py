@@ -47,6 +47,12 @@ GRADED = [
         True,
         marks=pytest.mark.lab9,
     ),
+    pytest.param(
+        "lab10_fewer_bytes_more_gpus",
+        {"lab10.int8", "lab10.int4", "lab10.quality", "lab10.fleet"},
+        True,
+        marks=pytest.mark.lab10,
+    ),
 ]
 
 

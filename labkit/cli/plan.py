@@ -8,6 +8,12 @@ override any figure, for example::
     labkit plan --example sale --weights int4 --kv fp8   # fewer bytes per weight and per cached value
     labkit plan --example sale --json   # every figure, for a script or a notebook
     labkit plan --gpu h100-sxm --speculate 4 --acceptance 0.7   # speculative decoding's speed-up by batch size
+    labkit plan --example sale-70b --tensor-parallel 8 --replicas 12   # each replica split over 8 GPUs
+    labkit plan --example sale-70b --load 10x   # the fewest GPUs for ten times the usual traffic
+
+``--load`` takes requests/s (``59``) or a multiple of the sale's usual traffic (``10x``: the
+5.9 requests/s one card of the sale example carries within its promise), tries 1, 2, 4 and 8
+GPUs per replica (or the one ``--tensor-parallel`` names) and prints the fewest GPUs.
 """
 
 from __future__ import annotations
@@ -18,19 +24,23 @@ from dataclasses import replace
 from labkit.capacity import (
     FRIENDS_EXAMPLE,
     KV_BYTES,
+    PLANNER_MODELS,
+    SALE_70B_EXAMPLE,
     SALE_EXAMPLE,
     WEIGHT_BYTES,
     format_speculation,
     plan,
+    planner_model,
+    sale_load,
+    size_fleet,
     speculation_breakeven_batch,
     speculative_speedup,
     with_precision,
 )
 from labkit.cli import print_json
-from labkit.sim.cost_model import MODELS, get_model
 from labkit.sim.hardware import GB, PRESETS, TB, TFLOPS, get_hardware
 
-EXAMPLES = {"sale": SALE_EXAMPLE, "friends": FRIENDS_EXAMPLE}
+EXAMPLES = {"sale": SALE_EXAMPLE, "sale-70b": SALE_70B_EXAMPLE, "friends": FRIENDS_EXAMPLE}
 DEFAULTS = dict(hardware="a100-80gb", model="llama-3.1-8b", prompt_len=1000, answer_len=300)
 
 
@@ -43,7 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-gb", type=float, help="memory of the card, GB")
     parser.add_argument("--bandwidth-tbs", type=float, help="memory bandwidth, TB/s")
     parser.add_argument("--tflops", type=float, help="arithmetic rate, TFLOP/s")
-    parser.add_argument("--model", help=f"model preset: {', '.join(sorted(MODELS))} (default llama-3.1-8b)")
+    parser.add_argument(
+        "--interconnect-gbs", type=float, help="link between the GPUs of a node, GB/s each way (NVLink)"
+    )
+    parser.add_argument("--model", help=f"model preset: {', '.join(sorted(PLANNER_MODELS))} (default llama-3.1-8b)")
     parser.add_argument("--params-b", type=float, help="parameters, billions")
     parser.add_argument("--bytes-per-param", type=float, help="2 for BF16, 1 for 8-bit, about 0.52 for 4-bit")
     parser.add_argument(
@@ -53,12 +66,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int)
     parser.add_argument("--kv-heads", type=int)
     parser.add_argument("--head-dim", type=int)
+    parser.add_argument(
+        "--hidden-size", type=int, help="the model's hidden size, for the all-reduces (presets know it)"
+    )
     parser.add_argument("--memory-fraction", type=float, help="share of the card the server may use (0.9)")
     parser.add_argument("--prompt", type=int, help="prompt tokens per conversation (1000)")
     parser.add_argument("--answer", type=int, help="answer tokens per conversation (300)")
     parser.add_argument("--overhead-ms", type=float, help="fixed cost of every forward pass, ms (0)")
     parser.add_argument("--promise-ms", type=float, help="promised time between a user's tokens, ms")
     parser.add_argument("--price", type=float, help="price per GPU-hour, dollars")
+    parser.add_argument("--tensor-parallel", type=int, metavar="N", help="GPUs per replica, the model split N ways (1)")
+    parser.add_argument("--replicas", type=int, metavar="R", help="copies of the model behind a router (1)")
+    parser.add_argument(
+        "--load",
+        type=_load,
+        metavar="RATE",
+        help="size the fleet for RATE requests/s, or for 10x the sale's usual traffic",
+    )
     parser.add_argument(
         "--speculate",
         type=int,
@@ -81,10 +105,11 @@ def _inputs(args: argparse.Namespace) -> dict:
             ("memory_bytes", args.gpu_memory_gb, GB),
             ("bandwidth", args.bandwidth_tbs, TB),
             ("flops", args.tflops, TFLOPS),
+            ("interconnect_bandwidth", args.interconnect_gbs, GB),
         )
         if value is not None
     }
-    model = get_model(args.model or inputs["model"])
+    model = planner_model(args.model or inputs["model"])
     model_changes = {
         field: value
         for field, value in (
@@ -109,14 +134,28 @@ def _inputs(args: argparse.Namespace) -> dict:
         ("price_per_gpu_hour", args.price),
         ("overhead_s", None if args.overhead_ms is None else args.overhead_ms / 1e3),
         ("promise_s", None if args.promise_ms is None else args.promise_ms / 1e3),
+        ("hidden_size", args.hidden_size),
     ):
         if value is not None:
             inputs[key] = value
     return inputs
 
 
+def _load(text: str) -> float:
+    """``--load``: requests/s, or ``10x`` for ten times the sale's usual traffic."""
+    try:
+        return sale_load(float(text[:-1])) if text.lower().endswith("x") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither requests/s (59) nor a multiple (10x)") from None
+
+
 def run(args: argparse.Namespace) -> int:
     inputs = _inputs(args)
+    if args.load is not None:
+        return _size_fleet(args, inputs)
+    for key, value in (("tensor_parallel", args.tensor_parallel), ("replicas", args.replicas)):
+        if value is not None:
+            inputs[key] = value
     result = plan(**inputs)
     speculation = None if args.speculate is None else _speculation(args, inputs, result.conversations)
     if args.json:
@@ -134,6 +173,23 @@ def run(args: argparse.Namespace) -> int:
             + f" (k = {args.speculate}, acceptance {args.acceptance:.0%}, drafts free as with prompt lookup; "
             "the verification pass at the card's peak arithmetic rate, as the plan above)"
         )
+    return 0
+
+
+def _size_fleet(args: argparse.Namespace, inputs: dict) -> int:
+    """The fewest GPUs that carry ``--load``, over the tensor-parallel sizes tried."""
+    if args.replicas is not None:
+        raise ValueError("--load chooses the replicas; drop --replicas (or drop --load to plan a fleet you chose)")
+    if args.speculate is not None:
+        raise ValueError("--speculate plans one replica; drop --load to see it")
+    ways = (1, 2, 4, 8) if args.tensor_parallel is None else (args.tensor_parallel,)
+    sizing = size_fleet(args.load, tensor_parallel=ways, **inputs)
+    if args.json:
+        print_json(sizing.to_dict())
+        return 0
+    print(sizing)
+    print()
+    print(sizing.best.plan)
     return 0
 
 

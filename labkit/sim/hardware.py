@@ -33,6 +33,7 @@ class Hardware:
     bandwidth: float
     flops: float
     source: str = ""
+    interconnect_bandwidth: float = 0.0  # bytes/s each way to the other GPUs of a node (NVLink); 0: none known
 
     def __post_init__(self) -> None:
         for field_name in ("memory_bytes", "bandwidth", "flops"):
@@ -42,6 +43,8 @@ class Hardware:
                     f"Hardware {self.name!r}: {field_name} must be positive, got {value!r}; "
                     "give the part's published figure or measure it with probe_this_machine()"
                 )
+        if self.interconnect_bandwidth < 0:
+            raise ValueError(f"Hardware {self.name!r}: interconnect_bandwidth must be 0 or more")
 
     def __str__(self) -> str:
         return (
@@ -51,10 +54,20 @@ class Hardware:
 
 
 _PEAK = "published peak, dense BF16 tensor rate without sparsity"
+# Interconnect: NVIDIA quotes NVLink as total bandwidth per GPU, both directions together; an
+# all-reduce sends and receives at once, so each direction gets half: A100 NVLink 3 600 GB/s
+# (A100 datasheet), H100/H200 SXM NVLink 4 900 GB/s (H100 and H200 datasheets), B200 NVLink 5
+# 1.8 TB/s (HGX B200 datasheet); the RTX 4090 has no NVLink: PCIe 4.0 x16, 64 GB/s both ways.
+# MI355X: AMD quotes Infinity Fabric links without one per-GPU total, so none is assumed.
 
 PRESETS: dict[str, Hardware] = {
     "a100-80gb": Hardware(
-        "NVIDIA A100 80GB SXM", 80 * GB, 2.039 * TB, 312 * TFLOPS, f"NVIDIA A100 Tensor Core GPU datasheet; {_PEAK}"
+        "NVIDIA A100 80GB SXM",
+        80 * GB,
+        2.039 * TB,
+        312 * TFLOPS,
+        f"NVIDIA A100 Tensor Core GPU datasheet; {_PEAK}",
+        interconnect_bandwidth=300 * GB,
     ),
     "h100-sxm": Hardware(
         "NVIDIA H100 SXM",
@@ -62,6 +75,7 @@ PRESETS: dict[str, Hardware] = {
         3.35 * TB,
         989 * TFLOPS,
         f"NVIDIA H100 Tensor Core GPU datasheet (1,979 with sparsity); {_PEAK}",
+        interconnect_bandwidth=450 * GB,
     ),
     "h200": Hardware(
         "NVIDIA H200 SXM",
@@ -69,6 +83,7 @@ PRESETS: dict[str, Hardware] = {
         4.8 * TB,
         989 * TFLOPS,
         f"NVIDIA H200 Tensor Core GPU datasheet (1,979 with sparsity); {_PEAK}",
+        interconnect_bandwidth=450 * GB,
     ),
     "b200": Hardware(
         "NVIDIA B200 (HGX)",
@@ -76,6 +91,7 @@ PRESETS: dict[str, Hardware] = {
         8.0 * TB,
         2250 * TFLOPS,
         f"NVIDIA HGX B200 datasheet, per GPU (4.5 PFLOPS with sparsity); {_PEAK}",
+        interconnect_bandwidth=900 * GB,
     ),
     "rtx-4090": Hardware(
         "NVIDIA GeForce RTX 4090",
@@ -83,6 +99,7 @@ PRESETS: dict[str, Hardware] = {
         1.008 * TB,
         165.2 * TFLOPS,
         f"NVIDIA Ada Lovelace architecture whitepaper (BF16 with FP32 accumulate); {_PEAK}",
+        interconnect_bandwidth=32 * GB,
     ),
     "mi355x": Hardware(
         "AMD Instinct MI355X",

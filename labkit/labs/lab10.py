@@ -1,0 +1,764 @@
+"""Lab 10, fewer bytes and more GPUs: the checks for the learner's quantizers, quality run and fleet search.
+
+- ``quantize_int8(weight) -> (codes, scale)`` and ``dequantize_int8(codes, scale)``: symmetric int8,
+  one scale per output row. Checked on seeded weights with outliers and on real weights of the
+  course model: each scale is the row's absmax / 127 and each weight comes back within half of it.
+- ``quantize_int4(weight, group_size) -> (codes, scale, zero)`` and ``dequantize_int4(...)``: 4-bit
+  codes in groups of ``group_size`` columns, a scale and a zero point per group. Checked the same
+  way, with a ragged last group, a group that does not hold 0, and group sizes of 32 and 128.
+- ``measure_quality(model, round_trips, prompts, n_tokens)``: each scheme's model built and judged
+  with labkit's ``quality``. Checked against labkit's own quantized models on the real model.
+- ``fewest_gpus(load_per_s, inputs) -> (tensor_parallel, replicas)``: the search over splits and
+  replicas with labkit's planner. Checked against ``labkit.capacity.size_fleet`` on the 10x sale
+  and seeded variations of it.
+
+Every quantizer check compares with :mod:`labkit.models.quant` through the adapters of
+:mod:`labkit.labs.checking.quant_runs`, and judges the learner's numbers by what they must satisfy
+(a scale within fp16's rounding of the formula, every weight within half a step), so an answer
+that stores scales in fp32 rather than fp16 passes as it should.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from labkit.capacity import SALE_70B_EXAMPLE, SALE_EXAMPLE, sale_load, size_fleet, with_precision
+from labkit.capacity_parallel import LLAMA_3_1_70B
+from labkit.grading.checks import Exercise, register
+from labkit.grading.result import Mismatch
+from labkit.labs.checking.learner_errors import diagnosed
+from labkit.labs.checking.quant_runs import (
+    course_dequantize_int4,
+    course_dequantize_int8,
+    course_quantize_int4,
+    course_quantize_int8,
+    course_round_trips,
+)
+from labkit.labs.checking.shared import course_model, rng, torch_generator
+from labkit.labs.hints import register_hints
+from labkit.models.quant import GROUP_SIZE, quality, quantize_model
+from labkit.workloads import sharegpt_quality_prompts
+
+SCALE_RTOL = 1.5e-3  # fp16 keeps 10 bits: a scale rounded to it (labkit stores them so) is within 1e-3
+STEP_SLACK = 1e-3  # a weight may come back up to half a step, plus this share of a step, away
+
+
+def _plain(value: Any) -> torch.Tensor:
+    """A learner's output as a tensor of its own on the CPU (what the grader can load back)."""
+    return torch.as_tensor(value).detach().cpu().contiguous().clone()
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = SCALE_RTOL) -> bool:
+    return a.shape == b.shape and bool(torch.allclose(a.double(), b.double(), rtol=rtol, atol=1e-12))
+
+
+def _real_weights(seed: int) -> list[tuple[str, torch.Tensor]]:
+    """Two real weights of the course model from a seeded layer: a square one and a wide one."""
+    hf = course_model().hf.model.layers
+    layer = rng(seed).randrange(len(hf))
+    return [
+        (f"layer {layer}'s o_proj of the course model", hf[layer].self_attn.o_proj.weight.detach().float().cpu()),
+        (f"layer {layer}'s down_proj of the course model", hf[layer].mlp.down_proj.weight.detach().float().cpu()),
+    ]
+
+
+def _seeded_weight(seed: int, rows: int, columns: int) -> torch.Tensor:
+    w = torch.randn(rows, columns, generator=torch_generator(seed)) * 0.05
+    w[rows // 3, columns // 4] = 1.5  # an outlier widens its own row (int8) and its own group (int4)
+    return w
+
+
+def _where(case: dict[str, Any]) -> str:
+    rows, columns = case["weight"].shape
+    return f"{case['name']} ([{rows}, {columns}])"
+
+
+# --- lab10.int8 -------------------------------------------------------------------------------
+
+
+def int8_cases(seed: int) -> list[dict[str, Any]]:
+    cases = [
+        dict(name="a seeded weight with an outlier", weight=_seeded_weight(seed, 48, 200)),
+        dict(name="a square seeded weight", weight=_seeded_weight(seed + 1, 64, 64)),
+    ]
+    cases += [dict(name=name, weight=w) for name, w in _real_weights(seed)]
+    for case in cases:
+        case["course"] = course_quantize_int8(case["weight"])
+    return cases
+
+
+def _run_int8(functions, cases) -> list[dict[str, torch.Tensor]]:
+    quantize, dequantize = functions
+    outs = []
+    for case in cases:
+        codes, scale = quantize(case["weight"].clone())
+        outs.append(
+            {"codes": _plain(codes), "scale": _plain(scale), "dequantized": _plain(dequantize(*case["course"]))}
+        )
+    return outs
+
+
+def _int8_oracle(cases) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": c["name"],
+            "weight": c["weight"],
+            "course": c["course"],
+            "dequantized": course_dequantize_int8(*c["course"]),
+        }
+        for c in cases
+    ]
+
+
+def _mostly(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` equals ``b`` almost everywhere: a rule followed, but for the few codes a clamp moved."""
+    return a.shape == b.shape and float((a.double() == b.double()).double().mean()) > 0.99
+
+
+def _rounding_mistake(codes: torch.Tensor, exact: torch.Tensor) -> str | None:
+    """A hint if the codes are the exact quotients floored or truncated instead of rounded."""
+    codes = codes.double()
+    if _mostly(codes, exact.floor()):
+        return (
+            "Your codes are floor(w / scale): flooring moves every weight down, up to a whole step. Round to the "
+            "nearest code (torch.round) so no weight moves more than half a step."
+        )
+    if _mostly(codes, exact.trunc()):
+        return (
+            "Your codes are w / scale cut toward zero: converting to an integer type (.to(torch.int8)) truncates. "
+            "Round first (torch.round), then convert."
+        )
+    return None
+
+
+def _check_codes_dtype(
+    codes: torch.Tensor, dtype: torch.dtype, where: str, low: int, high: int, what: str = "codes"
+) -> Mismatch | None:
+    if codes.is_floating_point() and not torch.equal(codes, codes.round()):
+        fraction = codes[codes != codes.round()][0]
+        return Mismatch(
+            f"{where}: the {what} are not whole numbers (for example {float(fraction):.3f})",
+            "A code is a whole number: round to the nearest integer (torch.round) before storing it.",
+        )
+    if codes.numel() and (int(codes.min()) < low or int(codes.max()) > high):
+        return Mismatch(
+            f"{where}: the {what} run from {int(codes.min())} to {int(codes.max())}, outside [{low}, {high}]",
+            f"Clamp them to [{low}, {high}] (torch.clamp) before storing them.",
+        )
+    if codes.dtype != dtype:
+        return Mismatch(
+            f"{where}: the {what} are {codes.dtype}, expected {dtype}",
+            f"The bytes are the point: store them as {dtype} (.to({dtype})), one byte each, not 4 or 8.",
+        )
+    return None
+
+
+def _compare_int8(expected, got) -> Mismatch | None:
+    for case, mine in zip(expected, got):
+        w, where = case["weight"].double(), _where(case)
+        rows, columns = w.shape
+        codes, scale = mine["codes"], mine["scale"]
+        if tuple(codes.shape) != (rows, columns):
+            return Mismatch(
+                f"{where}: codes of shape {list(codes.shape)}", "codes has the weight's shape: one per weight."
+            )
+        want = w.abs().amax(dim=1) / 127
+        if scale.numel() == 1 or (scale.numel() == rows and rows > 1 and bool((scale == scale.flatten()[0]).all())):
+            return Mismatch(
+                f"{where}: one scale for the whole weight ({float(scale.flatten()[0]):.3g}); expected {rows} scales, "
+                f"one per row, from {float(want.min()):.3g} to {float(want.max()):.3g}",
+                "That is a per-tensor scale: one outlier then stretches every row's step. Per output channel means "
+                "one scale per row of the weight: its largest |w| / 127 (amax over dim=1).",
+            )
+        if scale.numel() == columns and columns != rows or _close(scale.flatten(), w.abs().amax(dim=0) / 127):
+            return Mismatch(
+                f"{where}: the scales are the columns' largest |w| / 127",
+                "The weight is [out_features, in_features]; an output channel is a row. Take amax over dim=1 (each "
+                "row's largest |w|), giving one scale per row.",
+            )
+        if scale.numel() != rows:
+            return Mismatch(f"{where}: scale of shape {list(scale.shape)}, expected [{rows}]", "One scale per row.")
+        scale = scale.flatten().double()
+        if not _close(scale, want):
+            row = int((scale - want).abs().argmax())
+            hint = None
+            for divisor, why in ((128, "128"), (255, "255"), (256, "256")):
+                if _close(scale, want * 127 / divisor):
+                    hint = (
+                        f"You divided by {why}. Symmetric int8 uses the codes -127 to 127, so the largest |w| of a "
+                        "row must map to 127: scale = absmax / 127."
+                    )
+            return Mismatch(
+                f"{where}: row {row} has scale {float(scale[row]):.6g}, expected its largest |w| / 127 = "
+                f"{float(want[row]):.6g}",
+                hint,
+            )
+        mistake = _check_codes_dtype(codes, torch.int8, where, -127, 127)
+        if mistake is not None:
+            return mistake
+        exact = w / scale[:, None]
+        error = (codes.double() * scale[:, None] - w).abs()
+        bound = scale[:, None] * (0.5 + STEP_SLACK) + 1e-9
+        if not bool((error <= bound).all()):
+            r, c = divmod(int((error - bound).argmax()), columns)
+            return Mismatch(
+                f"{where}: w[{r}, {c}] = {float(w[r, c]):.6g} comes back as {float(codes[r, c]) * float(scale[r]):.6g}, "
+                f"{float(error[r, c] / scale[r]):.2f} of a step away (half a step at most)",
+                _rounding_mistake(codes, exact),
+            )
+        mistake = _compare_dequantized(case, mine["dequantized"], where, "int8")
+        if mistake is not None:
+            return mistake
+    return None
+
+
+def _compare_dequantized(case, mine: torch.Tensor, where: str, scheme: str) -> Mismatch | None:
+    want = case["dequantized"]
+    if mine.shape == want.shape and bool(torch.allclose(mine.double(), want.double(), rtol=1e-5, atol=1e-7)):
+        return None
+    difference = f"{where}: dequantize_{scheme} of labkit's codes gave back another weight than labkit's"
+    if mine.shape != want.shape:
+        return Mismatch(f"{where}: dequantize_{scheme} returned shape {list(mine.shape)}, expected {list(want.shape)}")
+    r, c = divmod(int((mine.double() - want.double()).abs().argmax()), want.shape[1])
+    difference += f" (at [{r}, {c}]: {float(mine[r, c]):.6g}, expected {float(want[r, c]):.6g})"
+    for wrong, hint in _dequantize_mistakes(case, scheme):
+        if wrong.shape == mine.shape and bool(torch.allclose(mine.double(), wrong.double(), rtol=1e-5, atol=1e-7)):
+            return Mismatch(difference, hint)
+    return Mismatch(difference, "A weight is its code times its scale (after taking away the zero point, in int4).")
+
+
+def _dequantize_mistakes(case, scheme: str) -> list[tuple[torch.Tensor, str]]:
+    """What typical wrong dequantizers return on labkit's codes, with the hint that names each."""
+    if scheme == "int8":
+        codes, scale = (t.double() for t in case["course"])
+        mistakes = [
+            (
+                codes / scale[:, None],
+                "You divided the codes by the scale; the quantizer divided, so undo it: multiply.",
+            ),
+            (codes, "You returned the codes themselves: multiply each by its row's scale."),
+        ]
+        if codes.shape[0] == codes.shape[1]:
+            mistakes.append(
+                (
+                    codes * scale[None, :],
+                    "You multiplied column j by scale[j]; scale[r] belongs to row r: scale[:, None].",
+                )
+            )
+        return mistakes
+    codes, scale, zero = (t.double() for t in case["course"])
+    size, columns = case["group_size"], codes.shape[1]
+
+    def spread(values, in_place=True):
+        return (values.repeat_interleave(size, dim=1) if in_place else values.repeat(1, size))[:, :columns]
+
+    tiled = (
+        f"Each scale and zero covers {size} consecutive columns: column j belongs to group j // {size}. Use "
+        "repeat_interleave (each value repeated in place), not repeat (the whole row of them tiled)."
+    )
+    return [
+        (codes * spread(scale), "You forgot the zero point: a weight is (code - zero) * scale, not code * scale."),
+        ((codes + spread(zero)) * spread(scale), "The zero point is taken away, not added: (code - zero) * scale."),
+        *[
+            ((codes - spread(zero, zero_in_place)) * spread(scale, scale_in_place), tiled)
+            for zero_in_place, scale_in_place in ((False, False), (True, False), (False, True))
+        ],
+    ]
+
+
+def _shape_error(record: dict[str, Any]) -> str | None:
+    """A hint for the broadcasting error of a scale laid along the wrong axis."""
+    if "must match the size of tensor" in record["message"] or "shape" in record["message"]:
+        return (
+            "The shapes do not line up. A weight and its codes are [out, in]; a per-row value (int8's scale) is "
+            "[out] and multiplies as scale[:, None], one column that spreads along each row; int4's scale and zero "
+            "are [out, groups] and spread over each group's columns."
+        )
+    return None
+
+
+register(
+    diagnosed(
+        Exercise(
+            id="lab10.int8",
+            functions=("quantize_int8", "dequantize_int8"),
+            make_inputs=int8_cases,
+            run=_run_int8,
+            oracle=_int8_oracle,
+            compare=_compare_int8,
+            tested="quantize_int8 on 2 seeded weights (one with an outlier, one square) and 2 real weights of the "
+            "course model (a seeded layer's o_proj and down_proj): one scale per row equal to its largest |w| / 127 "
+            "(to fp16's rounding, as labkit stores it), int8 codes in [-127, 127], every weight back within half a "
+            "step; dequantize_int8 on labkit's codes gives labkit's weight",
+            hint="scale = each row's largest |w| / 127; codes = round(w / scale) clamped to [-127, 127], as int8; "
+            'the weight back = codes * scale, row by row. labkit.hint("lab10.int8") shows more.',
+        ),
+        known=_shape_error,
+    )
+)
+
+# --- lab10.int4 -------------------------------------------------------------------------------
+
+
+def int4_cases(seed: int) -> list[dict[str, Any]]:
+    ragged = _seeded_weight(seed, 40, 320)  # 2.5 groups of 128: the last one is short
+    ragged[7, :128] = ragged[7, :128].abs() + 0.01  # a group of positive weights: its range must stretch to 0
+    cases = [
+        dict(name="a seeded weight, 2.5 groups a row", weight=ragged, group_size=128),
+        dict(name="a seeded weight in groups of 32", weight=_seeded_weight(seed + 1, 24, 96), group_size=32),
+    ]
+    cases += [dict(name=name, weight=w, group_size=128) for name, w in _real_weights(seed)]
+    for case in cases:
+        case["course"] = course_quantize_int4(case["weight"], case["group_size"])
+    return cases
+
+
+def _run_int4(functions, cases) -> list[dict[str, torch.Tensor]]:
+    quantize, dequantize = functions
+    outs = []
+    for case in cases:
+        codes, scale, zero = quantize(case["weight"].clone(), case["group_size"])
+        back = dequantize(*case["course"], case["group_size"])
+        outs.append({"codes": _plain(codes), "scale": _plain(scale), "zero": _plain(zero), "dequantized": _plain(back)})
+    return outs
+
+
+def _int4_oracle(cases) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": c["name"],
+            "weight": c["weight"],
+            "group_size": c["group_size"],
+            "course": c["course"],
+            "dequantized": course_dequantize_int4(*c["course"], c["group_size"]),
+        }
+        for c in cases
+    ]
+
+
+def _groups(w: torch.Tensor, size: int) -> torch.Tensor:
+    """[rows, groups, size], the ragged last group padded with zeros (which a range holding 0 already holds)."""
+    return F.pad(w, (0, -w.shape[1] % size)).reshape(w.shape[0], -1, size)
+
+
+def _compare_int4(expected, got) -> Mismatch | None:
+    for case, mine in zip(expected, got):
+        w, size, where = case["weight"].double(), case["group_size"], _where(case)
+        rows, columns = w.shape
+        groups = -(-columns // size)
+        where += f", groups of {size}"
+        codes, scale, zero = mine["codes"], mine["scale"], mine["zero"]
+        for name, value in (("scale", scale), ("zero", zero)):
+            if tuple(value.shape) == (rows, groups):
+                continue
+            if size != GROUP_SIZE and tuple(value.shape) == (rows, -(-columns // GROUP_SIZE)):
+                hint = f"Use the group_size you are given ({size} here), not {GROUP_SIZE}."
+            elif tuple(value.shape) == (-(-rows // size), columns):
+                hint = (
+                    f"Your groups run down the columns. A group is {size} neighbouring weights of one row (the input "
+                    f"features): reshape each row [in] into [groups, {size}] and take min and max over the last axis."
+                )
+            elif value.numel() == rows:
+                hint = (
+                    f"One {name} per row is int8's per-channel scheme. Here each group of {size} columns of a row "
+                    f"gets its own: [{rows}, {groups}]."
+                )
+            elif tuple(value.shape) == (rows, columns // size):
+                hint = (
+                    f"The last group of a row is shorter when {columns} is not a multiple of {size}, but it is "
+                    f"still a group: ceil({columns} / {size}) = {groups} groups. Pad the row with zeros to whole groups."
+                )
+            else:
+                hint = f"One {name} per group of {size} columns of each row: [{rows}, {groups}]."
+            return Mismatch(f"{where}: {name} of shape {list(value.shape)}, expected [{rows}, {groups}]", hint)
+        if tuple(codes.shape) != (rows, columns):
+            hint = "codes has the weight's shape, one code per weight."
+            if tuple(codes.shape) == (rows, groups * size):
+                hint = f"Cut the padding off: codes[:, :{columns}], one code per weight of the original."
+            return Mismatch(f"{where}: codes of shape {list(codes.shape)}, expected [{rows}, {columns}]", hint)
+        blocks = _groups(w, size)
+        low, high = blocks.amin(dim=2).clamp_max(0), blocks.amax(dim=2).clamp_min(0)
+        want = (high - low) / 15
+        scale = scale.double()
+        if not _close(scale, want):
+            return _int4_scale_mistake(w, size, scale, want, where)
+        zero_d = zero.double()
+        if not torch.equal(zero_d, zero_d.round()) or float(zero_d.min()) < 0 or float(zero_d.max()) > 15:
+            return Mismatch(f"{where}: zero points must be whole numbers in [0, 15]", "zero = round(-low / scale).")
+        if not bool(zero_d.any()):
+            return Mismatch(
+                f"{where}: every zero point is 0",
+                "You forgot the zero point. The codes 0..15 cover [low, high], not [0, high]: zero = round(-low / "
+                "scale) is the code that stands for 0, and each code is round(w / scale) + zero.",
+            )
+        if not bool(((zero_d + low / scale).abs() <= 0.5 + STEP_SLACK).all()):
+            r, g = divmod(int((zero_d + low / scale).abs().argmax()), groups)
+            return Mismatch(
+                f"{where}: group {g} of row {r} has zero {int(zero_d[r, g])}, expected round(-low / scale) = "
+                f"{float(-low[r, g] / scale[r, g]):.2f} rounded",
+                "zero = round(-low / scale), where low = min(group, 0): the code that stands for the weight 0.",
+            )
+        mistake = _check_codes_dtype(codes, torch.uint8, where, 0, 15) or _check_codes_dtype(
+            zero, torch.uint8, where, 0, 15, what="zero points"
+        )
+        if mistake is not None:
+            return mistake
+        by_column = scale.repeat_interleave(size, dim=1)[:, :columns]
+        zero_by_column = zero_d.repeat_interleave(size, dim=1)[:, :columns]
+        error = ((codes.double() - zero_by_column) * by_column - w).abs()
+        bound = by_column * (0.5 + STEP_SLACK) + 1e-9
+        if not bool((error <= bound).all()):
+            r, c = divmod(int((error - bound).argmax()), columns)
+            exact = w / by_column + zero_by_column
+            hint = _rounding_mistake(codes.double() - zero_by_column, w / by_column)
+            if _mostly(codes, (w / by_column).round().clamp(0, 15)):
+                hint = "You forgot to add the zero point to the codes: code = round(w / scale) + zero."
+            return Mismatch(
+                f"{where}: w[{r}, {c}] = {float(w[r, c]):.6g} got code {int(codes[r, c])} (exact "
+                f"{float(exact[r, c]):.2f}), {float(error[r, c] / by_column[r, c]):.2f} of a step away (half at most)",
+                hint,
+            )
+        mistake = _compare_dequantized(case, mine["dequantized"], where, "int4")
+        if mistake is not None:
+            return mistake
+    return None
+
+
+def _int4_scale_mistake(w, size, scale, want, where) -> Mismatch:
+    r, g = divmod(int(((scale - want).abs() / want.clamp_min(1e-12)).argmax()), want.shape[1])
+    difference = (
+        f"{where}: group {g} of row {r} has scale {float(scale[r, g]):.6g}, expected "
+        f"(max(group, 0) - min(group, 0)) / 15 = {float(want[r, g]):.6g}"
+    )
+    blocks = _groups(w, size)
+    columns = w.shape[1]
+    real = torch.zeros(w.shape[0], blocks.shape[1] * size, dtype=torch.bool)
+    real[:, :columns] = True
+    real = real.reshape(blocks.shape)
+    plain_min = torch.where(real, blocks, torch.inf).amin(dim=2)
+    plain_max = torch.where(real, blocks, -torch.inf).amax(dim=2)
+    absmax = torch.maximum(plain_max.abs(), plain_min.abs())
+    mistakes = [
+        (
+            (plain_max - plain_min) / 15,
+            "Stretch each group's range to hold 0: low = min(group, 0) and high = max(group, 0). Then the weight 0 "
+            "has a code of its own (the zero point), and a group that is all positive still fits.",
+        ),
+        (want * 15 / 16, "16 codes (0 to 15) have 15 steps between them: divide the range by 15, not 16."),
+        (
+            absmax / 7,
+            "That is a symmetric scale. This scheme is asymmetric: scale = (high - low) / 15, and a zero point says "
+            "which code stands for 0.",
+        ),
+        (
+            absmax / 7.5,
+            "That is a symmetric scale. This scheme is asymmetric: scale = (high - low) / 15, and a zero point says "
+            "which code stands for 0.",
+        ),
+    ]
+    for wrong, hint in mistakes:
+        if _close(scale, wrong):
+            return Mismatch(difference, hint)
+    return Mismatch(difference, "Per group: low = min(group, 0), high = max(group, 0), scale = (high - low) / 15.")
+
+
+register(
+    diagnosed(
+        Exercise(
+            id="lab10.int4",
+            functions=("quantize_int4", "dequantize_int4"),
+            make_inputs=int4_cases,
+            run=_run_int4,
+            oracle=_int4_oracle,
+            compare=_compare_int4,
+            tested="quantize_int4 on 2 seeded weights (2.5 groups of 128 a row with an all-positive group; groups of "
+            "32) and 2 real weights of the course model (a seeded layer's o_proj, 4.5 groups a row, and down_proj): "
+            "a scale per group equal to (max(group, 0) - min(group, 0)) / 15 (to fp16's rounding), zero points "
+            "round(-low / scale), uint8 codes in [0, 15], every weight back within half a step; dequantize_int4 on "
+            "labkit's codes gives labkit's weight",
+            hint="Per group of group_size columns of a row: low = min(group, 0), high = max(group, 0), scale = (high - "
+            "low) / 15, zero = round(-low / scale), code = round(w / scale) + zero clamped to [0, 15]; back: (code - "
+            'zero) * scale. labkit.hint("lab10.int4") shows more.',
+            points=2.0,
+        ),
+        known=_shape_error,
+    )
+)
+
+# --- lab10.quality ----------------------------------------------------------------------------
+
+QUALITY_PROMPTS = 1  # a check of the plumbing, not a quality study: the notebook measures more
+QUALITY_TOKENS = 8
+QUALITY_PROMPT_TOKENS = 48  # each call of quality reads the prompt three times; short keeps the check quick
+
+
+def quality_prompts(seed: int) -> list[list[dict]]:
+    """``QUALITY_PROMPTS`` of the fixed quality prompts (cut to 48 tokens), picked by the seed."""
+    every = sharegpt_quality_prompts(course_model().tokenizer, max_prompt_tokens=QUALITY_PROMPT_TOKENS)
+    return rng(seed).sample(every, QUALITY_PROMPTS)
+
+
+def _run_quality(functions, inputs) -> dict[str, list[float]]:
+    measured = functions[0](course_model(), course_round_trips(), inputs["prompts"], inputs["n_tokens"])
+    if not isinstance(measured, dict):
+        raise TypeError(f"measure_quality returned a {type(measured).__name__}; return a dict: scheme -> Quality")
+    out = {}
+    for scheme, result in measured.items():
+        if hasattr(result, "agreement"):
+            out[str(scheme)] = [float(result.agreement), float(result.mean_kl)]
+        else:
+            out[str(scheme)] = [float(x) for x in result]
+    return out
+
+
+@functools.lru_cache(maxsize=2)
+def _course_quantized(scheme: str):
+    """labkit's own quantized course model, built once per process (a grader judges many submissions)."""
+    return quantize_model(course_model(), scheme)
+
+
+@functools.lru_cache(maxsize=2)
+def _quality_oracle_for(seed: int) -> dict[str, Any]:
+    inputs = {"prompts": quality_prompts(seed), "n_tokens": QUALITY_TOKENS}
+    model = course_model()
+    results = {}
+    for scheme in ("int8", "int4"):
+        measured = quality(model, _course_quantized(scheme), inputs["prompts"], QUALITY_TOKENS)
+        results[scheme] = [measured.agreement, measured.mean_kl]
+    return {"results": results, "positions": QUALITY_PROMPTS * QUALITY_TOKENS}
+
+
+def _compare_quality(expected, got) -> Mismatch | None:
+    want, positions = expected["results"], expected["positions"]
+    if set(got) != set(want):
+        return Mismatch(
+            f"measure_quality returned the schemes {sorted(got)}, expected {sorted(want)}",
+            "Return one entry per scheme of round_trips, under the same name: {'int8': ..., 'int4': ...}.",
+        )
+    for scheme, (agreement, kl) in got.items():
+        if agreement == 1 and kl == 0:
+            return Mismatch(
+                f"{scheme}: agreement 100% and KL 0, labkit measures {want[scheme][0]:.1%} and {want[scheme][1]:.4f}",
+                "You compared the model with itself: pass quality the original first, then the model built from the "
+                "round trip.",
+            )
+    if len({tuple(v) for v in got.values()}) == 1:
+        return Mismatch(
+            f"both schemes measured the same: agreement {got['int8'][0]:.1%}, KL {got['int8'][1]:.4f}",
+            "Every scheme got the same model. Build one model per scheme inside the loop, from that scheme's round "
+            "trip; a lambda written in a loop reads the loop variable when it is called, not when it was written.",
+        )
+    for scheme, (agreement, kl) in got.items():
+        want_agreement, want_kl = want[scheme]
+        if abs(agreement - want_agreement) > 1.5 / positions or abs(kl - want_kl) > 0.05 * want_kl + 1e-4:
+            return Mismatch(
+                f"{scheme}: agreement {agreement:.1%} and KL {kl:.4f}, labkit's own {scheme} model measures "
+                f"{want_agreement:.1%} and {want_kl:.4f} on the same prompts",
+                "Call quality(model, quantized, prompts, n_tokens): the original first (its greedy tokens are the "
+                "reference), the quantized model second, with the prompts and n_tokens you were given.",
+            )
+    return None
+
+
+register(
+    diagnosed(
+        Exercise(
+            id="lab10.quality",
+            functions=("measure_quality",),
+            make_inputs=lambda seed: {"prompts": quality_prompts(seed), "n_tokens": QUALITY_TOKENS, "seed": seed},
+            run=_run_quality,
+            oracle=lambda inputs: _quality_oracle_for(inputs["seed"]),
+            compare=_compare_quality,
+            tested="measure_quality on the course model with labkit's own int8 and int4 round trips, on a seeded "
+            f"ShareGPT prompt (cut to {QUALITY_PROMPT_TOKENS} tokens) x {QUALITY_TOKENS} tokens: each scheme's agreement and KL "
+            "as labkit's quality gives for labkit's quantized models (quantize_model)",
+            hint="For each scheme: build the model with model_with_weights(model, round_trip), then "
+            'quality(model, that_model, prompts, n_tokens). labkit.hint("lab10.quality") shows more.',
+        )
+    )
+)
+
+# --- lab10.fleet ------------------------------------------------------------------------------
+
+SPLITS = (1, 2, 4, 8)
+
+
+def fleet_cases(seed: int) -> list[dict[str, Any]]:
+    """The 10x sale of the 70B bot, then seeded loads on other cards, with int4 weights, and for the 8B bot."""
+    r = rng(seed)
+    return [
+        dict(name="the 70B bot, a 10x sale", load=sale_load(10), inputs=dict(SALE_70B_EXAMPLE)),
+        dict(
+            name="the 70B bot on H100s",
+            load=sale_load(r.uniform(3, 12)),
+            inputs=dict(SALE_70B_EXAMPLE, hardware="h100-sxm"),
+        ),
+        dict(
+            name="the 70B bot with int4 weights",
+            load=sale_load(r.uniform(4, 12)),
+            inputs=dict(SALE_70B_EXAMPLE, model=with_precision(LLAMA_3_1_70B, weights="int4")),
+        ),
+        dict(
+            name="the 8B bot on H200s",
+            load=sale_load(r.uniform(5, 25)),
+            inputs=dict(SALE_EXAMPLE, hardware="h200"),
+        ),
+    ]
+
+
+def _run_fleet(functions, cases) -> list[list[int]]:
+    answers = []
+    for case in cases:
+        answer = functions[0](case["load"], dict(case["inputs"]))
+        answers.append([int(x) for x in answer])
+    return answers
+
+
+def _fleet_oracle(cases) -> list[dict[str, Any]]:
+    expected = []
+    for case in cases:
+        sizing = size_fleet(case["load"], **case["inputs"])
+        fits = [o for o in sizing.options if o.plan is not None]
+        fewest = min(o.gpus for o in fits)
+        carried = {o.tensor_parallel: _carried(o.plan) for o in fits}
+        ceilings = {o.tensor_parallel: o.plan.request_ceiling_per_s for o in fits}
+        expected.append(
+            {
+                "name": case["name"],
+                "load": case["load"],
+                "needed": {o.tensor_parallel: o.replicas for o in fits},
+                "carried": carried,
+                "ceiling_replicas": {n: math.ceil(case["load"] / c) for n, c in ceilings.items()},
+                "fewest": fewest,
+                "why_not": {o.tensor_parallel: o.why_not for o in sizing.options if o.plan is None},
+            }
+        )
+    return expected
+
+
+def _carried(replica) -> float:
+    return replica.request_ceiling_per_s if replica.promise_load_per_s is None else replica.promise_load_per_s
+
+
+def _compare_fleet(expected, got) -> Mismatch | None:
+    for case, answer in zip(expected, got):
+        where = f"{case['name']}, {case['load']:.1f} requests/s"
+        if len(answer) != 2:
+            return Mismatch(
+                f"{where}: fewest_gpus returned {answer}", "Return two numbers: (tensor_parallel, replicas)."
+            )
+        ways, replicas = answer
+        needed = case["needed"]
+        if ways not in needed:
+            why = case["why_not"].get(ways, f"tensor_parallel must be one of {SPLITS}")
+            return Mismatch(f"{where}: tensor_parallel={ways} is not a plan that works here: {why}")
+        want = needed[ways]
+        if replicas != want:
+            carried = case["carried"][ways]
+            difference = (
+                f"{where}: with {ways} GPUs a replica carries {carried:.2f} requests/s within the promise, so it "
+                f"takes ceil({case['load']:.2f} / {carried:.2f}) = {want} replicas; you said {replicas}"
+            )
+            causes = []
+            if replicas == math.floor(case["load"] / carried):
+                causes.append(
+                    "Round the replicas up: a fraction of a replica cannot be rented, and too few break the promise."
+                )
+            if replicas == case["ceiling_replicas"][ways]:
+                causes.append(
+                    "Size by promise_load_per_s, not the request ceiling: at the ceiling users wait far longer than "
+                    "the promise between tokens."
+                )
+            if not causes:
+                causes.append("The replicas are ceil(load / what one replica carries within the promise).")
+            return Mismatch(difference, " Or: ".join(causes))
+        if ways * replicas != case["fewest"]:
+            best = min(needed, key=lambda n: n * needed[n])
+            return Mismatch(
+                f"{where}: {ways} x {replicas} = {ways * replicas} GPUs, but {best} x {needed[best]} = "
+                f"{case['fewest']} GPUs carry it too",
+                "Try every split (1, 2, 4 and 8 GPUs a replica), count each fleet's GPUs (N x replicas: a replica "
+                "of N GPUs costs N) and keep the fewest.",
+            )
+    return None
+
+
+def _fleet_error(record: dict[str, Any]) -> str | None:
+    if record["error"] == "ValueError" and any(
+        words in record["message"] for words in ("do not fit", "not one conversation", "cannot share")
+    ):
+        return (
+            "plan raises ValueError for a split where the model does not fit (here the 70B weights on one card). "
+            "That split is simply not an option: catch the error (try / except ValueError) and go on to the next."
+        )
+    return None
+
+
+register(
+    diagnosed(
+        Exercise(
+            id="lab10.fleet",
+            functions=("fewest_gpus",),
+            make_inputs=fleet_cases,
+            run=_run_fleet,
+            oracle=_fleet_oracle,
+            compare=_compare_fleet,
+            tested="fewest_gpus on the 10x sale of the 70B bot and 3 seeded loads (70B on H100s, 70B with int4 "
+            "weights, 8B on H200s) under the 50 ms promise: as few GPUs in all as labkit.capacity.size_fleet finds, "
+            "with just enough replicas for the split chosen",
+            hint="For each split N in (1, 2, 4, 8): plan(**inputs, tensor_parallel=N) (skip it if that raises "
+            "ValueError), replicas = ceil(load / promise_load_per_s); keep the fewest N x replicas. "
+            'labkit.hint("lab10.fleet") shows more.',
+        ),
+        known=_fleet_error,
+    )
+)
+
+# --- hints, from the idea to near-code (labkit.hint) ------------------------------------------
+
+register_hints(
+    "lab10.int8",
+    "Each row of a weight (one output channel) gets its own step size, so a large weight in one row does not "
+    "coarsen the others. The step is chosen so the row's largest |w| lands exactly on code 127.",
+    "scale = the largest |w| of each row / 127 (shape [out]). codes = w / scale[:, None], rounded to the nearest "
+    "whole number, clamped to [-127, 127], stored as torch.int8. Back: codes times scale[:, None].",
+    "scale = weight.abs().amax(dim=1) / 127; codes = torch.round(weight / scale[:, None]).clamp(-127, 127)"
+    ".to(torch.int8); return codes, scale  |  return codes.float() * scale[:, None]",
+)
+register_hints(
+    "lab10.int4",
+    "Sixteen codes are too few for one step per row: a group of 128 neighbouring weights gets its own step and its "
+    "own zero point, so the 16 codes cover just that group's range, from its smallest to its largest weight "
+    "(and 0).",
+    "Pad each row with zeros to a whole number of groups and reshape to [out, groups, group_size]. low = amin over "
+    "the last axis clamped to at most 0, high = amax clamped to at least 0; scale = (high - low) / 15; zero = "
+    "round(-low / scale). codes = round(w / scale) + zero, clamped to [0, 15], back to [out, padded in], padding "
+    "cut off, as uint8. Back: repeat_interleave the scale and zero along the columns.",
+    "groups = F.pad(weight, (0, -weight.shape[1] % group_size)).reshape(weight.shape[0], -1, group_size); "
+    "low = groups.amin(2).clamp(max=0); high = groups.amax(2).clamp(min=0); scale = (high - low) / 15; "
+    "zero = torch.round(-low / scale); codes = (torch.round(groups / scale[..., None]) + zero[..., None])"
+    ".clamp(0, 15)  |  s = scale.repeat_interleave(group_size, 1)[:, :columns]",
+)
+register_hints(
+    "lab10.quality",
+    "A round trip (quantize, then dequantize) gives the weight a quantized layer really multiplies by. Build the "
+    "model from it and compare its next-token choices with the original's.",
+    "For each scheme, round_trip in round_trips.items(): quantized = model_with_weights(model, round_trip); "
+    "results[scheme] = quality(model, quantized, prompts, n_tokens). Return results.",
+    "return {scheme: quality(model, model_with_weights(model, trip), prompts, n_tokens) "
+    "for scheme, trip in round_trips.items()}",
+)
+register_hints(
+    "lab10.fleet",
+    "A split that fits gives a replica; the promise says how many requests/s one replica carries; the load says "
+    "how many replicas. Of all the splits, the cheapest fleet is the one with the fewest GPUs.",
+    "For N in (1, 2, 4, 8): try p = plan(**inputs, tensor_parallel=N), except ValueError: skip N. replicas = "
+    "math.ceil(load_per_s / p.promise_load_per_s). Keep the (N, replicas) with the smallest N * replicas.",
+    "best = None; for n in (1, 2, 4, 8): try: p = plan(**inputs, tensor_parallel=n) except ValueError: continue; "
+    "r = math.ceil(load_per_s / p.promise_load_per_s); if best is None or n * r < best[0] * best[1]: best = (n, r)",
+)
