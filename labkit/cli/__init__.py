@@ -29,6 +29,7 @@ SUBCOMMANDS = {
     "calibrate": "fit the simulator's cost model to this machine's engine, and check its predictions",
     "make-labs": "generate the learner notebooks from the solved lab sources",
     "grade": "grade submitted lab notebooks",
+    "make-autograder": "write a Gradescope autograder bundle (setup.sh, run_autograder) for one lab",
     "serve": "an OpenAI-compatible server over the engine, vLLM's metric names",
     "loadtest": "load any OpenAI-compatible server as vllm bench serve does",
 }

@@ -3,10 +3,14 @@
     labkit grade SUBMISSION.ipynb [...] --out DIR [--lab LAB] [--cell-timeout S] [--total-timeout S] [--jobs N]
                  [--hint-penalty F] [--shard K/N]
     labkit grade merge SHARD_DIR [...] --out DIR
+    labkit grade gradebook REPORT_DIR --roster ROSTER.csv --out DIR [--assignment NAME] [--missing-zero]
 
 A class too big for one machine is graded in shards: the same command with --shard K/N on each
 of N machines grades the submissions whose name hashes to shard K, and `labkit grade merge` checks
 the shards' reports and writes the reports one run over the whole class would have written.
+`labkit grade gradebook` turns a run's (or a merge's) reports into DIR/gradebook.csv for Canvas's
+gradebook import and DIR/feedback/ID.md per learner, through the instructor's roster
+(columns file, student, id, section; optionally sis_user_id).
 
 Each exercise's report says how many hints (labkit.hint) the notebook showed for it; they cost
 nothing unless --hint-penalty F takes F x the exercise's points per hint from a passed exercise.
@@ -28,7 +32,12 @@ from labkit.grading.checks import exercises_for_lab
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `labkit grade` options."""
-    parser.add_argument("submissions", nargs="+", type=Path, help="notebooks to grade (or: merge SHARD_DIR ...)")
+    parser.add_argument(
+        "submissions",
+        nargs="+",
+        type=Path,
+        help="notebooks to grade (or: merge SHARD_DIR ...; or: gradebook REPORT_DIR)",
+    )
     parser.add_argument("--out", required=True, type=Path, help="folder for the reports (created if needed)")
     parser.add_argument("--lab", help="lab to grade against, e.g. lab2 (default: read from each notebook)")
     parser.add_argument(
@@ -65,6 +74,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="grade only shard K of N of the submissions (by a hash of each name), e.g. 2/3; merge the N "
         "folders with `labkit grade merge` (default 1/1: all)",
     )
+    parser.add_argument("--roster", type=Path, help="gradebook: the roster CSV (file, student, id, section)")
+    parser.add_argument(
+        "--assignment", help="gradebook: the assignment column's header, e.g. 'Lab 2 (1234)' (default: the lab)"
+    )
+    parser.add_argument(
+        "--missing-zero",
+        action="store_true",
+        help="gradebook: give a learner with no graded submission 0 points (listed) instead of stopping",
+    )
     parser.add_argument(
         "--no-sandbox",
         action="store_true",
@@ -100,6 +118,23 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gradebook(args: argparse.Namespace) -> int:
+    from labkit.grading.gradebook import write_gradebook
+
+    if len(args.submissions) != 2 or args.roster is None:
+        print("error: write it labkit grade gradebook REPORT_DIR --roster ROSTER.csv --out DIR")
+        return 2
+    try:
+        book = write_gradebook(args.submissions[1], args.roster, args.out, args.assignment, args.missing_zero)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}")
+        return 2
+    for learner in book.absent:
+        print(f"0 points, no graded submission: {learner.student} ({learner.id}, roster row {learner.row})")
+    print(f"gradebook for {len(book.feedback)} learners in {book.csv_path}; their feedback in {args.out}/feedback/")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Grade (or merge shards), write the reports, print one line per submission."""
     try:  # here rather than at the top, so `labkit --help` works without the [labs] extra
@@ -113,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.submissions[0] == Path("merge"):
         return _merge(args)
+    if args.submissions[0] == Path("gradebook"):
+        return _gradebook(args)
     try:
         shard = parse_shard(args.shard)
     except ValueError as error:
