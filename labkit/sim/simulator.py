@@ -11,13 +11,14 @@ run of an 8B model on an H100 takes seconds on a laptop.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from labkit.engine.config import EngineConfig, build_core, engine_config
-from labkit.engine.core import Batch
+from labkit.engine.core import Batch, EngineCore, Executor
 from labkit.engine.request import Request
 from labkit.engine.scheduler import SchedulerPolicy
 from labkit.sampling_params import SamplingParams
@@ -62,6 +63,83 @@ def _request(spec: RequestSpec, token_ids: list[int]) -> Request:
     return Request(spec.request_id, token_ids, params, spec.arrival_time)
 
 
+class Arrivals:
+    """A workload's requests, each made into an engine request only when the clock reaches it.
+
+    Requests are made as they arrive, so a 100,000-request run holds only the live ones.
+    """
+
+    def __init__(self, workload: Workload):
+        self._workload = workload
+        self._position = 0  # the index of the next request to arrive
+        self._prefix_markers: dict[str, int] = {}
+
+    @property
+    def next_time(self) -> float | None:
+        """When the next request arrives; None once every request has."""
+        if self._position == len(self._workload):
+            return None
+        return self._workload[self._position].arrival_time
+
+    def due(self, now: float) -> Iterator[Request]:
+        """The requests arriving at or before ``now``, in order, each made as the engine takes it."""
+        while (arrival := self.next_time) is not None and arrival <= now:
+            index = self._position
+            self._position += 1
+            spec = self._workload[index]
+            yield _request(spec, prompt_token_ids(spec, index, self._prefix_markers))
+
+
+def simulated_core(
+    workload: Workload,
+    cost: CostModel,
+    policy: str | SchedulerPolicy | None = None,
+    *,
+    config: EngineConfig | None = None,
+    allreduce_s_per_token: float = 0.0,
+    **settings: Any,
+) -> tuple[EngineCore, Executor]:
+    """The engine core :func:`simulate` runs for ``workload``, and the cost-model executor that times its steps.
+
+    One replica of :func:`labkit.sim.fleet.simulate_fleet` is one of these. ``allreduce_s_per_token``
+    adds a tensor-parallel replica's all-reduces to every pass (seconds per token it computes,
+    :func:`labkit.capacity_parallel.tensor_split`'s figure); 0 on one GPU.
+    """
+    requested = engine_config(config, **settings)
+    if requested.num_blocks is None:
+        raise ValueError(
+            "simulate needs num_blocks (the simulator has no device memory to size the pool from); "
+            "get it for a real card from blocks_that_fit(hardware, model)"
+        )
+    speculation = parse_speculative_config(requested.speculative_config, simulated=True)
+    proposer = None if speculation is None else SimulatedProposer(speculation)
+    sized = replace(
+        requested,
+        max_model_len=requested.max_model_len or int(max(workload.prompt_lens + workload.output_lens)),
+        speculative_config=speculation,
+    )
+    core, resolved = build_core(sized, NO_END_TOKENS, policy=policy, proposer=proposer)
+    core.trace.meta = dict(
+        simulated=True,
+        workload=workload.name,
+        policy=core.policy.name,
+        cost_model=vars(cost),
+        **resolved.describe(),
+    )
+    if allreduce_s_per_token:
+        core.trace.meta["allreduce_s_per_token"] = allreduce_s_per_token
+
+    def execute(batch: Batch, start: float) -> tuple[dict[str, int | list[int]], float]:
+        """The cost-model executor: no tokens computed, only the pass's duration (and drawn acceptances)."""
+        end = start + cost.pass_time(batch.num_tokens, batch.context_tokens) + allreduce_s_per_token * batch.num_tokens
+        if proposer is None:
+            return dict.fromkeys(batch.samplers, PLACEHOLDER_TOKEN), end
+        end += proposer.drafting_time(batch)
+        return {request_id: proposer.verify(batch, request_id) for request_id in batch.samplers}, end
+
+    return core, execute
+
+
 def simulate(
     workload: Workload,
     cost: CostModel,
@@ -86,51 +164,17 @@ def simulate(
     draw, so runs repeat); rejected KV is rolled back as in the engine. ``"method": "draft_model"`` with
     ``"model"``: the draft's :class:`CostModel` adds its k one-token passes over the speculating requests.
     """
-    requested = engine_config(config, **settings)
-    if requested.num_blocks is None:
-        raise ValueError(
-            "simulate needs num_blocks (the simulator has no device memory to size the pool from); "
-            "get it for a real card from blocks_that_fit(hardware, model)"
-        )
-    speculation = parse_speculative_config(requested.speculative_config, simulated=True)
-    proposer = None if speculation is None else SimulatedProposer(speculation)
-    sized = replace(
-        requested,
-        max_model_len=requested.max_model_len or int(max(workload.prompt_lens + workload.output_lens)),
-        speculative_config=speculation,
-    )
-    core, resolved = build_core(sized, NO_END_TOKENS, policy=policy, proposer=proposer)
-    core.trace.meta = dict(
-        simulated=True,
-        workload=workload.name,
-        policy=core.policy.name,
-        cost_model=vars(cost),
-        **resolved.describe(),
-    )
-
-    def execute(batch: Batch, start: float) -> tuple[dict[str, int | list[int]], float]:
-        """The cost-model executor: no tokens computed, only the pass's duration (and drawn acceptances)."""
-        end = start + cost.pass_time(batch.num_tokens, batch.context_tokens)
-        if proposer is None:
-            return dict.fromkeys(batch.samplers, PLACEHOLDER_TOKEN), end
-        end += proposer.drafting_time(batch)
-        return {request_id: proposer.verify(batch, request_id) for request_id in batch.samplers}, end
-
-    arrivals = enumerate(workload)
-    index, upcoming = next(arrivals, (None, None))
-    prefix_markers: dict[str, int] = {}
+    core, execute = simulated_core(workload, cost, policy, config=config, **settings)
+    arrivals = Arrivals(workload)
     now = 0.0
     with tqdm(total=len(workload), desc=f"simulate ({core.policy.name})", disable=not use_tqdm) as bar:
-        while upcoming is not None or core.has_unfinished():
-            # Requests are made as they arrive, so a 100,000-request run holds only the live ones.
-            while upcoming is not None and upcoming.arrival_time <= now:
-                assert index is not None, "each arrival comes with its index"
-                core.add(_request(upcoming, prompt_token_ids(upcoming, index, prefix_markers)))
-                index, upcoming = next(arrivals, (None, None))
+        while arrivals.next_time is not None or core.has_unfinished():
+            for request in arrivals.due(now):
+                core.add(request)
             outcome = core.step(now, execute)
             bar.update(len(outcome.rejected) + sum(request.is_finished for request in outcome.progressed))
             if outcome.record is not None:
                 now = outcome.record.end
-            elif upcoming is not None:
-                now = upcoming.arrival_time  # idle until the next arrival
+            elif arrivals.next_time is not None:
+                now = arrivals.next_time  # idle until the next arrival
     return core.trace

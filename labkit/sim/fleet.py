@@ -1,0 +1,197 @@
+"""Replicas behind a router, on one cost-model clock: what a second copy of the model buys, request by request.
+
+Why: the planner (``plan(..., replicas=R)``) multiplies one replica by R, as if the router
+spread the load perfectly. A real router decides each request as it arrives, knowing only
+what it can see, and an unlucky choice queues a request behind a busy replica while another
+stands idle: that shows in the tail (p99 TTFT), not in the mean. Here each replica is the
+simulator's own engine core (:func:`~labkit.sim.simulator.simulated_core`: its scheduler, its
+block pool, its trace), and one clock moves event by event, to the next arrival or to the
+earliest end of a replica's step, whichever comes first.
+
+Routers (``router=``):
+
+* ``"round_robin"``: request n goes to replica n mod R, whatever each is doing;
+* ``"least_loaded"``: to the replica with the fewest unfinished requests, ties to the lowest index
+  (a load balancer's "least requests"; Envoy's compares two replicas drawn at random, this one all);
+* or a function ``(loads, n) -> replica index`` of your own, ``loads`` being each replica's unfinished requests.
+
+Neither always wins. When answer lengths vary, round-robin can stack the long ones on one
+replica while another idles, and least-loaded steers around it. When every request has one
+shape, round-robin spaces each replica's arrivals evenly (every R-th one), while least-loaded
+sends them in clumps, several in a row to the replica whose requests just finished, and their
+prefills queue behind each other: a higher p99 TTFT.
+
+Tensor parallelism inside a replica: give the cost model of one GPU's shard and its all-reduce
+time per token, both from :func:`labkit.capacity_parallel.tensor_split`::
+
+    split = tensor_split(SALE_GPU, LLAMA_3_1_70B, 4)
+    cost = CostModel.from_parts(SALE_GPU, split.shard, overhead_s=0.003)
+    simulate_fleet(workload, cost, replicas=2, allreduce_s_per_token=split.allreduce_s_per_token,
+                   num_blocks=blocks_that_fit(SALE_GPU, split.shard))
+
+Left out: the network between the router and the replicas, and a router's own delay.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from labkit.engine.config import EngineConfig
+from labkit.engine.scheduler import SchedulerPolicy
+from labkit.metrics import Summary, summarize
+from labkit.sim.cost_model import CostModel
+from labkit.sim.simulator import Arrivals, simulated_core
+from labkit.trace import RequestRecord, Trace
+from labkit.workloads import Workload
+
+Router = Callable[[Sequence[int], int], int]  # (unfinished requests per replica, arrival number) -> replica
+
+
+def round_robin(loads: Sequence[int], turn: int) -> int:
+    """Each replica in turn, blind to how busy it is."""
+    return turn % len(loads)
+
+
+def least_loaded(loads: Sequence[int], turn: int) -> int:
+    """The replica with the fewest unfinished requests; the lowest index among equals."""
+    return min(range(len(loads)), key=loads.__getitem__)
+
+
+ROUTERS: dict[str, Router] = {"round_robin": round_robin, "least_loaded": least_loaded}
+
+
+@dataclass(frozen=True)
+class FleetRequest:
+    """What one request's user saw, and where it was served (times in seconds; None where there is none)."""
+
+    request_id: str
+    replica: int
+    ttft_s: float | None  # first token - arrival
+    tpot_s: float | None  # (finish - first token) / (tokens - 1), for answers of two tokens or more
+    finish_time: float | None
+    finish_reason: str | None
+
+
+@dataclass
+class FleetRun:
+    """A fleet's run: each replica's trace (the shape :func:`~labkit.sim.simulator.simulate` returns) and the routing."""
+
+    traces: list[Trace]  # one per replica, in replica order
+    replica_of: dict[str, int]  # request id -> the replica it was sent to, in order of arrival
+    router: str
+
+    @property
+    def replicas(self) -> int:
+        return len(self.traces)
+
+    @property
+    def trace(self) -> Trace:
+        """Every replica's requests (in order of arrival) and steps (by start time) in one trace, for fleet metrics."""
+        records = {record.request_id: record for trace in self.traces for record in trace.requests}
+        steps = sorted((step for trace in self.traces for step in trace.steps), key=lambda step: step.start)
+        meta = dict(self.traces[0].meta, replicas=self.replicas, router=self.router)
+        return Trace(requests=[records[request_id] for request_id in self.replica_of], steps=steps, meta=meta)
+
+    def summary(self, slo: str | Iterable[str] | Mapping[str, float] | None = None) -> Summary:
+        """The fleet's :func:`~labkit.metrics.summarize`: p99s over every request, whichever replica served it."""
+        return summarize(self.trace, slo)
+
+    def replica_summaries(self) -> list[Summary | None]:
+        """Each replica's own summary; None for a replica the router sent nothing."""
+        return [summarize(trace) if trace.requests else None for trace in self.traces]
+
+    def requests(self) -> list[FleetRequest]:
+        """One row per request, in order of arrival: its replica, TTFT, TPOT and finish."""
+        records = {record.request_id: record for trace in self.traces for record in trace.requests}
+        return [_row(records[request_id], replica) for request_id, replica in self.replica_of.items()]
+
+
+def _row(record: RequestRecord, replica: int) -> FleetRequest:
+    first = record.first_token_time
+    tpot = None
+    if record.output_len > 1 and record.finish_time is not None and first is not None:
+        tpot = (record.finish_time - first) / (record.output_len - 1)
+    return FleetRequest(
+        record.request_id,
+        replica,
+        None if first is None else first - record.arrival_time,
+        tpot,
+        record.finish_time,
+        record.finish_reason,
+    )
+
+
+def _router(router: str | Router) -> tuple[str, Router]:
+    if callable(router):
+        return getattr(router, "__name__", "custom"), router
+    if router not in ROUTERS:
+        raise ValueError(
+            f"unknown router {router!r}; use one of {sorted(ROUTERS)} or pass a function (loads, n) -> replica index"
+        )
+    return router, ROUTERS[router]
+
+
+def simulate_fleet(
+    workload: Workload,
+    cost: CostModel,
+    policy: str | SchedulerPolicy | None = None,
+    *,
+    replicas: int = 1,
+    router: str | Router = "round_robin",
+    config: EngineConfig | None = None,
+    allreduce_s_per_token: float = 0.0,
+    use_tqdm: bool = False,
+    **settings: Any,
+) -> FleetRun:
+    """Serve ``workload`` with ``replicas`` copies of one engine behind ``router``, on one cost-model clock.
+
+    ``cost``, ``policy``, ``config`` and the settings mean what they mean for
+    :func:`~labkit.sim.simulator.simulate`, for each replica: ``num_blocks`` is one replica's
+    pool. A :class:`SchedulerPolicy` instance is copied for every replica after the first, so
+    none shares another's state. With ``replicas=1`` the run is exactly ``simulate``'s.
+    """
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be a whole number, 1 or more; got {replicas!r} (1 is a single engine)")
+    router_name, choose = _router(router)
+    engines = [
+        simulated_core(
+            workload,
+            cost,
+            policy if index == 0 or not isinstance(policy, SchedulerPolicy) else copy.deepcopy(policy),
+            config=config,
+            allreduce_s_per_token=allreduce_s_per_token,
+            **settings,
+        )
+        for index in range(replicas)
+    ]
+    cores = [core for core, _ in engines]
+    step_ends = [0.0] * replicas  # when each replica's step in flight ends; it takes its next step then
+    live: list[list[RequestRecord]] = [[] for _ in range(replicas)]  # routed there and not finished
+    replica_of: dict[str, int] = {}
+    arrivals = Arrivals(workload)
+
+    with tqdm(total=len(workload), desc=f"simulate_fleet ({router_name})", disable=not use_tqdm) as bar:
+        while arrivals.next_time is not None or any(core.has_unfinished() for core in cores):
+            # The next event: the next arrival, or the earliest end of a busy replica's step.
+            events = [end for end, core in zip(step_ends, cores) if core.has_unfinished()]
+            now = min(events + ([] if arrivals.next_time is None else [arrivals.next_time]))
+            for request in arrivals.due(now):
+                for records in live:  # a request is unfinished until its finish time has come
+                    records[:] = [r for r in records if r.finish_time is None or r.finish_time > now]
+                index = choose([len(records) for records in live], len(replica_of))
+                if not (isinstance(index, int) and 0 <= index < replicas):
+                    raise ValueError(f"router {router_name!r} chose replica {index!r}; choose 0 to {replicas - 1}")
+                cores[index].add(request)
+                live[index].append(request.record)
+                replica_of[request.request_id] = index
+            for index, (core, execute) in enumerate(engines):
+                if core.has_unfinished() and step_ends[index] <= now:  # idle, or its step has just ended
+                    outcome = core.step(now, execute)
+                    step_ends[index] = now if outcome.record is None else outcome.record.end
+                    bar.update(len(outcome.rejected) + sum(request.is_finished for request in outcome.progressed))
+    return FleetRun([core.trace for core in cores], replica_of, router_name)
