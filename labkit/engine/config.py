@@ -27,6 +27,8 @@ from labkit.trace import Trace
 _COUNTS = ("max_num_seqs", "block_size")  # whole numbers >= 1
 _OPTIONAL_COUNTS = ("max_model_len", "max_num_batched_tokens", "num_blocks", "trace_window")  # ... or None
 _SWITCHES = ("enable_chunked_prefill", "enable_prefix_caching")  # True, False or None
+# vLLM's kv_cache_dtype values that labkit stores: the model's dtype, or float8_e4m3fn (labkit.kv.paged)
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class EngineConfig:
     num_blocks: int | None = None  # KV blocks in the pool; None: what gpu_memory_utilization leaves room for
     gpu_memory_utilization: float = 0.9  # share of device memory (or RAM) the KV cache may take
     block_size: int = 16  # tokens per KV block
+    kv_cache_dtype: str = "auto"  # KV pool storage: "auto" the model's dtype, "fp8" float8_e4m3fn (1 byte a value)
     enable_chunked_prefill: bool | None = None  # None: on (vLLM V1), unless the policy given says otherwise
     enable_prefix_caching: bool | None = None  # None: on (vLLM V1) if the block allocator can
     speculative_config: dict | SpeculativeConfig | None = None  # off; vLLM's keys, see labkit.spec.config
@@ -61,6 +64,11 @@ class EngineConfig:
         if isinstance(utilization, bool) or not isinstance(utilization, numbers.Real) or not 0 < utilization <= 1:
             raise ValueError(
                 f"gpu_memory_utilization must be a share in (0, 1], got {utilization!r}; 0.9 is the default"
+            )
+        if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be 'auto' (the model's dtype) or 'fp8' (float8_e4m3fn, 1 byte per value, "
+                f"twice the tokens of a 16-bit pool), got {self.kv_cache_dtype!r}"
             )
         for name in _SWITCHES:
             if getattr(self, name) not in (True, False, None):
@@ -82,6 +90,7 @@ class EngineConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
             num_blocks=self.num_blocks,
             block_size=self.block_size,
+            kv_cache_dtype=self.kv_cache_dtype,
             enable_prefix_caching=self.enable_prefix_caching,
             speculative_decoding="off" if speculation is None else speculation.describe(),
         )

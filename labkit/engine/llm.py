@@ -9,7 +9,7 @@ attention function are plain arguments, so a lab can swap in a learner's own.
 
 The settings are one :class:`~labkit.engine.config.EngineConfig` with vLLM's names
 (``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``, ``num_blocks`` or
-``gpu_memory_utilization``, ``block_size``, ``enable_chunked_prefill``, ``enable_prefix_caching``,
+``gpu_memory_utilization``, ``block_size``, ``kv_cache_dtype``, ``enable_chunked_prefill``, ``enable_prefix_caching``,
 ``speculative_config``: speculative decoding, see :mod:`labkit.spec`), built into the core by
 :func:`~labkit.engine.config.build_core`, as the simulator builds its own.
 """
@@ -30,7 +30,7 @@ from labkit.engine.request import CompletionOutput, Request, RequestOutput
 from labkit.engine.runner import ModelRunner
 from labkit.engine.scheduler import SchedulerPolicy
 from labkit.kv.block_allocator import BlockAllocator
-from labkit.kv.paged import AttentionFn, PagedKVCache, kv_pool_size, paged_attention
+from labkit.kv.paged import AttentionFn, PagedKVCache, kv_pool_size, kv_storage_dtype, paged_attention
 from labkit.models.tokens import Prompt, encode_prompt
 from labkit.sampling import SamplingParams
 from labkit.spec import parse_speculative_config
@@ -49,6 +49,9 @@ class LLM:
     context) caps prompt plus output. ``num_blocks`` sizes the KV pool directly; otherwise
     ``gpu_memory_utilization`` does (see :func:`labkit.kv.paged.kv_pool_size`; ``describe()["kv_pool"]`` says why).
     ``trace_window`` keeps only that many recent steps in ``llm.trace`` (a long-running server's).
+    ``kv_cache_dtype="fp8"`` stores the KV pool as float8_e4m3fn, 1 byte per value, so the same memory
+    holds twice the tokens of a 16-bit pool (see :class:`labkit.kv.paged.PagedKVCache`: scale 1.0,
+    and attention still receives the model's dtype); "auto", the default, stores the model's dtype.
 
     The parts are plain arguments, so a lab can plug in a learner's own. ``policy`` is "static",
     "continuous", "chunked" or your own :class:`SchedulerPolicy`; ``enable_chunked_prefill`` picks
@@ -123,6 +126,7 @@ class LLM:
             self.model.device,
             self.model.dtype,
             attention,
+            kv_cache_dtype=self.config.kv_cache_dtype,
         )
         self.runner = ModelRunner(self.model, cache, speculation)
         self.last_step: StepRecord | None = None  # the latest step()'s record; None if it ran nothing
@@ -147,12 +151,14 @@ class LLM:
         self._pool_note = None  # how the pool was sized, when the engine sized it
         if config.num_blocks is not None or not (block_allocator is None or isinstance(block_allocator, type)):
             return config.num_blocks
+        storage = kv_storage_dtype(config.kv_cache_dtype, self.model.dtype)  # fp8: 1 byte per value
         num_blocks, self._pool_note = kv_pool_size(
-            self.model.config.kv_bytes_per_token(self.model.dtype),
+            self.model.config.kv_bytes_per_token(storage),
             config.block_size,
             self.model.device,
             config.gpu_memory_utilization,
             config.max_num_seqs * max_model_len,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
         return num_blocks
 

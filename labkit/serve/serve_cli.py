@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     engine.add_argument("--num-gpu-blocks-override", type=int, help="size the KV cache in blocks, directly")
     engine.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "fp8"),
+        help="KV cache storage: auto (the model's dtype, the default) or fp8 (float8_e4m3fn: twice the tokens)",
+    )
+    engine.add_argument(
         "--enable-chunked-prefill",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -128,6 +133,7 @@ def engine_dials(args: argparse.Namespace) -> dict:
         block_size=args.block_size,
         gpu_memory_utilization=args.gpu_memory_utilization,
         num_blocks=args.num_gpu_blocks_override,
+        kv_cache_dtype=args.kv_cache_dtype,
         enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,
         speculative_config=args.speculative_config,
