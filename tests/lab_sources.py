@@ -49,3 +49,21 @@ def solved(lab: str, name: str, edits: tuple[tuple[str, str], ...] = ()):
     exec(cells[0].source, namespace)
     exec(code, namespace)
     return namespace[name]
+
+
+def exercise_cell(exercise_id: str) -> str:
+    """The solved cell tagged ``exercise:<exercise_id>`` (like "lab7.lru_free")."""
+    cells = source_cells(exercise_id.split(".")[0])
+    return next(cell.source for cell in cells if f"exercise:{exercise_id}" in cell.metadata.get("tags", []))
+
+
+def solved_exercise(exercise_id: str, names: tuple[str, ...], edits: tuple[tuple[str, str], ...] = ()) -> tuple:
+    """The functions ``names`` of an exercise's solved cell, with each (old, new) edit applied to it first."""
+    code = exercise_cell(exercise_id)
+    for old, new in edits:
+        assert old in code, f"the edit target {old!r} is not in the solution of {exercise_id}"
+        code = code.replace(old, new)
+    namespace: dict = {}
+    exec(source_cells(exercise_id.split(".")[0])[0].source, namespace)
+    exec(code, namespace)
+    return tuple(namespace[name] for name in names)

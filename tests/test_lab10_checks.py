@@ -6,11 +6,9 @@ notebook), and each wrong answer is that solution with one typical mistake edite
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import nbformat
 import pytest
 import torch
+from lab_sources import solved_exercise
 
 from labkit.grading import evaluate
 from labkit.grading.result import FAIL, NOT_DONE, PASS
@@ -20,7 +18,6 @@ from labkit.models import tiny_model
 from labkit.models.quant import quantize_model
 
 pytestmark = pytest.mark.lab10
-SOURCE = Path(__file__).resolve().parents[1] / "labs" / "source" / "lab10_fewer_bytes_more_gpus.ipynb"
 FUNCTIONS = {
     "lab10.int8": ("quantize_int8", "dequantize_int8"),
     "lab10.int4": ("quantize_int4", "dequantize_int4"),
@@ -31,16 +28,7 @@ FUNCTIONS = {
 
 def answer(exercise_id: str, edits: tuple[tuple[str, str], ...] = ()) -> tuple:
     """The solved functions of an exercise from the lab source, with each (old, new) edit applied to its cell first."""
-    cells = nbformat.read(SOURCE, as_version=4).cells
-    imports = next(c.source for c in cells if c.cell_type == "code")
-    code = next(c.source for c in cells if f"exercise:{exercise_id}" in c.metadata.get("tags", []))
-    for old, new in edits:
-        assert old in code, f"the edit target {old!r} is not in the solution of {exercise_id}"
-        code = code.replace(old, new)
-    namespace: dict = {}
-    exec(imports, namespace)
-    exec(code, namespace)
-    return tuple(namespace[name] for name in FUNCTIONS[exercise_id])
+    return solved_exercise(exercise_id, FUNCTIONS[exercise_id], edits)
 
 
 INT8_SCALE = "scale = weight.abs().amax(dim=1) / 127"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from lab_sources import exercise_cell, solved_exercise
 
 from labkit.grading import evaluate
 from labkit.grading.result import FAIL, NOT_DONE, PASS
@@ -34,23 +35,9 @@ FUNCTIONS = {"lab7.block_hashes": ("block_hashes",), "lab7.cached_prefix": ("cac
 FUNCTIONS["lab7.lru_free"] = ("release_block", "pick_block")
 
 
-def solved_cell(exercise_id: str) -> str:
-    cells = nbformat.read(SOURCE, as_version=4).cells
-    return next(c.source for c in cells if f"exercise:{exercise_id}" in c.metadata.get("tags", []))
-
-
 def answer(exercise_id: str, *edits: tuple[str, str]) -> tuple:
     """The solved functions of an exercise, with each (old, new) edit applied to the cell first."""
-    cells = nbformat.read(SOURCE, as_version=4).cells
-    imports = next(c.source for c in cells if c.cell_type == "code")
-    code = solved_cell(exercise_id)
-    for old, new in edits:
-        assert old in code, f"the edit target {old!r} is not in the solution of {exercise_id}"
-        code = code.replace(old, new)
-    namespace: dict = {}
-    exec(imports, namespace)
-    exec(code, namespace)
-    return tuple(namespace[name] for name in FUNCTIONS[exercise_id])
+    return solved_exercise(exercise_id, FUNCTIONS[exercise_id], edits)
 
 
 def verdict(exercise_id: str, *edits: tuple[str, str]):
@@ -190,7 +177,7 @@ def test_the_script_shares_a_block_frees_it_and_evicts_on_every_seed():
 @pytest.mark.parametrize("exercise_id", list(FUNCTIONS))
 def test_every_exercise_has_at_least_two_hint_tiers_and_no_code_in_its_cell(exercise_id):
     assert len(hints.tiers(exercise_id)) >= 2
-    learner_cell = solved_cell(exercise_id).split("### BEGIN SOLUTION")[0]
+    learner_cell = exercise_cell(exercise_id).split("### BEGIN SOLUTION")[0]
     assert "#" not in learner_cell.replace("### BEGIN SOLUTION", "")
 
 

@@ -6,31 +6,19 @@ notebook), and each wrong answer is that solution with one typical mistake edite
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import nbformat
 import pytest
+from lab_sources import solved_exercise
 
 from labkit.grading import evaluate
 from labkit.grading.result import FAIL, NOT_DONE, PASS
 from labkit.labs import hints
 
 pytestmark = pytest.mark.lab8
-SOURCE = Path(__file__).resolve().parents[1] / "labs" / "source" / "lab8_speculative_decoding.ipynb"
 
 
 def answer(exercise_id: str, name: str, edits: tuple[tuple[str, str], ...] = ()):
     """The solved function ``name`` from the lab source, with each (old, new) edit applied to its cell first."""
-    cells = nbformat.read(SOURCE, as_version=4).cells
-    imports = next(c.source for c in cells if c.cell_type == "code")
-    code = next(c.source for c in cells if f"exercise:{exercise_id}" in c.metadata.get("tags", []))
-    for old, new in edits:
-        assert old in code, f"the edit target {old!r} is not in the solution of {exercise_id}"
-        code = code.replace(old, new)
-    namespace: dict = {}
-    exec(imports, namespace)
-    exec(code, namespace)
-    return namespace[name]
+    return solved_exercise(exercise_id, (name,), edits)[0]
 
 
 SEARCH_BACK = "for i in range(len(token_ids) - n - 1, -1, -1):"
