@@ -7,10 +7,11 @@ API key, the ``/v1`` routes want ``Authorization: Bearer KEY`` (health and metri
 as in vLLM). A body over ``MAX_BODY_BYTES`` is refused with 413 before it is parsed, and one
 that is not ``Content-Type: application/json`` with 415, so a web page the learner visits cannot
 make a local server generate (a browser sends a cross-site form or ``text/plain`` body without
-asking). Parsing and tokenizing a request run off the event loop, so a huge prompt never
-stalls the other clients' streams. A client
-that hangs up, mid-stream or while it waits, has its request aborted, which frees its KV
-blocks before the next step.
+asking). A body has ``read_timeout`` seconds to arrive (else 408), and a client that hangs up
+halfway through it costs one log line. Parsing and tokenizing a request run off the event
+loop, so a huge prompt never stalls the other clients' streams. A client that hangs up,
+mid-stream or while it waits, has its request aborted, which frees its KV blocks before the
+next step. While the server drains (see :mod:`~labkit.serve.server`), new requests get 503.
 """
 
 from __future__ import annotations
@@ -19,26 +20,31 @@ import asyncio
 import hmac
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from labkit.engine.request import RequestOutput
 from labkit.models.tokens import encode_prompt
+from labkit.serve.guard import log
 from labkit.serve.protocol import CHAT, COMPLETION, APIError, CompletionRequest, Reply, model_list, parse_request, usage
 from labkit.serve.text import TextStream
-from labkit.serve.worker import EngineWorker, Handle
+from labkit.serve.worker import EngineWorker, Handle, shutting_down
 
 MAX_BODY_BYTES = 4 * 2**20  # far above any prompt that fits a context window
 DRAIN_BYTES = 64 * 2**20  # an oversized body is read (and dropped) up to this, so its client sees the 413
 
 
-def build_app(worker: EngineWorker, model_name: str, api_key: str | None = None) -> Starlette:
+def build_app(
+    worker: EngineWorker, model_name: str, api_key: str | None = None, read_timeout: float = 10.0
+) -> Starlette:
     """The ASGI app over a (not yet started) worker; starting the app starts the engine loop."""
     tokenizer = worker.tokenizer
     if tokenizer is None:
@@ -75,8 +81,10 @@ def build_app(worker: EngineWorker, model_name: str, api_key: str | None = None)
             raise APIError(400, f"The prompt could not be tokenized: {err}", param="messages") from None
 
     async def completions(request: Request, kind: str) -> Response:
+        if worker.draining:
+            raise shutting_down()
         authorize(request)
-        parsed = parse_request(await read_json(request), kind)
+        parsed = parse_request(await read_json(request, read_timeout), kind)
         if parsed.model not in (None, model_name):
             raise APIError(
                 404,
@@ -85,16 +93,18 @@ def build_app(worker: EngineWorker, model_name: str, api_key: str | None = None)
                 code="model_not_found",
             )
         ids = await asyncio.to_thread(prompt_ids, parsed)  # a long prompt's chat template and tokenizer take time
-        handle = worker.submit(ids, parsed.sampling_params(len(ids), worker.context_limit))
+        params = parsed.sampling_params(len(ids), worker.context_limit)
+        request_id = f"{'chatcmpl' if kind == CHAT else 'cmpl'}-{uuid.uuid4().hex}"  # vLLM's and OpenAI's ids
+        handle = worker.submit(ids, params, TextStream(tokenizer, parsed.stop, parsed.stream), request_id)
         reply = Reply.new(handle.request_id, kind, model_name)
-        text = TextStream(tokenizer, parsed.stop)
         watcher = asyncio.create_task(_close_on_disconnect(request, handle))
         if parsed.stream:
             return StreamingResponse(
-                _events(handle, reply, text, parsed.include_usage, watcher), media_type="text/event-stream"
+                _events(handle, reply, params.stop_token_ids, parsed.include_usage, watcher),
+                media_type="text/event-stream",
             )
         try:
-            return JSONResponse(await _whole(handle, reply, text))
+            return JSONResponse(await _whole(handle, reply, params.stop_token_ids))
         finally:
             watcher.cancel()
             handle.close()
@@ -110,6 +120,8 @@ def build_app(worker: EngineWorker, model_name: str, api_key: str | None = None)
         return JSONResponse(model_list(model_name, worker.context_limit, created))
 
     async def health(request: Request) -> Response:
+        if worker.draining:
+            return JSONResponse(shutting_down().body(), 503)
         if worker.healthy:
             return Response(status_code=200)
         return JSONResponse(APIError(503, f"The engine is not running: {worker.error or 'stopped'}").body(), 503)
@@ -138,8 +150,9 @@ def build_app(worker: EngineWorker, model_name: str, api_key: str | None = None)
     )
 
 
-async def read_json(request: Request) -> object:
-    """The decoded body; 415 unless it says it is JSON, 413 past ``MAX_BODY_BYTES``, 400 if it is not JSON."""
+async def read_json(request: Request, timeout_s: float = 10.0) -> object:
+    """The decoded body; 415 unless it says it is JSON, 413 past ``MAX_BODY_BYTES``, 400 if it is not JSON,
+    408 if it takes over ``timeout_s`` to arrive."""
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type != "application/json":
         raise APIError(
@@ -150,13 +163,26 @@ async def read_json(request: Request) -> object:
     declared = request.headers.get("content-length", "")
     too_big = declared.isdigit() and int(declared) > MAX_BODY_BYTES
     body, size = bytearray(), 0
-    if not too_big or int(declared) <= DRAIN_BYTES:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size <= MAX_BODY_BYTES:
-                body += chunk
-            elif size > DRAIN_BYTES:
-                break
+    try:
+        async with asyncio.timeout(timeout_s):
+            if not too_big or int(declared) <= DRAIN_BYTES:
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size <= MAX_BODY_BYTES:
+                        body += chunk
+                    elif size > DRAIN_BYTES:
+                        break
+    except TimeoutError:
+        log.warning("Answered 408 to a client whose request body took over %g s", timeout_s)
+        raise APIError(
+            408,
+            f"The request body did not arrive within {timeout_s:g} s.",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        ) from None
+    except ClientDisconnect:  # nobody is left to answer: one line in the log, no traceback
+        log.warning("A client hung up before it had sent its request body")
+        raise APIError(499, "The client hung up.") from None
     if too_big or size > MAX_BODY_BYTES:
         raise APIError(
             413,
@@ -178,38 +204,40 @@ async def _close_on_disconnect(request: Request, handle: Handle) -> None:
     handle.close()
 
 
-async def _whole(handle: Handle, reply: Reply, text: TextStream) -> dict:
-    """A non-streamed answer: wait for the last token, then decode once."""
-    async for output in handle.outputs():
-        if output.finished:
-            break
-        if text.stop:  # stop strings end the answer early: look for them as the tokens come
-            text.update(output.token_ids, finished=False)
-            if text.stopped:
-                break
-    text.update(output.token_ids, finished=True)
-    reason = "stop" if text.stopped else output.finish_reason
-    assert reason is not None, "the loop ends at a stop string or at the finished output, which has its reason"
-    handle.close(reason)
-    return reply.full(text.text, reason, usage(handle.prompt_len, len(output.token_ids)))
+def _stop_reason(handle: Handle, output: RequestOutput, stop_token_ids: tuple[int, ...]) -> str | int | None:
+    """vLLM's ``stop_reason``: the stop string or stop token id that ended the answer; None for EOS or length."""
+    if output.finish_reason != "stop":
+        return None
+    if handle.text.stop_reason is not None:
+        return handle.text.stop_reason
+    last = output.token_ids[-1] if output.token_ids else None
+    return last if last in stop_token_ids else None
+
+
+async def _whole(handle: Handle, reply: Reply, stop_token_ids: tuple[int, ...]) -> dict:
+    """A non-streamed answer: wait for the finished output (its text is decoded once, by the engine loop)."""
+    pieces: list[str] = []
+    async for output, piece in handle.outputs():
+        pieces.append(piece)
+    reason = output.finish_reason  # the last output is the finished one
+    assert reason is not None, "a finished output has its reason"
+    counts = usage(handle.prompt_len, len(output.token_ids))
+    return reply.full("".join(pieces), reason, counts, _stop_reason(handle, output, stop_token_ids))
 
 
 async def _events(
-    handle: Handle, reply: Reply, text: TextStream, include_usage: bool, watcher: asyncio.Task
+    handle: Handle, reply: Reply, stop_token_ids: tuple[int, ...], include_usage: bool, watcher: asyncio.Task
 ) -> AsyncIterator[str]:
     """A streamed answer: one event per token (the last one carries the finish reason), usage, [DONE]."""
     num_tokens = 0
     try:
-        async for output in handle.outputs():
-            piece = text.update(output.token_ids, output.finished)
-            done = output.finished or text.stopped
-            reason = ("stop" if text.stopped else output.finish_reason) if done else None
-            yield _sse(reply.chunk(piece, reason, first=num_tokens == 0, with_usage=include_usage))
+        async for output, piece in handle.outputs():
+            reason = output.finish_reason if output.finished else None
+            stop_reason = _stop_reason(handle, output, stop_token_ids) if output.finished else None
+            yield _sse(
+                reply.chunk(piece, reason, first=num_tokens == 0, with_usage=include_usage, stop_reason=stop_reason)
+            )
             num_tokens = len(output.token_ids)
-            if done:
-                assert reason is not None, "a finished output has its reason"
-                handle.close(reason)
-                break
         if include_usage:
             yield _sse(reply.usage_chunk(usage(handle.prompt_len, num_tokens)))
     except APIError as err:  # the stream has started, so the error goes in an event, as vLLM does

@@ -2,7 +2,7 @@
 
 A notebook that starts a server must never leave it behind: :class:`ServeProcess` starts
 ``labkit serve`` on a free loopback port (``--port 0``), waits for the line that says where it
-listens, keeps reading its log so it never blocks on a full pipe, and stops it with SIGTERM
+listens and for ``/health`` to answer 200, keeps reading its log so it never blocks on a full pipe, and stops it with SIGTERM
 (then SIGKILL) on ``stop()``, at the end of a ``with`` block, or when the kernel exits.
 
 Jupyter already runs an event loop, so :func:`measure` runs ``labkit loadtest``'s async load in
@@ -30,10 +30,12 @@ from labkit.workloads import make_workload
 
 
 class ServeProcess:
-    """``labkit serve ARGS`` in a child process on 127.0.0.1 and a free port; ``url`` once it listens."""
+    """``labkit serve ARGS`` in a child process on 127.0.0.1 and a free port; ``url`` once it answers."""
+
+    launcher: tuple[str, ...] = (sys.executable, "-m", "labkit.cli", "serve")  # the command that serves
 
     def __init__(self, *args: str, startup_timeout_s: float = 180.0):
-        command = [sys.executable, "-m", "labkit.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args]
+        command = [*self.launcher, "--host", "127.0.0.1", "--port", "0", *args]
         self.process = subprocess.Popen(
             command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
         )
@@ -41,7 +43,9 @@ class ServeProcess:
         self.log: list[str] = []
         lines: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._read_log, args=(lines,), daemon=True).start()
+        deadline = time.monotonic() + startup_timeout_s
         self.url = self._wait_for_url(lines, startup_timeout_s)
+        self._wait_for_health(deadline)
 
     def _read_log(self, lines: queue.SimpleQueue) -> None:
         assert self.process.stderr is not None, "Popen(stderr=PIPE) gave it a pipe"
@@ -65,6 +69,22 @@ class ServeProcess:
             self.stop()
             tail = "\n".join(self.log[-10:])
             raise RuntimeError(f"labkit serve did not say where it listens (exit code {self.process.poll()}):\n{tail}")
+
+    def _wait_for_health(self, deadline: float) -> None:
+        """Poll ``/health`` until it answers 200: the server takes requests from then on."""
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if not self.running or time.monotonic() > deadline:
+                self.stop()
+                tail = "\n".join(self.log[-10:])
+                raise RuntimeError(
+                    f"labkit serve at {self.url} never answered /health (exit code {self.process.poll()}):\n{tail}"
+                )
+            time.sleep(0.05)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM (a graceful stop), then SIGKILL if it has not ended within ``timeout_s``."""

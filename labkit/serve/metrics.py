@@ -10,7 +10,10 @@ counters do (``vllm:prompt_tokens_total``). The prefix cache is read as vLLM's
 rate is the ratio of their increases over a window. With speculative decoding on (and only
 then, as in vLLM) ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens`` and
 ``..._num_accepted_tokens`` count the drafts verified; accepted over draft tokens is the
-acceptance rate.
+acceptance rate. ``vllm:request_prompt_tokens`` and ``vllm:request_generation_tokens`` are
+histograms of each finished request's prompt and answer (vLLM's 1-2-5 buckets up to
+``max_model_len``), and ``process_*`` (CPU seconds, resident memory, open files...) are
+``prometheus_client``'s process collector, as on every vLLM server.
 
 Times come from the engine's own clock, so they are the engine's view: a request arrives when
 the server hands it to the engine loop, its tokens are stamped when the step that made them
@@ -19,7 +22,15 @@ ends. Each server has its own registry, so several can live in one process (test
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from labkit.trace import StepRecord
 
@@ -92,15 +103,30 @@ REQUEST_LATENCY_BUCKETS = (
     7680.0,
 )
 FINISH_REASONS = ("stop", "length", "abort")
+
+
+def buckets_1_2_5(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value``: vLLM's ``build_1_2_5_buckets``."""
+    edges: list[int] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return edges
+            edges.append(mantissa * scale)
+        scale *= 10
+
+
 LABELS = ("model_name", "engine")
 
 
 class ServerMetrics:
     """The Prometheus metrics of one server; the engine loop calls the ``on_*`` methods."""
 
-    def __init__(self, model_name: str, speculative: bool = False):
+    def __init__(self, model_name: str, speculative: bool = False, max_model_len: int = 2048):
         disable_created_metrics()  # no ``*_created`` series, as vLLM (process-wide, like its own setting)
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes...
         labels = dict(model_name=model_name, engine="0")
 
         def make(kind, name, documentation, **extra):
@@ -156,6 +182,18 @@ class ServerMetrics:
             "Histogram of time spent in WAITING phase for request.",
             buckets=REQUEST_LATENCY_BUCKETS,
         )
+        self.request_prompt = make(
+            Histogram,
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens processed.",
+            buckets=buckets_1_2_5(max_model_len),
+        )
+        self.request_generation = make(
+            Histogram,
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            buckets=buckets_1_2_5(max_model_len),
+        )
 
     def on_step(self, record: StepRecord) -> None:
         """After each engine step, from its record: the batch it ran, the queue behind it, the cache it
@@ -192,9 +230,14 @@ class ServerMetrics:
         for gap in gaps_s:
             self.itl.observe(gap)
 
-    def on_finish(self, reason: str, e2e_s: float, queue_s: float | None) -> None:
-        """A request ended: counted by reason; latencies only for those that ran to a natural end."""
+    def on_finish(
+        self, reason: str, e2e_s: float, queue_s: float | None, prompt_len: int = 0, num_generated: int = 0
+    ) -> None:
+        """A request ended: counted by reason, with its prompt and answer lengths; latencies only for
+        those that ran to a natural end."""
         self.finished[reason].inc()
+        self.request_prompt.observe(prompt_len)
+        self.request_generation.observe(num_generated)
         if reason != "abort":
             self.e2e.observe(e2e_s)
             if queue_s is not None:

@@ -320,20 +320,19 @@ class Reply:
     def new(cls, request_id: str, kind: str, model: str) -> "Reply":
         return cls(request_id, kind, model, int(time.time()))
 
-    def _choice(self, text: str | None, finish_reason: str | None, delta: bool, first: bool = False) -> dict:
+    def _choice(
+        self, text: str | None, finish_reason: str | None, delta: bool, first: bool = False, stop_reason=None
+    ) -> dict:
+        """One choice; ``stop_reason`` is vLLM's: the stop string or token id that ended it, else None."""
+        end = {"logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
         if self.kind == COMPLETION:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            return {"index": 0, "text": text or "", **end}
         if not delta:
-            return {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
+            return {"index": 0, "message": {"role": "assistant", "content": text}, **end}
         message = {"role": "assistant"} if first else {}
         if text is not None:
             message["content"] = text
-        return {"index": 0, "delta": message, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": 0, "delta": message, **end}
 
     def _envelope(self, chunk: bool) -> dict:
         kind = "chat.completion" if self.kind == CHAT else "text_completion"
@@ -344,15 +343,22 @@ class Reply:
             "model": self.model,
         }
 
-    def full(self, text: str, finish_reason: str, counts: dict) -> dict:
+    def full(self, text: str, finish_reason: str, counts: dict, stop_reason: str | int | None = None) -> dict:
         """The whole answer of a non-streamed request."""
-        return {**self._envelope(False), "choices": [self._choice(text, finish_reason, delta=False)], "usage": counts}
+        choice = self._choice(text, finish_reason, delta=False, stop_reason=stop_reason)
+        return {**self._envelope(False), "choices": [choice], "usage": counts}
 
     def chunk(
-        self, text: str | None, finish_reason: str | None = None, first: bool = False, with_usage: bool = False
+        self,
+        text: str | None,
+        finish_reason: str | None = None,
+        first: bool = False,
+        with_usage: bool = False,
+        stop_reason: str | int | None = None,
     ) -> dict:
         """One server-sent event of a stream: one token's text (the first also names the role)."""
-        event = {**self._envelope(True), "choices": [self._choice(text, finish_reason, delta=True, first=first)]}
+        choice = self._choice(text, finish_reason, delta=True, first=first, stop_reason=stop_reason)
+        event = {**self._envelope(True), "choices": [choice]}
         if with_usage:
             event["usage"] = None  # as OpenAI: null on every chunk but the last when usage is asked for
         return event

@@ -152,7 +152,7 @@ def admission_hook(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from labkit.engine import LLM
     from labkit.models import load_model
-    from labkit.serve.server import make_server, url_of
+    from labkit.serve.server import make_server, serve_forever, url_of
 
     if args.max_waiting is not None and args.max_waiting < 1:
         raise ValueError(f"--max-waiting must be at least 1, got {args.max_waiting}; leave it out for no bound")
@@ -168,19 +168,14 @@ def run(args: argparse.Namespace) -> int:
         shutdown_timeout=args.shutdown_timeout,
     )
     setup = llm.describe()
-    print(
+    if "kv_pool" in setup:
+        print(f"labkit serve: KV pool {setup['kv_pool']} (--num-gpu-blocks-override sets it)", file=sys.stderr)
+    ready = (
         f"labkit serve: {setup['model']} ({setup['device']}, {setup['dtype']}, policy {setup['policy']}, "
         f"{setup['num_blocks']} blocks of {setup['block_size']}, max_model_len {setup['max_model_len']}, "
         f"prefix caching {'on' if setup['enable_prefix_caching'] else 'off'}, "
         f"speculative decoding {setup['speculative_decoding']}) "
-        f"on {url_of(sock)}/v1",
-        file=sys.stderr,
-        flush=True,
+        f"on {url_of(sock)}/v1"
     )
-    if "kv_pool" in setup:
-        print(f"labkit serve: KV pool {setup['kv_pool']} (--num-gpu-blocks-override sets it)", file=sys.stderr)
-    try:
-        server.run(sockets=[sock])  # after a graceful stop, uvicorn raises the signal that stopped it again
-    except KeyboardInterrupt:
-        pass
+    serve_forever(server, sock, ready)  # says ``ready`` once the socket accepts connections
     return 0

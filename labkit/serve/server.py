@@ -1,24 +1,72 @@
 """A server over an engine: uvicorn running the app, in the foreground (``labkit serve``) or in a thread.
 
 The socket is bound here, before uvicorn starts, so port 0 (any free port) works and the
-caller knows the address at once. Uvicorn handles Ctrl-C and SIGTERM in the foreground:
-it stops accepting, lets requests in flight finish for up to ``shutdown_timeout`` seconds,
-cancels the rest, and then the app's shutdown stops the engine loop, which aborts whatever
-is left and frees its blocks.
+caller knows the address at once; the "serving on URL" line waits until it accepts
+connections. Ctrl-C or SIGTERM drains the server (:meth:`Server.drain`): new requests get 503
+and ``/health`` says so, requests in flight get ``shutdown_timeout`` seconds to finish, and
+each one left then ends with an error its client can read (an error event and ``[DONE]`` in a
+stream, a 503 otherwise) before uvicorn closes the connections and the engine loop stops.
+Connections are bounded (see :mod:`~labkit.serve.guard`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import sys
 import threading
 import time
+from collections.abc import Callable
 
 import uvicorn
 
+from labkit.serve import guard
 from labkit.serve.admission import AdmissionHook
 from labkit.serve.app import build_app
 from labkit.serve.metrics import ServerMetrics
+from labkit.serve.protocol import APIError
 from labkit.serve.worker import EngineWorker
+
+LAST_WORDS_S = 0.5  # after the grace period, how long the cut requests' handlers get to send their error
+
+
+class Server(uvicorn.Server):
+    """Uvicorn's server, saying when it is ready and draining before it stops."""
+
+    def __init__(self, config: uvicorn.Config, worker: EngineWorker, shutdown_timeout: float):
+        super().__init__(config)
+        self.worker = worker
+        self.shutdown_timeout = shutdown_timeout
+        self.on_ready: Callable[[], None] | None = None  # called once the socket accepts connections
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_ready is not None:
+            self.on_ready()
+
+    async def main_loop(self) -> None:
+        await super().main_loop()  # until Ctrl-C, SIGTERM or ``should_exit``
+        await self.drain()
+
+    async def drain(self) -> None:
+        """Refuse new requests; give those in flight the grace period; then end the rest with an error."""
+        self.worker.draining = True
+        deadline = time.monotonic() + self.shutdown_timeout
+        while self.server_state.tasks and time.monotonic() < deadline and not self.force_exit:
+            await asyncio.sleep(0.05)
+        if self.server_state.tasks:
+            self.worker.end_all(
+                APIError(
+                    503,
+                    f"The server shut down before this answer was complete (it gives requests in flight "
+                    f"{self.shutdown_timeout:g} s); send the request again once it is back.",
+                    type="service_unavailable",
+                    code="server_shutting_down",
+                )
+            )
+            deadline = time.monotonic() + LAST_WORDS_S
+            while self.server_state.tasks and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
 
 
 def make_server(
@@ -31,23 +79,36 @@ def make_server(
     admission: AdmissionHook | None = None,
     served_model_name: str | None = None,
     shutdown_timeout: float = 10.0,
-) -> tuple[uvicorn.Server, socket.socket, EngineWorker]:
+    max_connections: int = 1000,
+    read_timeout: float = 10.0,
+) -> tuple[Server, socket.socket, EngineWorker]:
     """A uvicorn server for ``llm`` bound to ``host:port`` (not started), its socket and its engine worker.
 
     ``admission``, if given, is asked about every request before it is accepted (see
-    :mod:`~labkit.serve.admission`).
+    :mod:`~labkit.serve.admission`). At most ``max_connections`` connections are open at once
+    (fewer if the open-file limit is low), and a client has ``read_timeout`` seconds to send its
+    request's headers, and as many for its body.
     """
+    guard.raise_open_file_limit()
+    guard.install_log_limits()
     name = served_model_name or llm.describe()["model"]
-    metrics = ServerMetrics(name, speculative=llm.config.speculative_config is not None)
+    metrics = ServerMetrics(
+        name, speculative=llm.config.speculative_config is not None, max_model_len=llm.config.max_model_len
+    )
     worker = EngineWorker(llm, metrics, max_waiting, admission)
-    app = build_app(worker, name, api_key)
+    app = build_app(worker, name, api_key, read_timeout)
+    protocol = type("Guarded", (guard.GuardedH11Protocol,), {"header_timeout": read_timeout})
     config = uvicorn.Config(
         app,
+        http=protocol,
         log_level="warning",
         access_log=False,
         lifespan="on",
-        # uvicorn annotates this as an int, but hands it to asyncio.timeout, which takes any seconds
-        timeout_graceful_shutdown=shutdown_timeout,  # type: ignore[arg-type]
+        limit_concurrency=guard.connection_limit(max_connections),
+        timeout_keep_alive=5,  # uvicorn's and vLLM's: an idle keep-alive connection is closed after 5 s
+        # uvicorn annotates this as an int, but hands it to asyncio.timeout, which takes any seconds:
+        # a backstop only, since the drain has ended every request by then
+        timeout_graceful_shutdown=LAST_WORDS_S,  # type: ignore[arg-type]
     )
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -59,7 +120,16 @@ def make_server(
         raise OSError(
             f"cannot listen on {host}:{port} ({err.strerror}); pick another --port or stop whatever holds it"
         ) from None
-    return uvicorn.Server(config), sock, worker
+    return Server(config, worker, shutdown_timeout), sock, worker
+
+
+def serve_forever(server: Server, sock: socket.socket, ready: str) -> None:
+    """Serve in the foreground until Ctrl-C or SIGTERM; ``ready`` goes to stderr once connections are accepted."""
+    server.on_ready = lambda: print(ready, file=sys.stderr, flush=True)
+    try:
+        server.run(sockets=[sock])  # after a graceful stop, uvicorn raises the signal that stopped it again
+    except KeyboardInterrupt:
+        pass
 
 
 def url_of(sock: socket.socket) -> str:

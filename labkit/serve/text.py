@@ -6,7 +6,8 @@ decodes all the tokens so far and hands out only what can no longer change: it h
 a trailing U+FFFD, and, when the request has stop strings, the last ``len(longest) - 1``
 characters, which might be the start of one. A stop string ends the answer and is left out
 of it, as in the OpenAI API. Decoding everything each time costs O(n^2) over an answer of
-n tokens, which is nothing next to a forward pass at the lengths served here.
+n tokens, which is nothing next to a forward pass at the lengths served here; and a whole
+(not streamed) answer without stop strings is decoded once, at the end.
 """
 
 from __future__ import annotations
@@ -17,18 +18,23 @@ REPLACEMENT = "\ufffd"
 class TextStream:
     """One request's text so far; :meth:`update` returns the piece that is new and settled."""
 
-    def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), streamed: bool = True):
         self.tokenizer = tokenizer
         self.stop = stop
+        self.streamed = streamed
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.text = ""  # handed out so far
         self.stopped = False  # a stop string was found: the answer is over
+        self.stop_reason: str | None = None  # the stop string found (vLLM's ``stop_reason``)
 
     def update(self, token_ids: list[int], finished: bool) -> str:
         """The text to add after these tokens (all of the request's output so far)."""
+        if not (finished or self.streamed or self.stop):
+            return ""  # nobody reads the pieces before the end, and no stop string can end it early
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self.stop if (i := text.find(s)) >= 0]
+        if found:
+            cut, self.stop_reason = min(found)
             text, self.stopped, finished = text[:cut], True, True
         if not finished:
             text = text[: len(text) - self.hold].rstrip(REPLACEMENT)

@@ -11,6 +11,11 @@ Before it accepts a request, :meth:`EngineWorker.submit` can ask an admission ho
 :mod:`~labkit.serve.admission`) whether the queue it would join still keeps the server's
 promise; a hook that says no turns the request away with 503 and ``Retry-After``.
 
+The loop also turns each request's tokens into text (:class:`~labkit.serve.text.TextStream`),
+so a stop string ends the request right there, before another step runs, and the counters
+count exactly the tokens the client is sent (as vLLM's output processor does), and the
+decoding stays off the event loop.
+
 The loop also feeds :class:`~labkit.serve.metrics.ServerMetrics` from each step's record
 (``llm.last_step``), so the counters stay whole however little of the run the engine's trace
 keeps: a long-running server bounds its trace with the engine's ``trace_window`` setting
@@ -28,7 +33,7 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import cast
 
@@ -37,31 +42,45 @@ from labkit.sampling_params import SamplingParams
 from labkit.serve.admission import AdmissionHook, QueueSnapshot
 from labkit.serve.metrics import FINISH_REASONS, ServerMetrics
 from labkit.serve.protocol import APIError
+from labkit.serve.text import TextStream
 
 _STOP = None  # the command that ends the loop
+
+
+def shutting_down() -> APIError:
+    """What a request that arrives while the server drains is told."""
+    return APIError(
+        503,
+        "The server is shutting down and takes no new requests; send this one again once it is back.",
+        type="service_unavailable",
+        code="server_shutting_down",
+    )
+
+
 SERVICE_WINDOW = 16  # the service time the admission hook sees is the median of this many finished requests
 
 
 class Handle:
-    """The HTTP side of one engine request: await its outputs, or close it to abort it."""
+    """The HTTP side of one engine request: await its outputs and their text, or close it to abort it."""
 
-    def __init__(self, worker: "EngineWorker", request_id: str, prompt_len: int):
+    def __init__(self, worker: "EngineWorker", request_id: str, prompt_len: int, text: TextStream):
         self.worker = worker
         self.request_id = request_id
         self.prompt_len = prompt_len
+        self.text = text  # updated by the loop thread only, before it pushes each output
         self._done = False  # the engine finished it, or it was closed
         self._loop = asyncio.get_running_loop()
-        self._items: asyncio.Queue[RequestOutput | APIError] = asyncio.Queue()
+        self._items: asyncio.Queue[tuple[RequestOutput, str] | APIError] = asyncio.Queue()
 
-    def push(self, item: RequestOutput | APIError) -> None:
+    def push(self, item: tuple[RequestOutput, str] | APIError) -> None:
         """From the worker thread: deliver an output (or an error) to the coroutine awaiting it."""
         try:
             self._loop.call_soon_threadsafe(self._items.put_nowait, item)
         except RuntimeError:  # the event loop is closed: nobody is waiting any more
             pass
 
-    async def outputs(self) -> AsyncIterator[RequestOutput]:
-        """Each step's output for this request (all its tokens so far), up to the finished one.
+    async def outputs(self) -> AsyncIterator[tuple[RequestOutput, str]]:
+        """Each step's output for this request (all its tokens so far) and its new text, up to the finished one.
 
         The worker always ends a request's outputs with a finished one or an error (an abort
         sends one too), so this never waits for ever.
@@ -71,11 +90,12 @@ class Handle:
             if isinstance(item, APIError):
                 self._done = True
                 raise item
-            self._done = self._done or item.finished
-            if item.finish_reason == "rejected":
-                raise APIError(400, item.message or "The engine rejected the request.")
+            output = item[0]
+            self._done = self._done or output.finished
+            if output.finish_reason == "rejected":
+                raise APIError(400, output.message or "The engine rejected the request.")
             yield item
-            if item.finished:
+            if output.finished:
                 return
 
     def close(self, reason: str = "abort") -> None:
@@ -124,6 +144,7 @@ class EngineWorker:
         self.tokenizer = llm.model.tokenizer  # what the HTTP side needs of the model, read once here
         self.vocab_size = llm.model.config.vocab_size
         self.error: str | None = None  # why the loop died, if it did
+        self.draining = False  # set when the server stops: new requests are refused
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}  # touched by the loop thread only
         # the counts the admission hook sees, kept by both threads under the lock
@@ -150,8 +171,12 @@ class EngineWorker:
         service_s = statistics.median(self._service_s) if self._service_s else None
         return QueueSnapshot(self._num_queued, self._num_running, self.max_num_seqs, service_s)
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Handle:
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, text: TextStream | None = None, request_id: str = ""
+    ) -> Handle:
         """Hand a request to the loop; 503 with Retry-After if the queue is full or the admission hook says no."""
+        if self.draining:
+            raise shutting_down()
         if not self.healthy:
             raise APIError(
                 503,
@@ -171,7 +196,8 @@ class EngineWorker:
             if self.admission is not None:
                 self._admit(self._snapshot())
             self._num_queued += 1
-        handle = Handle(self, f"cmpl-{uuid.uuid4().hex}", len(prompt_ids))
+        text = text or TextStream(self.tokenizer)
+        handle = Handle(self, request_id or f"cmpl-{uuid.uuid4().hex}", len(prompt_ids), text)
         self._commands.put(partial(self._add, _Live(handle, prompt_ids, params)))
         return handle
 
@@ -215,6 +241,10 @@ class EngineWorker:
 
     def abort(self, request_id: str, reason: str = "abort") -> None:
         self._commands.put(partial(self._abort, request_id, reason))
+
+    def end_all(self, error: APIError) -> None:
+        """End every request in the engine with ``error``, which each client is sent (its blocks are freed)."""
+        self._commands.put(partial(self._end_all, error))
 
     def stop(self, timeout: float = 10.0) -> None:
         """End the loop: every request still in the engine is aborted and its client told why."""
@@ -267,7 +297,7 @@ class EngineWorker:
         if reason != "abort":  # the client ended it because its answer was complete (a stop string)
             self._record_service(live, now)
         self._forget(live)
-        self.metrics.on_finish(reason, now - live.arrival, _queue_time(live))
+        self.metrics.on_finish(reason, now - live.arrival, _queue_time(live), live.handle.prompt_len, live.num_tokens)
         live.handle.push(APIError(499, "The request was aborted."))
         if not self.llm.has_unfinished():
             self.metrics.on_idle()
@@ -292,6 +322,11 @@ class EngineWorker:
             self.metrics.on_idle()
 
     def _deliver(self, live: _Live, output: RequestOutput, now: float) -> None:
+        text = live.handle.text
+        piece = text.update(output.token_ids, output.finished)
+        if text.stopped and not output.finished:  # a stop string: the answer ends here, before another step
+            self.llm.abort_request(output.request_id)
+            output = replace(output, finished=True, finish_reason="stop")
         num_new = len(output.token_ids) - live.num_tokens
         if num_new > 0:
             first = now - live.arrival if live.num_tokens == 0 else None
@@ -304,8 +339,10 @@ class EngineWorker:
                 self._record_service(live, now)
             self._forget(live)
             if output.finish_reason in FINISH_REASONS:
-                self.metrics.on_finish(output.finish_reason, now - live.arrival, _queue_time(live))
-        live.handle.push(output)
+                self.metrics.on_finish(
+                    output.finish_reason, now - live.arrival, _queue_time(live), live.handle.prompt_len, live.num_tokens
+                )
+        live.handle.push((output, piece))
 
     def _start(self, live: _Live) -> None:
         """Its first step: it leaves the queue and takes a seat."""
@@ -334,9 +371,12 @@ class EngineWorker:
         for request_id, live in list(self._live.items()):
             if self.error is None:
                 self.llm.abort_request(request_id)
+                elapsed = self.llm.now() - live.arrival
+                self.metrics.on_finish("abort", elapsed, _queue_time(live), live.handle.prompt_len, live.num_tokens)
             self._forget(live)
             live.handle.push(error)
         self._live.clear()
+        self.metrics.on_idle()
 
 
 def _queue_time(live: _Live) -> float | None:
