@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import nbformat
@@ -55,6 +57,23 @@ def test_a_malformed_count_file_counts_as_no_hints(tmp_path, content, counts):
     (tmp_path / "hints.json").write_text(content)
     assert read_hint_counts(tmp_path / "hints.json") == counts
     assert read_hint_counts(tmp_path / "absent.json") == {}
+
+
+def test_a_count_file_the_kernel_turned_into_a_trap_counts_as_no_hints(tmp_path):
+    """A FIFO with no writer would block an open() for ever; a sparse file would fill the grader's memory."""
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    (tmp_path / "real.json").write_text('{"a": 1}')
+    with open(tmp_path / "sparse.json", "wb") as file:
+        file.truncate(1 << 40)  # a terabyte that takes no disk
+    read = {}
+    reader = threading.Thread(
+        target=lambda: read.update({n: read_hint_counts(tmp_path / f"{n}.json") for n in ("fifo", "link", "sparse")})
+    )
+    reader.start()
+    reader.join(timeout=30)
+    assert not reader.is_alive(), "reading the hint file blocked"
+    assert read == {"fifo": {}, "link": {}, "sparse": {}}
 
 
 def test_an_out_of_range_penalty_is_refused(tmp_path, capsys):

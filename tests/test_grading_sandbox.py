@@ -13,8 +13,11 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
+import socket
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -105,6 +108,34 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+class Listener:
+    """A server of the host that no submission should reach: it counts the connections it accepts."""
+
+    def __init__(self, family: int, address) -> None:
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        self.socket.bind(address)
+        self.socket.listen(64)
+        self.socket.settimeout(0.2)
+        self.connections = 0
+        self._running = True
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while self._running:
+            try:
+                connection, _ = self.socket.accept()
+            except OSError:  # the timeout, or closed
+                continue
+            self.connections += 1
+            connection.close()
+
+    def close(self) -> None:
+        self._running = False
+        self._thread.join()
+        self.socket.close()
+
+
 @pytest.fixture(scope="module")
 def attacked_run(tmp_path_factory):
     """Grade the honest notebook with every attacker in one run; return what a test needs to judge it."""
@@ -115,7 +146,11 @@ def attacked_run(tmp_path_factory):
     (cache / "model.safetensors").write_bytes(b"weights" * 1000)
     honest = folder / "honest.ipynb"
     shutil.copyfile(HONEST, honest)
+    host_socket = Listener(socket.AF_UNIX, str(folder / "host.sock"))
+    host_port = Listener(socket.AF_INET, ("127.0.0.1", 0))
     placeholders = {
+        "__HOST_SOCKET__": str(folder / "host.sock"),
+        "__HOST_PORT__": str(host_port.socket.getsockname()[1]),
         "__OUT_DIR__": str(out),
         "__HONEST__": str(honest),
         "__LABKIT__": str(LABKIT),
@@ -141,6 +176,9 @@ def attacked_run(tmp_path_factory):
             ["grade", *map(str, paths), "--out", str(out), "--lab", "demo", "--cell-timeout", "30", "--jobs", "3"]
         )
     time.sleep(1)  # time for a surviving process to do its damage
+    left_on_disk = sorted(path.name for path in sandbox.sandboxes_root().iterdir())
+    host_socket.close()
+    host_port.close()
     changed = [str(path) for path, data in before.items() if path.read_bytes() != data]
     for path, data in before.items():  # put back anything an attack changed, so one failure does not spread
         path.write_bytes(data)
@@ -155,6 +193,8 @@ def attacked_run(tmp_path_factory):
         "reports": reports,
         "changed": changed,
         "planted": planted,
+        "left_on_disk": left_on_disk,
+        "host_connections": {"unix socket": host_socket.connections, "tcp port": host_port.connections},
     }
     for name in attackers:  # leave no process behind even when a test failed
         for pid in processes_with(marker(name)):
@@ -265,3 +305,54 @@ def test_no_secret_of_the_graders_environment_reaches_a_kernel(attacked_run):
 def test_no_process_of_the_run_is_left(attacked_run):
     # Every kernel's command line names its folder under the run's sandbox root.
     assert processes_with(str(sandbox.sandboxes_root())) == []
+
+
+def test_a_hint_file_turned_into_a_fifo_stops_nobodys_grading(attacked_run):
+    """Issue 30.1: the run ends, and every submission, this one included, has its report."""
+    attack_failed(attacked_run, "traps_hint_file")
+    assert attacked_run["code"] == 0
+
+
+def test_a_kernel_cannot_point_the_grader_at_a_socket_of_the_host(attacked_run):
+    """Issue 30.2: its sockets' folder is the grader's once the kernel listens, and not inside its own folder."""
+    report = attack_failed(attacked_run, "swaps_socket")
+    text = messages(report)
+    assert "socket swaps:" in text and "swapped" not in text and "folder moved" not in text, text
+    assert attacked_run["host_connections"]["unix socket"] == 0
+
+
+def test_a_flood_of_output_messages_is_not_kept(attacked_run):
+    """Issue 30.3: the grader keeps none of a kernel's output, and drops a message over its size limit."""
+    report = attack_failed(attacked_run, "floods_transport")
+    assert "no answer: the attack is on the transport" in messages(report)
+
+
+def test_folders_nested_too_deep_for_rmtree_leave_nothing_on_disk(attacked_run):
+    """Issue 34.4: every submission's folder is gone when the run ends, whatever its depth."""
+    attack_failed(attacked_run, "nests_folders")
+    assert attacked_run["left_on_disk"] == []
+
+
+def test_code_planted_for_a_restarted_kernel_never_runs(attacked_run):
+    """Issue 34.2: a startup file, a user-site hook and a shadowing module left for the next kernel do nothing."""
+    report = attack_failed(attacked_run, "plants_startup")
+    assert "planted code ran: never" in messages(report), messages(report)
+    assert any("restarted 1 time" in note for note in report["notes"]), report["notes"]
+    assert report["elapsed_s"] < 120  # the planted code sleeps 120 s wherever it runs
+
+
+def test_process_thread_and_tmpfs_bombs_are_held_to_the_limits(attacked_run):
+    """Issue 34.3: at most max_tasks processes and threads together, and a /tmp of tmp_bytes."""
+    report = attack_failed(attacked_run, "bombs")
+    found = re.search(r"processes (\d+) threads (\d+) tmp (\d+)", messages(report))
+    assert found, messages(report)
+    processes, threads, written = map(int, found.groups())
+    limits = sandbox.Limits(memory_bytes=None, cpu_seconds=1)
+    assert processes + threads <= limits.max_tasks and written <= limits.tmp_bytes
+
+
+def test_no_port_of_the_host_is_reachable_from_a_submission(attacked_run):
+    """Issue 34.7: every submission, a lab 9 server included, has a loopback of its own."""
+    report = attack_failed(attacked_run, "scans_ports")
+    assert "open ports not its own: []; the host's: False" in messages(report), messages(report)
+    assert attacked_run["host_connections"]["tcp port"] == 0

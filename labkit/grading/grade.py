@@ -27,6 +27,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from labkit.grading.cgroups import cgroup_support
 from labkit.grading.checks import exercises_for_lab
 
 
@@ -194,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
         memory_bytes=int(args.memory_gb * 2**30) or None,
         hint_penalty=args.hint_penalty,
     )
+    if use_sandbox:
+        print(f"sandbox limits per submission: {cgroup_support()}")
     if shard.count > 1:
         print(f"shard {shard}: grading {len(paths)} of the {len(class_names)} submissions")
     try:

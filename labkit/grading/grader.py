@@ -35,8 +35,8 @@ from tqdm.auto import tqdm
 
 import labkit
 from labkit.cache import CACHE_ENV, cache_root
+from labkit.grading import cgroups, sandbox
 from labkit.grading import kernel_session as ks
-from labkit.grading import sandbox
 from labkit.grading.checks import Exercise, exercises_for_lab, lab_module
 from labkit.grading.hint_counts import read_hint_counts, weigh_hints
 from labkit.grading.judge import expected_outputs, verdict
@@ -161,7 +161,7 @@ def _scratch_dir(prefix: str) -> Iterator[Path]:
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        sandbox.remove_tree(path)
 
 
 def _exercises(lab: str, *, missing_ok: bool = False) -> list[Exercise]:
@@ -184,6 +184,15 @@ def labs_of(paths: Sequence[Path], lab: str | None) -> set[str]:
         except SubmissionError:  # reported when that submission is graded
             continue
     return labs
+
+
+@dataclass(frozen=True)
+class Private:
+    """What a submission has of its own while it is graded: its folder, its sockets' folder, its cgroups."""
+
+    folder: Path
+    transport: Path
+    cgroup_procs: list[Path]
 
 
 class SetupError(Exception):
@@ -256,24 +265,39 @@ class Grader:
         return grade
 
     @contextmanager
-    def _private_folder(self, uid: int) -> Iterator[Path]:
+    def _private_folder(self, uid: int) -> Iterator[Private]:
+        """The submission's folder, its sockets' folder and the cgroups its sandbox joins (none without a
+        sandbox, or where the machine has no cgroup tree to write); the cgroups go last, once nothing of it runs."""
         if self.settings.sandbox:
-            with sandbox.sandbox_folder(uid) as folder:
-                yield folder
+            limits = self._limits(0)
+            with (
+                cgroups.submission_cgroup(f"labkit-{uid}", limits.max_tasks, limits.memory_bytes) as procs,
+                sandbox.sandbox_folder(uid) as folder,
+                sandbox.transport_folder(uid) as transport,
+            ):
+                yield Private(folder, transport, procs)
         else:
             with _scratch_dir("labkit-run-") as folder:
-                yield folder
+                yield Private(folder, folder, [])
 
-    def _session(self, folder: Path, lab: str, uid: int, exercises: int) -> ks.KernelSession:
+    def _wall_clock_limit(self, exercises: int) -> float:
+        """A submission's whole time: setup once, the notebook's budget, a cell timeout per exercise and the hint counts."""
+        settings = self.settings
+        return settings.setup_timeout + settings.total_timeout + settings.cell_timeout * (exercises + 1)
+
+    def _limits(self, exercises: int) -> sandbox.Limits:
+        cpu_seconds = math.ceil(self._wall_clock_limit(exercises)) * (os.cpu_count() or 1)
+        return sandbox.Limits(self.settings.memory_bytes, cpu_seconds)
+
+    def _session(self, private: Private, lab: str, uid: int, exercises: int) -> ks.KernelSession:
         settings = self.settings
         prefix = owner = None
         if settings.sandbox:
-            wall = settings.setup_timeout + settings.total_timeout + settings.cell_timeout * (exercises + 1)
-            limits = sandbox.Limits(settings.memory_bytes, math.ceil(wall) * (os.cpu_count() or 1))
-            prefix = sandbox.sandbox_command(folder, uid, limits)
+            limits = self._limits(exercises)
+            prefix = sandbox.sandbox_command(private.folder, uid, limits, private.cgroup_procs, private.transport)
             owner = uid if sandbox.switches_user() else None
         return ks.KernelSession(
-            folder,
+            private.folder,
             cell_timeout=settings.cell_timeout,
             notebook_budget=settings.total_timeout,
             kernel_name=settings.kernel_name,
@@ -282,6 +306,8 @@ class Grader:
             setup_timeout=settings.setup_timeout,
             launch_prefix=prefix,
             owner_uid=owner,
+            transport=private.transport,
+            wall_clock_limit=self._wall_clock_limit(exercises),
         )
 
     def _run_and_judge(
@@ -295,9 +321,10 @@ class Grader:
     ) -> None:
         settings = self.settings
         handed_in: dict[str, str] = {}  # exercise id -> the result file the kernel was told to write
-        with self._private_folder(uid) as folder:
+        with self._private_folder(uid) as private:
+            folder = private.folder
             shutil.copyfile(path, folder / "submission.ipynb")  # its own notebook, for code that reads it
-            with self._session(folder, grade.lab, uid, len(exercises)) as session:
+            with self._session(private, grade.lab, uid, len(exercises)) as session:
                 for position, source in code_cells(notebook):
                     outcome = session.run_notebook_cell(source)
                     if outcome.status != ks.RAN:

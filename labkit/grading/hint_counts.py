@@ -17,8 +17,10 @@ import json
 from pathlib import Path
 
 from labkit.grading.result import CheckResult
+from labkit.grading.untrusted_file import UntrustedFileRefused, read_untrusted
 
 MAX_COUNTED = 99  # more than any exercise has tiers; caps a tampered file
+MAX_FILE_BYTES = 64 << 10  # far more than the counts of every exercise of a lab take
 
 # In a learner's kernel: exercise id -> how many hint tiers labkit.hint has shown. It lives here,
 # below labkit.labs, so that the grader's kernel-side code can read it without importing the labs.
@@ -36,10 +38,14 @@ def hints_shown() -> dict[str, int]:
 
 
 def read_hint_counts(path: Path) -> dict[str, int]:
-    """Exercise id -> hints shown, from the file the kernel wrote; anything malformed counts as none."""
+    """Exercise id -> hints shown, from the file the kernel wrote; anything malformed counts as none.
+
+    The kernel could have left a FIFO, a link or a sparse file of terabytes there: it is read as any
+    file from a submission is, bounded and without blocking (:mod:`labkit.grading.untrusted_file`)."""
+    path = Path(path)
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_untrusted(path.parent, path.name, MAX_FILE_BYTES) or b"{}")
+    except (OSError, ValueError, UntrustedFileRefused):
         return {}
     if not isinstance(data, dict):
         return {}

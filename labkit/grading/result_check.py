@@ -18,13 +18,13 @@ the file holds.
 from __future__ import annotations
 
 import io
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from labkit.grading.untrusted_file import UntrustedFileRefused, read_untrusted
 
 MAX_DEPTH = 32  # nesting of lists and dicts: deeper than any exercise's output
 _DTYPES = frozenset(
@@ -117,28 +117,10 @@ def file_limit(budget: Size) -> int:
 def read_result_file(folder: Path, name: str, limit: int) -> bytes | None:
     """The bytes of `folder/name`, or None if there is no such file; ResultRefused if it is not a
     regular file (a symlink, a FIFO, a device) or is larger than `limit` bytes."""
-    folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder_fd)
-        except FileNotFoundError:
-            return None
-        except OSError as error:
-            raise ResultRefused(f"the result file could not be opened as a plain file ({error.strerror})") from None
-    finally:
-        os.close(folder_fd)
-    with os.fdopen(fd, "rb") as file:
-        info = os.fstat(file.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ResultRefused("the result file is not a regular file")
-        if info.st_size > limit:
-            raise ResultRefused(
-                f"the result file is {info.st_size:,} bytes, more than the {limit:,} bytes its answer needs"
-            )
-        data = file.read(limit + 1)
-    if len(data) > limit:
-        raise ResultRefused(f"the result file grew past the {limit:,} bytes its answer needs")
-    return data
+        return read_untrusted(folder, name, limit, "its answer needs")
+    except UntrustedFileRefused as refused:
+        raise ResultRefused(f"the result file was refused: {refused}") from None
 
 
 def load_result(data: bytes, budget: Size) -> Any:

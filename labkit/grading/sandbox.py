@@ -29,13 +29,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import labkit
 from labkit.cache import cache_root
+from labkit.grading import cgroups
 
 _UID_BLOCKS = (1 << 30, 1 << 31, 1 << 12)  # user ids a run draws its block from: first, end, block size
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -46,8 +47,10 @@ _PROBE_TIMEOUT_S = 20
 class Limits:
     """Per-kernel resource limits, applied with prlimit to everything in the sandbox."""
 
-    memory_bytes: int | None  # address space (RLIMIT_AS); None: unlimited
+    memory_bytes: int | None  # address space (RLIMIT_AS), and the cgroup's memory where there is one; None: unlimited
     cpu_seconds: int  # CPU time of each process (RLIMIT_CPU): a backstop behind the wall-clock timeouts
+    max_tasks: int = 512  # processes and threads (RLIMIT_NPROC of its own user, and the cgroup's pids.max)
+    tmp_bytes: int = 1 << 30  # the size of its private /tmp, a tmpfs: host memory otherwise no limit counts
 
 
 def switches_user() -> bool:
@@ -65,14 +68,25 @@ def read_only_paths() -> list[Path]:
     return paths
 
 
-def _system_arguments() -> list[str]:
+def _system_arguments(tmp_bytes: int) -> list[str]:
     arguments = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for folder in _SYSTEM_DIRS:
         if os.path.islink(folder):
             arguments += ["--symlink", os.readlink(folder), folder]
         elif os.path.isdir(folder):
             arguments += ["--ro-bind", folder, folder]
-    return arguments + ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+    return arguments + [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        str(tmp_bytes),
+        "--tmpfs",
+        "/tmp",
+    ]
 
 
 def _bind_arguments(binds: list[tuple[str, Path]]) -> list[str]:
@@ -92,11 +106,17 @@ def _bind_arguments(binds: list[tuple[str, Path]]) -> list[str]:
     return arguments
 
 
-def sandbox_command(folder: Path, uid: int, limits: Limits) -> list[str]:
-    """The command prefix that runs a program in a fresh sandbox whose only writable place is `folder`."""
+def sandbox_command(
+    folder: Path, uid: int, limits: Limits, cgroup_procs: Sequence[Path] = (), transport: Path | None = None
+) -> list[str]:
+    """The command prefix that runs a program in a fresh sandbox whose only writable place is `folder`
+    (and `transport`, the folder of its sockets, while the grader lets it), inside the cgroups whose
+    `cgroup.procs` files are given, if any."""
     limit_arguments = [f"--cpu={limits.cpu_seconds}"]
     if limits.memory_bytes:
         limit_arguments.append(f"--as={limits.memory_bytes}")
+    if switches_user():  # the count is per user: only a user of its own makes it the submission's
+        limit_arguments.append(f"--nproc={limits.max_tasks}")
     if switches_user():  # namespaces without a user namespace, then a user of its own inside
         namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
         drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
@@ -104,7 +124,10 @@ def sandbox_command(folder: Path, uid: int, limits: Limits) -> list[str]:
     else:  # an unprivileged grader: bubblewrap's user namespace is the kernel's own user
         namespaces, drop = ["--unshare-all"], []
     binds = [("--ro-bind", path) for path in read_only_paths()] + [("--bind", folder.resolve())]
+    if transport is not None:
+        binds.append(("--bind", transport.resolve()))
     return [
+        *cgroups.join_command(list(cgroup_procs)),
         "prlimit",
         *limit_arguments,
         "--",
@@ -112,7 +135,7 @@ def sandbox_command(folder: Path, uid: int, limits: Limits) -> list[str]:
         *namespaces,
         "--die-with-parent",
         "--new-session",
-        *_system_arguments(),
+        *_system_arguments(limits.tmp_bytes),
         *_bind_arguments(binds),
         "--chdir",
         str(folder.resolve()),
@@ -175,8 +198,32 @@ def sandboxes_root() -> Path:
     """One folder per run for the submissions' folders: others may pass through it but not list it."""
     root = Path(tempfile.mkdtemp(prefix="labkit-grade-"))
     root.chmod(0o711)
-    atexit.register(shutil.rmtree, root, True)
+    atexit.register(remove_tree, root, False)
     return root
+
+
+def remove_tree(path: Path, check: bool = True) -> None:
+    """Delete `path` and everything below it, however deep or oddly named; with `check`, raise if any is left.
+
+    Not `shutil.rmtree`: it recurses in Python, and a submission that nests folders deeper than
+    Python's recursion limit would leave all of it on disk. GNU `rm -rf` walks any depth.
+    """
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], stderr=subprocess.DEVNULL, check=False)
+    if check and os.path.lexists(path):
+        raise RuntimeError(f"{path} could not be removed after grading; remove it by hand (rm -rf)")
+
+
+@contextmanager
+def transport_folder(uid: int) -> Iterator[Path]:
+    """A folder for a sandboxed kernel's sockets, outside its writable one (so it cannot rename the folder)."""
+    folder = Path(tempfile.mkdtemp(prefix="t-", dir=sandboxes_root()))
+    try:
+        os.chmod(folder, 0o755)
+        if switches_user():
+            os.chown(folder, uid, uid)
+        yield folder
+    finally:
+        remove_tree(folder)
 
 
 @contextmanager
@@ -190,7 +237,7 @@ def sandbox_folder(uid: int) -> Iterator[Path]:
     finally:
         if switches_user():
             kill_processes_of(uid)
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_tree(folder)
 
 
 def processes_of(uid: int) -> list[int]:
