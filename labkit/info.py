@@ -35,6 +35,7 @@ def machine_facts(model) -> dict:
     import torch
 
     from labkit.device import cpu_features, cpu_threads
+    from labkit.serving_dtype import choose_serving_dtype
 
     facts: dict = {}
     if model.device.type == "cpu":
@@ -44,6 +45,7 @@ def machine_facts(model) -> dict:
             why = "set by the caller"
         facts["torch threads"] = f"{torch.get_num_threads()} ({why}; LABKIT_THREADS=N overrides)"
     facts["matmuls"] = model.matmul.describe()
+    facts["labkit serve computes in"] = choose_serving_dtype(model.device).describe()
     return facts
 
 

@@ -1,0 +1,35 @@
+"""scripts/serve_compare.py: its shipped traces load as workloads that ask for the published token counts."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "serve_compare.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("serve_compare", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name, requests, output_tokens", [("W1", 32, 1_603), ("W2", 64, 7_340)])
+def test_each_trace_is_sent_at_once_with_its_answer_lengths(name, requests, output_tokens):
+    script = load_script()
+    workload = script.trace_workload(script.WORKLOADS[name], name)
+    assert len(workload) == requests
+    assert sum(spec.output_len for spec in workload) == output_tokens
+    assert {spec.arrival_time for spec in workload} == {0.0}
+    assert all(isinstance(spec.prompt, list) and spec.prompt[-1]["role"] == "user" for spec in workload)
+
+
+def test_nothing_to_compare_is_an_error_that_says_what_to_give(monkeypatch, capsys):
+    script = load_script()
+    monkeypatch.setattr("sys.argv", ["serve_compare.py"])
+    with pytest.raises(SystemExit):
+        script.main()
+    assert "give --labkit and/or --url NAME=URL" in capsys.readouterr().err

@@ -1,0 +1,60 @@
+"""`labkit serve`'s dtype: bf16 only where it was tried, matched fp32 and measured faster; fp32 elsewhere."""
+
+from __future__ import annotations
+
+import torch
+
+from labkit import serving_dtype
+from labkit.models.fast_linear import MatmulPath, probe_prepack
+from labkit.serving_dtype import MIN_SPEEDUP, choose_serving_dtype
+
+CPU = torch.device("cpu")
+
+
+def with_probe(monkeypatch, works: bool) -> None:
+    path = MatmulPath(works, "tried" if works else "oneDNN refused bfloat16 on this CPU: needs avx512bw")
+    monkeypatch.setattr(serving_dtype, "probe_prepack", lambda device, dtype: path)
+
+
+def test_a_cpu_without_a_working_bf16_matmul_serves_in_fp32_and_says_why(monkeypatch):
+    monkeypatch.delenv("LABKIT_DTYPE", raising=False)
+    with_probe(monkeypatch, works=False)
+    choice = choose_serving_dtype(CPU, speedup=lambda: 10.0)
+    assert choice.dtype == torch.float32 and "refused bfloat16" in choice.describe()
+
+
+def test_bf16_is_chosen_only_when_it_is_measured_faster(monkeypatch):
+    monkeypatch.delenv("LABKIT_DTYPE", raising=False)
+    with_probe(monkeypatch, works=True)
+    fast = choose_serving_dtype(CPU, speedup=lambda: 4.2)
+    assert fast.dtype == torch.bfloat16 and "4.2x" in fast.reason
+    slow = choose_serving_dtype(CPU, speedup=lambda: MIN_SPEEDUP - 0.1)
+    assert slow.dtype == torch.float32 and "only" in slow.reason
+
+
+def test_what_the_user_asks_for_wins(monkeypatch):
+    with_probe(monkeypatch, works=True)
+    assert choose_serving_dtype(CPU, asked="float32", speedup=lambda: 9.0).dtype == torch.float32
+    monkeypatch.setenv("LABKIT_DTYPE", "bf16")
+    assert choose_serving_dtype(CPU, speedup=lambda: 0.5).reason == "LABKIT_DTYPE"
+    monkeypatch.delenv("LABKIT_DTYPE")
+    assert choose_serving_dtype(torch.device("cuda"), speedup=lambda: 0.5).dtype == torch.bfloat16
+
+
+def test_this_machine_gets_a_dtype_whose_matmuls_are_right(monkeypatch):
+    """Whatever this CPU is, the choice is made by trying, and the chosen matmul matches F.linear."""
+    monkeypatch.delenv("LABKIT_DTYPE", raising=False)
+    choice = choose_serving_dtype(CPU, speedup=lambda: serving_dtype.measured_speedup(rounds=1))
+    assert choice.reason
+    if choice.dtype == torch.bfloat16:
+        assert probe_prepack(CPU, torch.bfloat16).prepacked
+    weight, x = torch.randn(64, 32), torch.randn(4, 32)
+    got = serving_dtype.prepacked_linear(weight.to(choice.dtype), enabled=None)(x.to(choice.dtype)).float()
+    expected = torch.nn.functional.linear(x, weight)
+    tolerance = 1e-4 if choice.dtype == torch.float32 else 3e-2
+    assert float((got - expected).abs().max() / expected.abs().max()) < tolerance
+
+
+def test_the_speedup_is_measured_on_any_cpu():
+    """Each dtype's own path (packed where oneDNN takes it, F.linear otherwise), timed in turns."""
+    assert serving_dtype.measured_speedup(shape=(4, 64, 128), rounds=1) > 0
