@@ -119,6 +119,7 @@ CASES = [
         FAIL,
         "the LRU order",
     ),
+    ("lab7.lru_free", (("return free.popleft()", "return free.pop()"),), FAIL, "the wrong end of the free list"),
 ]
 
 
@@ -130,6 +131,15 @@ def test_check_verdict(exercise_id, edits, status, words):
     result = verdict(exercise_id, *edits)
     assert result.status == status, result.message
     assert words in result.message, result.message
+
+
+def test_one_extra_hash_is_counted_in_the_singular():
+    """Under a block of tokens the wrong chain returns one hash: the message says "1 hash", not "1 hashes"."""
+    result = verdict(
+        "lab7.block_hashes",
+        ("range(0, len(token_ids) - block_size + 1, block_size)", "range(0, len(token_ids), block_size)"),
+    )
+    assert result.status == FAIL and "you returned 1 hash," in result.message, result.message
 
 
 def test_an_exception_in_the_learners_code_names_their_function_and_line():
@@ -190,6 +200,20 @@ def test_demo_cells_wait_for_their_checks(capsys):
     namespace["cached_prefix"] = wrong
     exec("result = passed('lab7.cached_prefix')", namespace)
     assert not namespace["result"] and "skipped until exercise 2 passes" in capsys.readouterr().out
+
+
+def test_the_block_map_demo_draws_no_request_in_the_free_blocks_grey():
+    """The map colours an owner by its name; the text says free blocks are grey, so no request may be."""
+    import re
+
+    from labkit.viz.blocks import owner_colour
+
+    cell = next(cell.source for cell in nbformat.read(SOURCE, as_version=4).cells if cell.get("id") == "lab7-17")
+    ids = re.findall(r'request_id="(\w+)"', cell)
+    assert len(ids) == 2
+    for owner in [*ids, "+".join(ids)]:
+        red, green, blue = owner_colour(owner)
+        assert max(red, green, blue) - min(red, green, blue) > 0.1, f"{owner} is drawn in a grey"
 
 
 def test_the_lab_states_its_time_by_the_labs_rule():

@@ -22,12 +22,14 @@ def answer(exercise_id: str, name: str, edits: tuple[tuple[str, str], ...] = ())
 
 
 SEARCH_BACK = "for i in range(len(token_ids) - n - 1, -1, -1):"
+RETURN_DRAFT = "                return token_ids[i + n : i + n + k]\n"
 AGREE = "    while accepted < len(draft) and draft[accepted] == target_argmax[accepted]:\n        accepted += 1\n"
 GREEDY_RETURN = "    return draft[:accepted] + [target_argmax[accepted]]"
 RESIDUAL = "residual = torch.clamp(target_probs[i] - draft_probs[i], min=0)"
 FREE_LOOP = (
     "    while len(table) > blocks.blocks_for(request.num_computed_tokens):\n        blocks.free_block(table.pop())\n"
 )
+TARGET_DRAFT = "p, q = target_probs[i, token], draft_probs[i, token]"
 BONUS = "    return accepted + [int(torch.multinomial(target_probs[len(draft)], 1, generator=generator))]"
 
 CASES = [
@@ -38,7 +40,21 @@ CASES = [
         "propose_ngram",
         ((SEARCH_BACK, "for i in range(len(token_ids) - n, -1, -1):"),),
         FAIL,
-        "finding the last n tokens",
+        "finds the last n tokens themselves",
+    ),
+    (
+        "lab8.propose_ngram",
+        "propose_ngram",
+        ((RETURN_DRAFT, RETURN_DRAFT + "        return []\n"),),
+        FAIL,
+        "Fall back to shorter patterns",
+    ),
+    (
+        "lab8.propose_ngram",
+        "propose_ngram",
+        ((SEARCH_BACK, "for i in range(len(token_ids) - 2 * n, -1, -1):"),),
+        FAIL,
+        "overlaps the last n tokens",
     ),
     (
         "lab8.propose_ngram",
@@ -104,22 +120,52 @@ CASES = [
         "freed a block that still holds tokens",
     ),
     ("lab8.rollback", "rollback", (("table.pop()", "table.pop(0)"),), FAIL, "from the front of the table"),
+    (
+        "lab8.rollback",
+        "rollback",
+        (("table = blocks.block_table(request.request_id)", "table = list(blocks.block_table(request.request_id))"),),
+        FAIL,
+        "popped from a copy of the table",
+    ),
     ("lab8.accept_sampling", "accept_sampling", (), PASS, "PASS"),
     ("lab8.accept_sampling", "accept_sampling", (("< p / q:", "< p:"),), FAIL, "with probability p(x)"),
     ("lab8.accept_sampling", "accept_sampling", ((RESIDUAL, "residual = target_probs[i]"),), FAIL, "samples from p"),
     (
         "lab8.accept_sampling",
         "accept_sampling",
-        (
-            (
-                "p, q = target_probs[i, token], draft_probs[i, token]",
-                "p, q = draft_probs[i, token], draft_probs[i, token]",
-            ),
-        ),
+        ((TARGET_DRAFT, "p, q = draft_probs[i, token], draft_probs[i, token]"),),
         FAIL,
         "its own probabilities",
     ),
     ("lab8.accept_sampling", "accept_sampling", ((BONUS, "    return accepted"),), FAIL, "forgot the bonus token"),
+    (
+        "lab8.accept_sampling",
+        "accept_sampling",
+        ((TARGET_DRAFT, "p, q = draft_probs[i, token], target_probs[i, token]"),),
+        FAIL,
+        "the ratio is upside down",
+    ),
+    (  # accept with p(x), resample from p without x: distributed as p, yet it rejects a perfect draft
+        "lab8.accept_sampling",
+        "accept_sampling",
+        (("< p / q:", "< p:"), (RESIDUAL, "residual = target_probs[i].clone()\n        residual[token] = 0")),
+        FAIL,
+        "with a perfect draft (q = p) that is 1",
+    ),
+    (
+        "lab8.accept_sampling",
+        "accept_sampling",
+        ((", generator=generator", ""),),
+        FAIL,
+        "Draw every random number from the generator passed in",
+    ),
+    (
+        "lab8.accept_sampling",
+        "accept_sampling",
+        (("accepted.append(token)", "accepted.append(token + 1)"),),
+        FAIL,
+        "are not the start of the draft",
+    ),
 ]
 
 

@@ -74,6 +74,18 @@ CASES = [
         FAIL,
         "which is not running",
     ),
+    (  # the newest other than the asker: wrong only when the asker is itself the newest
+        "lab4.preemption",
+        "choose_victim",
+        (
+            (
+                "return state.running[-1]",
+                "others = [r for r in state.running if r is not request]\n    return others[-1] if others else request",
+            ),
+        ),
+        FAIL,
+        "is itself the newest running request, so it is the victim",
+    ),
     ("lab4.serving_metrics", "serving_metrics", (), PASS, "PASS"),
     (
         "lab4.serving_metrics",
@@ -240,6 +252,20 @@ CASES = [
         FAIL,
         "which is larger",
     ),
+    (  # never returns 0: the search starts at a budget of 1
+        "lab6.choose_budget",
+        "choose_budget",
+        (("low, high = 0, 16_384", "low, high = 1, 16_384"),),
+        FAIL,
+        "so no budget keeps it: expected 0, got 1",
+    ),
+    (
+        "lab6.choose_budget",
+        "choose_budget",
+        (("low, high = 0, 16_384", "low, high = 0, 16_383"),),
+        FAIL,
+        "stops one short of the top",
+    ),
 ]
 
 
@@ -390,8 +416,11 @@ def test_prefill_chunks_says_fix_exercise_1_first_when_the_policy_is_wrong():
 def test_every_budget_case_tells_the_mistakes_apart(seed):
     from labkit.labs import lab6
 
-    for case in lab6.budget_cases(seed):
+    *seeded, none, top = lab6.budget_cases(seed)
+    for case in seeded:
         right = lab6.largest_budget(case["cost"], case["itl_ms"], case["context_tokens"])
         assert 0 < right < lab6.MAX_BUDGET
         assert lab6.largest_budget(case["cost"], case["itl_ms"], 0) != right
         assert lab6.largest_budget(case["cost"], case["itl_ms"] * 1000, case["context_tokens"]) != right
+    assert lab6.largest_budget(none["cost"], none["itl_ms"], none["context_tokens"]) == 0  # the range's two ends
+    assert lab6.largest_budget(top["cost"], top["itl_ms"], top["context_tokens"]) == lab6.MAX_BUDGET

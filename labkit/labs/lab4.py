@@ -19,9 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from labkit.engine.request import Request
 from labkit.engine.scheduler import policy_from_function
+from labkit.engine.state import SchedulerState
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
+from labkit.kv.block_allocator import BlockAllocator
 from labkit.labs.checking.engine_runs import (
     CheckRequest,
     compare_with_solo,
@@ -35,6 +38,7 @@ from labkit.labs.checking.learner_errors import diagnosed, noting_errors, raised
 from labkit.labs.checking.shared import rng
 from labkit.labs.hints import register_hints
 from labkit.metrics import summarize
+from labkit.sampling import SamplingParams
 from labkit.trace import RequestRecord, Trace
 
 # The lesson's ten replies (tokens each) and its five seats: 84 steps static, 58 continuous.
@@ -189,13 +193,43 @@ def serve_choosing(requests: list[CheckRequest], choose_victim) -> dict[str, Any
     return {**run, "choices": choices}
 
 
+def full_pool_choices(choose_victim) -> list[dict[str, Any]]:
+    """The learner's choice called directly on a full pool of three running requests: once for the newest
+    (who must give up its own seat: nobody joined after it), once for the oldest (the newest pays)."""
+    choices = []
+    for asker in (2, 0):
+        blocks = BlockAllocator(9, 4)
+        state = SchedulerState(blocks, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+        requests = [
+            Request(f"r{i}", [10 + i] * 12, SamplingParams(max_tokens=8), arrival_time=float(i)) for i in range(3)
+        ]
+        for request in requests:
+            state.add(request)
+            state.admit(request, 12)
+            request.num_computed_tokens = 12
+        victim = choose_victim(state, requests[asker])
+        choices.append(
+            {
+                "running": [r.request_id for r in requests],
+                "scheduling": requests[asker].request_id,
+                "victim": getattr(victim, "request_id", repr(victim)),
+                "direct": True,
+            }
+        )
+    return choices
+
+
 def choice_mistake(choice: dict[str, Any]) -> str | None:
-    """What kind of wrong choice this was (None if it was the newest): not running, itself, oldest, other."""
+    """What kind of wrong choice this was (None if it was the newest): not running, itself, oldest, the newest
+    but for the asker (who was itself the newest), other."""
     running, victim, scheduling = choice["running"], choice["victim"], choice["scheduling"]
     if victim == running[-1]:
         return None
     if victim not in running:
         return "not running"
+    if scheduling == running[-1] and victim == running[-2]:
+        # with two running, also the oldest: a later choice tells which rule it was
+        return "spared itself or oldest" if victim == running[0] else "spared itself"
     if victim == scheduling and victim == running[0]:
         return "itself or oldest"  # the same request: a later choice tells which rule it was
     return "itself" if victim == scheduling else "oldest" if victim == running[0] else "other"
@@ -211,9 +245,13 @@ def check_choices(choices: list[dict[str, Any]]) -> Mismatch | None:
     wrong = [entry for entry in wrong if entry[2] is not None]
     if not wrong:
         return None
-    index, choice, kind = next((entry for entry in wrong if entry[2] != "itself or oldest"), wrong[0])
+    ambiguous = ("itself or oldest", "spared itself or oldest")
+    index, choice, kind = next((entry for entry in wrong if entry[2] not in ambiguous), wrong[0])
     running, victim, scheduling = choice["running"], choice["victim"], choice["scheduling"]
-    where = f"preemption {index + 1} (running, oldest first: {running}; making room for {scheduling})"
+    if choice.get("direct"):
+        where = f"choose_victim(state, {scheduling}) on a full pool (running, oldest first: {running})"
+    else:
+        where = f"preemption {index + 1} (running, oldest first: {running}; making room for {scheduling})"
     if kind == "not running":
         return Mismatch(
             f"{where}: you chose {victim}, which is not running (it holds no blocks to give back)",
@@ -225,7 +263,15 @@ def check_choices(choices: list[dict[str, Any]]) -> Mismatch | None:
             f"{running[-1]} was running",
             "A request gives up its own seat only when it is the newest one; otherwise the newest pays.",
         )
-    if kind in ("oldest", "itself or oldest"):
+    if kind == "spared itself":
+        return Mismatch(
+            f"{where}: you preempted {victim}, the newest request other than {scheduling}; but {scheduling}, the "
+            "one asking for room, is itself the newest running request, so it is the victim",
+            "Preempt the newest running request even when it is the one asking: return request (the engine then "
+            "computes nothing for it this step). Sparing it preempts an older request, which breaks first come, "
+            "first served.",
+        )
+    if kind in ("oldest", "itself or oldest", "spared itself or oldest"):
         return Mismatch(
             f"{where}: you preempted the oldest running request {victim}; vLLM preempts the newest, {running[-1]}",
             "The oldest was promised service first and has the most tokens to recompute; preempting it again and "
@@ -238,7 +284,7 @@ def check_choices(choices: list[dict[str, Any]]) -> Mismatch | None:
 
 
 def _compare_preemption(expected, got) -> Mismatch | None:
-    mismatch = check_choices(got["choices"])
+    mismatch = check_choices(got["choices"] + got["direct"])
     if mismatch is not None:
         return mismatch
     failure = run_failure(got)
@@ -259,12 +305,16 @@ register(
             id="lab4.preemption",
             functions=("choose_victim",),
             make_inputs=lambda seed: {"requests": preemption_requests(seed)},
-            run=lambda functions, inputs: serve_choosing(inputs["requests"], functions[0]),
+            run=lambda functions, inputs: {
+                **serve_choosing(inputs["requests"], functions[0]),
+                "direct": full_pool_choices(functions[0]),
+            },
             oracle=solo_oracle,
             compare=_compare_preemption,
             tested="6 seeded requests on a pool of 10 blocks of 4 (too small for them, so requests are preempted), "
             "continuous batching with your choose_victim: every choice is the newest running request, preemptions "
-            "happened, and every request's greedy tokens equal decoding it alone",
+            "happened, and every request's greedy tokens equal decoding it alone; then two direct calls on a full "
+            "pool of three: the newest asking for room is its own victim, the oldest asking makes the newest pay",
             hint="Think of what each running request has already computed, and who was promised service first. "
             'labkit.hint("lab4.preemption") shows more.',
         )

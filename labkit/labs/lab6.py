@@ -107,7 +107,8 @@ MAX_BUDGET = 16_384  # the largest budget the exercise asks about
 
 
 def budget_cases(seed: int) -> list[dict[str, Any]]:
-    """Cost models (two GPUs serving Llama 3.1 8B, a CPU-sized one), promises and contexts, seeded."""
+    """Cost models (two GPUs serving Llama 3.1 8B, a CPU-sized one), promises and contexts, seeded; then the
+    range's two ends: a promise even one token breaks, and one the largest budget keeps."""
     r = rng(seed)
     # calibrated models read the KV context at a cost of their own (attention_s_per_token), as labkit calibrate fits
     gpu = dataclasses.replace(
@@ -137,6 +138,12 @@ def budget_cases(seed: int) -> list[dict[str, Any]]:
         floor_ms = cost.pass_time(1, context) * 1000
         promise = round(max(r.uniform(*promise_range), 1.5 * floor_ms), 1)
         cases.append({"cost": cost, "itl_ms": promise, "context_tokens": context})
+    # the two ends of the range: a promise no step keeps (the answer is 0), one that a full 16,384-token step keeps
+    context = r.randint(500, 4_000)
+    cases.append({"cost": cpu, "itl_ms": round(0.8 * cpu.pass_time(1, context) * 1000, 1), "context_tokens": context})
+    context = r.randint(20_000, 60_000)
+    generous = round(1.2 * gpu.pass_time(MAX_BUDGET, context) * 1000, 1)
+    cases.append({"cost": gpu, "itl_ms": generous, "context_tokens": context})
     return cases
 
 
@@ -159,6 +166,7 @@ def _budget_oracle(cases) -> dict[str, Any]:
         out.append(
             {
                 "budget": largest_budget(cost, promise, context),
+                "one_token_ms": cost.pass_time(1, context) * 1000,
                 "mistakes": {
                     "you compared seconds with milliseconds: pass_time is in seconds, the promise in ms": [
                         largest_budget(cost, promise * 1000, context),
@@ -169,7 +177,7 @@ def _budget_oracle(cases) -> dict[str, Any]:
                 },
             }
         )
-    return {"cases": out}
+    return {"inputs": [{"itl_ms": case["itl_ms"]} for case in cases], "cases": out}
 
 
 def _run_budget(functions, cases) -> list[Any]:
@@ -177,7 +185,7 @@ def _run_budget(functions, cases) -> list[Any]:
 
 
 def _compare_budget(expected, got) -> Mismatch | None:
-    for index, (want, have) in enumerate(zip(expected["cases"], got)):
+    for index, (case, want, have) in enumerate(zip(expected["inputs"], expected["cases"], got)):
         if have == want["budget"]:
             continue
         where = f"case {index + 1}"
@@ -186,6 +194,18 @@ def _compare_budget(expected, got) -> Mismatch | None:
         for mistake, wrongs in want["mistakes"].items():
             if have in wrongs and have != want["budget"]:
                 return Mismatch(f"{where}: expected a budget of {want['budget']} tokens, got {have}", mistake)
+        if want["budget"] == 0:
+            return Mismatch(
+                f"{where}: even a step of 1 token is predicted at {want['one_token_ms']:.1f} ms, over the promise of "
+                f"{case['itl_ms']} ms, so no budget keeps it: expected 0, got {have}",
+                'When even one token breaks the promise, return 0: the exercise\'s answer for "no budget keeps it". '
+                "A search that starts at a budget of 1 can never say so; start it at 0, which trivially keeps it.",
+            )
+        if want["budget"] == MAX_BUDGET and have == MAX_BUDGET - 1:
+            return Mismatch(
+                f"{where}: the whole range keeps this promise, so the answer is its top, {MAX_BUDGET}; got {have}",
+                f"The budgets go from 1 to {MAX_BUDGET:,} inclusive: your search stops one short of the top.",
+            )
         if have == want["budget"] + 1 or have > want["budget"]:
             return Mismatch(
                 f"{where}: a budget of {have} tokens breaks the promise; the largest that keeps it is {want['budget']}",
@@ -209,7 +229,8 @@ register(
             oracle=_budget_oracle,
             compare=_compare_budget,
             tested="choose_budget(cost, itl_ms, context_tokens) on three seeded cases (Llama 3.1 8B on an H100 and a "
-            "B200, a CPU-sized model): the largest budget whose step cost.pass_time predicts within the promise",
+            "B200, a CPU-sized model), then a promise that even one token breaks (the answer is 0) and one a step of "
+            f"{MAX_BUDGET:,} tokens keeps: the largest budget whose step cost.pass_time predicts within the promise",
             hint="A step's time grows with the tokens it computes; find where it reaches the promise. "
             'labkit.hint("lab6.choose_budget") shows more.',
         )

@@ -102,6 +102,10 @@ def _without_parent(token_ids, block_size) -> list[int]:
     ]
 
 
+def _hashes(count: int) -> str:
+    return f"{count} hash" + ("" if count == 1 else "es")
+
+
 def _compare_hashes(expected, got) -> Mismatch | None:
     for (tokens, block_size), want, have in zip(expected["cases"], expected["hashes"], got["hashes"]):
         if have == want:
@@ -111,7 +115,7 @@ def _compare_hashes(expected, got) -> Mismatch | None:
             return Mismatch(f"{where}: expected a list of {len(want)} ints, got {have!r:.80}")
         if len(have) > len(want) and len(want) == len(tokens) // block_size:
             return Mismatch(
-                f"{where}: you returned {len(have)} hashes, one for the last partial block "
+                f"{where}: you returned {_hashes(len(have))}, one for the last partial block "
                 f"({len(tokens) % block_size} tokens) too; expected {len(want)} (sharing the last partial block)",
                 "Only full blocks get a hash: the last partial block is still being written (the next tokens "
                 "land in it), so no other request may share it. Stop at len(token_ids) // block_size blocks.",
@@ -297,6 +301,15 @@ def diagnose_pool(calls, expected_log, got_log) -> Mismatch | None:
                     "had waited longest (evicting the most recent instead of the least recent)",
                     "evictable is ordered from the least recently freed (first) to the most recent (last). "
                     "Evict from the front: evictable.popitem(last=False).",
+                )
+            kept = len(have["free"])
+            if have["free"] != want["free"] and kept < len(before["free"]) and have["free"] == before["free"][:kept]:
+                return Mismatch(
+                    f"{where}: you took block {before['free'][-1]} from the end of the free list, the one freed "
+                    f"last, instead of block {before['free'][0]} from its front, the one that waited longest "
+                    "(the wrong end of the free list)",
+                    "free is a queue: release_block appends to its end and pick_block takes from its front, "
+                    "free.popleft(), so the block reused is the least recently freed. free.pop() takes the newest.",
                 )
             if before["free"] and len(taken_have) > len(taken_want):
                 return Mismatch(

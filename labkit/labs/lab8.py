@@ -16,8 +16,10 @@
 from __future__ import annotations
 
 import functools
+import random
 from typing import Any
 
+import numpy as np
 import torch
 
 from labkit import spec as engine_spec
@@ -26,7 +28,7 @@ from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.kv.block_allocator import BlockAllocator
 from labkit.labs.checking.engine_runs import CheckRequest, compare_with_solo, run_failure
-from labkit.labs.checking.learner_errors import diagnosed
+from labkit.labs.checking.learner_errors import capture, diagnosed, raised_in, raised_mismatch
 from labkit.labs.checking.shared import rng, torch_generator
 from labkit.labs.checking.spec_runs import repetitive_requests, serve_speculating, solo_course_runs
 from labkit.labs.checking.spec_sampling import (
@@ -42,7 +44,7 @@ from labkit.sampling import SamplingParams
 
 
 def ngram_cases(seed: int) -> list[dict[str, Any]]:
-    """Crafted sequences (a clear match, none, a short tail, a longer n-gram that wins) and seeded ones.
+    """Crafted sequences (a clear match, none, a short tail, a longer n-gram that wins, an overlap) and seeded ones.
 
     The seeded ones use a vocabulary of four tokens, so n-grams repeat often and at several lengths.
     """
@@ -52,6 +54,7 @@ def ngram_cases(seed: int) -> list[dict[str, Any]]:
         dict(token_ids=[4, 1, 2, 4, 1, 2], k=5, min_n=1, max_n=3),
         dict(token_ids=[3, 4, 7, 1, 4, 8, 3, 4], k=2, min_n=1, max_n=4),
         dict(token_ids=[6], k=2, min_n=1, max_n=4),
+        dict(token_ids=[1, 2, 1, 2, 1], k=2, min_n=3, max_n=3),
     ]
     r = rng(seed)
     for _ in range(40):
@@ -67,17 +70,59 @@ def ngram_cases(seed: int) -> list[dict[str, Any]]:
     return cases
 
 
-def _looked_up(token_ids, k, min_n, max_n, longest_first=True, latest=True) -> list[int]:
-    """Prompt lookup with one of its choices turned around: a model of the typical mistakes."""
+def _looked_up(
+    token_ids, k, min_n, max_n, longest_first=True, latest=True, fall_back=True, overlap=True, itself=False
+) -> list[int]:
+    """Prompt lookup with one of its choices turned around: a model of the typical mistakes.
+
+    ``fall_back=False`` gives up after the first n tried; ``overlap=False`` skips occurrences that
+    overlap the pattern; ``itself=True`` counts the last n tokens as an occurrence of themselves.
+    """
     lengths = range(max_n, min_n - 1, -1) if longest_first else range(min_n, max_n + 1)
     for n in lengths:
         if n >= len(token_ids):
             continue
-        starts = range(len(token_ids) - n - 1, -1, -1) if latest else range(len(token_ids) - n)
+        last = len(token_ids) - 2 * n if not overlap else len(token_ids) - n - (0 if itself else 1)
+        starts = range(last, -1, -1) if latest else range(last + 1)
         for i in starts:
             if token_ids[i : i + n] == token_ids[-n:]:
                 return token_ids[i + n : i + n + k]
+        if not fall_back:
+            return []
     return []
+
+
+# Each typical mistake: how _looked_up models it, and the hint that names it. A learner whose drafts
+# equal a model's on every case made that mistake.
+NGRAM_MISTAKES = {
+    "itself": (
+        dict(itself=True),
+        "You found nothing where an earlier occurrence exists: your search finds the last n tokens themselves "
+        "(they always match, and nothing follows them). Only an occurrence that starts before the last n tokens "
+        "counts: start the search at i = len(token_ids) - n - 1.",
+    ),
+    "no fall-back": (
+        dict(fall_back=False),
+        "You gave up when the longest pattern had no earlier occurrence. Fall back to shorter patterns: try n "
+        "from max_n down to min_n, and return [] only when no n has a match.",
+    ),
+    "no overlap": (
+        dict(overlap=False),
+        "You skipped an earlier occurrence because it overlaps the last n tokens. It only has to start before "
+        "them (any i up to len(token_ids) - n - 1): in [1, 2, 1, 2, 1] the pattern [1, 2, 1] occurred at 0, so "
+        "the draft is [2, 1].",
+    ),
+    "shortest first": (
+        dict(longest_first=False),
+        "You matched a shorter n-gram although a longer one occurs earlier too. Try n from max_n down to "
+        "min_n and stop at the first n that matches: a longer match predicts better.",
+    ),
+    "earliest": (
+        dict(latest=False),
+        "You took the first occurrence of the pattern. Take the most recent one (the largest start i): "
+        "what followed it last is the likeliest continuation now.",
+    ),
+}
 
 
 def _run_ngram(functions, cases) -> list[list[int]]:
@@ -85,48 +130,34 @@ def _run_ngram(functions, cases) -> list[list[int]]:
 
 
 def _ngram_oracle(cases) -> dict[str, Any]:
+    args = [(c["token_ids"], c["k"], c["min_n"], c["max_n"]) for c in cases]
     return {
         "cases": cases,
-        "want": [engine_spec.propose_ngram(c["token_ids"], c["k"], c["min_n"], c["max_n"]) for c in cases],
-        "shortest_first": [
-            _looked_up(c["token_ids"], c["k"], c["min_n"], c["max_n"], longest_first=False) for c in cases
-        ],
-        "earliest": [_looked_up(c["token_ids"], c["k"], c["min_n"], c["max_n"], latest=False) for c in cases],
+        "want": [engine_spec.propose_ngram(*a) for a in args],
+        "mistakes": {name: [_looked_up(*a, **model) for a in args] for name, (model, _) in NGRAM_MISTAKES.items()},
     }
 
 
 def _compare_ngram(expected, got) -> Mismatch | None:
-    for index, (case, want, have) in enumerate(zip(expected["cases"], expected["want"], got)):
-        if have == want:
-            continue
-        ids, k, min_n, max_n = case["token_ids"], case["k"], case["min_n"], case["max_n"]
-        where = f"propose_ngram({ids}, k={k}, min_n={min_n}, max_n={max_n})"
-        difference = f"{where}: expected {want}, got {have}"
-        if len(have) > k:
-            return Mismatch(difference, f"Propose at most k = {k} tokens: the ones right after the match, no more.")
-        if not have and want:
-            return Mismatch(
-                difference,
-                "You found nothing where an earlier occurrence exists. Is your search finding the last n tokens "
-                "themselves (they always match, and nothing follows them)? Only an occurrence that starts before "
-                "the last n tokens counts.",
-            )
-        if have == expected["shortest_first"][index]:
-            return Mismatch(
-                difference,
-                "You matched a shorter n-gram although a longer one occurs earlier too. Try n from max_n down to "
-                "min_n and stop at the first n that matches: a longer match predicts better.",
-            )
-        if have == expected["earliest"][index]:
-            return Mismatch(
-                difference,
-                "You took the first occurrence of the pattern. Take the most recent one (the largest start i): "
-                "what followed it last is the likeliest continuation now.",
-            )
-        if want and not all(t in ids for t in have):
-            return Mismatch(difference, "Every proposed token must come from the sequence, after a match.")
-        return Mismatch(difference)
-    return None
+    wrong = [i for i, (want, have) in enumerate(zip(expected["want"], got)) if have != want]
+    if not wrong:
+        return None
+    index = wrong[0]
+    case, want, have = expected["cases"][index], expected["want"][index], got[index]
+    ids, k, min_n, max_n = case["token_ids"], case["k"], case["min_n"], case["max_n"]
+    where = f"propose_ngram({ids}, k={k}, min_n={min_n}, max_n={max_n})"
+    difference = f"{where}: expected {want}, got {have}"
+    if len(have) > k:
+        return Mismatch(difference, f"Propose at most k = {k} tokens: the ones right after the match, no more.")
+    for name, (_, hint) in NGRAM_MISTAKES.items():  # the mistake that explains every draft, if one does
+        if list(got) == expected["mistakes"][name]:
+            return Mismatch(difference, hint)
+    for name, (_, hint) in NGRAM_MISTAKES.items():  # else the first that explains this one
+        if have == expected["mistakes"][name][index]:
+            return Mismatch(difference, hint)
+    if want and not all(t in ids for t in have):
+        return Mismatch(difference, "Every proposed token must come from the sequence, after a match.")
+    return Mismatch(difference)
 
 
 register(
@@ -138,7 +169,7 @@ register(
             run=_run_ngram,
             oracle=_ngram_oracle,
             compare=_compare_ngram,
-            tested="propose_ngram on 5 crafted and 40 seeded sequences (4 tokens, so n-grams repeat), "
+            tested="propose_ngram on 6 crafted and 40 seeded sequences (4 tokens, so n-grams repeat), "
             "with k from 1 to 5 and n from 1 to 4: the same draft as the engine's prompt lookup",
             hint="Look for the last n tokens earlier in the sequence, longest n first; the draft is what followed "
             'that occurrence, at most k tokens. labkit.hint("lab8.propose_ngram") shows more.',
@@ -325,7 +356,17 @@ def _compare_rollback_case(case, got) -> Mismatch | None:
             "You freed a block that still holds tokens: a partly filled last block stays. Keep "
             "blocks.blocks_for(num_computed_tokens) blocks (rounded up), not num_computed_tokens // block_size.",
         )
-    if got["table"] == got["before"][len(got["before"]) - len(got["table"]) :]:
+    if got["table"] == got["before"] and got["num_free"] == ROLLBACK_POOL - 5 - keep:
+        return Mismatch(
+            difference,
+            "The right blocks went back to the pool, but the request's table still lists them: you popped from a "
+            "copy of the table. blocks.block_table(request.request_id) is the allocator's own list; pop from it "
+            "directly (not from list(...) or .copy() of it), so the table and the pool agree.",
+        )
+    if (
+        len(got["table"]) < len(got["before"])
+        and got["table"] == got["before"][len(got["before"]) - len(got["table"]) :]
+    ):
         return Mismatch(
             difference,
             "You freed blocks from the front of the table: those hold the first tokens of the sequence. "
@@ -387,10 +428,12 @@ register(
 
 TRIALS = 3000
 TOLERANCE = 0.06  # total variation allowed between the frequencies seen and the target's p (noise is ~0.02)
+REPEATS = 50  # calls made twice, with generators seeded alike, to see that the rule draws from its generator
 
 
-def sampling_cases(seed: int) -> list[dict[str, Any]]:
-    """Small vocabularies where every wrong rule is far from p: a peaked draft, a flat one, a one-hot one."""
+def sampling_cases(seed: int) -> dict[str, Any]:
+    """Small vocabularies where every wrong rule is far from p: a peaked draft, a flat one, a one-hot one;
+    then a perfect draft (q = p), which the rule must always accept."""
     generator = torch_generator(seed)
     cases = []
     for k, one_hot in ((1, False), (2, False), (3, True)):
@@ -400,28 +443,60 @@ def sampling_cases(seed: int) -> list[dict[str, Any]]:
         if one_hot:  # what prompt lookup drafts: certain of its tokens
             q = torch.nn.functional.one_hot(q.argmax(dim=-1), vocab).double()
         cases.append({"p": p, "q": q, "seed": seed + len(cases)})
-    return cases
+    p = torch.softmax(2.0 * torch.randn(3, 6, generator=generator, dtype=torch.float64), dim=-1)
+    cases.append({"p": p, "q": p[:2].clone(), "seed": seed + len(cases), "perfect": True})
+    return {"cases": cases}
 
 
-def _run_sampling(functions, cases) -> list[torch.Tensor]:
-    """Per case, one row per draw: the k draft tokens (drawn from q here), how many tokens the rule returned,
-    and those tokens (at most k + 1 kept, -1 after them). A tensor, so 3,000 draws stay one compact value."""
+def _sampled_rows(accept, case) -> torch.Tensor:
+    """One row per draw: the k draft tokens (drawn from q here), how many tokens the rule returned, and those
+    tokens (at most k + 1 kept, -1 after them). A tensor, so 3,000 draws stay one compact value."""
+    draw = torch_generator(case["seed"])
+    generator = torch_generator(case["seed"] + 10_000)
+    p, q = case["p"], case["q"]
+    k = q.shape[0]
+    rows = torch.full((TRIALS, 2 * k + 2), -1, dtype=torch.int64)
+    for trial in range(TRIALS):
+        draft = [int(torch.multinomial(row, 1, generator=draw)) for row in q]
+        out = [int(t) for t in accept(list(draft), q.clone(), p.clone(), generator)]
+        rows[trial, :k] = torch.tensor(draft)
+        rows[trial, k] = len(out)
+        rows[trial, k + 1 : k + 1 + min(len(out), k + 1)] = torch.tensor(out[: k + 1], dtype=torch.int64)
+    return rows
+
+
+def _repeated(accept, case) -> dict[str, Any]:
+    """The same REPEATS calls made twice with generators seeded alike, the global random generators (torch's,
+    Python's, NumPy's) reseeded differently in between: the tokens of both rounds, and whether the calls moved
+    torch's global generator. The global generators are put back as they were."""
+    p, q = case["p"], case["q"]
+    draw = torch_generator(case["seed"] + 20_000)
+    drafts = [[int(torch.multinomial(row, 1, generator=draw)) for row in q] for _ in range(REPEATS)]
+    saved = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    rounds, moved = [], False
+    try:
+        for global_seed in (1, 2):
+            torch.manual_seed(global_seed)
+            random.seed(global_seed)
+            np.random.seed(global_seed)
+            before = torch.get_rng_state()
+            generator = torch_generator(case["seed"] + 30_000)
+            rounds.append([[int(t) for t in accept(list(d), q.clone(), p.clone(), generator)] for d in drafts])
+            moved = moved or not torch.equal(before, torch.get_rng_state())
+    finally:
+        torch.set_rng_state(saved[0])
+        random.setstate(saved[1])
+        np.random.set_state(saved[2])
+    return {"rounds": rounds, "moved_global": moved}
+
+
+def _run_sampling(functions, inputs) -> dict[str, Any]:
+    """Each case's draws (or the record of what the rule raised there, so an earlier case's verdict comes
+    first), and the repeated calls of the reproducibility check, on case 1 (k = 2)."""
     accept = functions[0]
-    outs = []
-    for case in cases:
-        draw = torch_generator(case["seed"])
-        generator = torch_generator(case["seed"] + 10_000)
-        p, q = case["p"], case["q"]
-        k = q.shape[0]
-        rows = torch.full((TRIALS, 2 * k + 2), -1, dtype=torch.int64)
-        for trial in range(TRIALS):
-            draft = [int(torch.multinomial(row, 1, generator=draw)) for row in q]
-            out = [int(t) for t in accept(list(draft), q.clone(), p.clone(), generator)]
-            rows[trial, :k] = torch.tensor(draft)
-            rows[trial, k] = len(out)
-            rows[trial, k + 1 : k + 1 + min(len(out), k + 1)] = torch.tensor(out[: k + 1], dtype=torch.int64)
-        outs.append(rows)
-    return outs
+    rows = [capture(functions, functools.partial(_sampled_rows, accept, case)) for case in inputs["cases"]]
+    repeated = capture(functions, functools.partial(_repeated, accept, inputs["cases"][1]))
+    return {"rows": rows, "repeated": repeated}
 
 
 def _draws(rows: torch.Tensor, k: int) -> list[tuple[list[int], list[int], int]]:
@@ -429,50 +504,97 @@ def _draws(rows: torch.Tensor, k: int) -> list[tuple[list[int], list[int], int]]
     return [(row[:k].tolist(), row[k + 1 : k + 1 + min(int(row[k]), k + 1)].tolist(), int(row[k])) for row in rows]
 
 
-def _sampling_oracle(cases) -> dict[str, Any]:
-    return {"cases": cases}
+def _sampling_oracle(inputs) -> dict[str, Any]:
+    return {"cases": inputs["cases"]}
+
+
+def _tokens(count: int) -> str:
+    return f"{count} token" + ("" if count == 1 else "s")
+
+
+def _compare_sampled_case(index, case, rows) -> Mismatch | None:
+    p, q = case["p"], case["q"]
+    results = _draws(rows, q.shape[0])
+    k, vocab = q.shape
+    kind = ", a perfect draft, q = p" if case.get("perfect") else ", a one-hot draft" if q.max() == 1 else ""
+    where = f"case {index} (k = {k}, vocabulary {vocab}{kind})"
+    for draft, out, returned in results:
+        if not 1 <= returned <= k + 1:
+            more = f" and {returned - len(out)} more" if returned > len(out) else ""
+            return Mismatch(
+                f"{where}: draft {draft}, you returned {_tokens(returned)}: {out}{more}",
+                f"Return the accepted drafts (a prefix of the draft) and then one token: 1 to k + 1 = {k + 1} "
+                "tokens in all.",
+            )
+        if out[:-1] != draft[: len(out) - 1]:
+            return Mismatch(
+                f"{where}: draft {draft}, you returned {out}: its first {_tokens(len(out) - 1)} "
+                f"{out[:-1]} are not the start of the draft",
+                "Every token before the last one you return is an accepted draft, in the draft's order: return "
+                "draft[:a] plus one new token, where a is the number of drafts accepted before the first rejection.",
+            )
+    first = frequencies([out[0] for _, out, _ in results], vocab)
+    full = [out for _, out, _ in results if len(out) == k + 1]
+    whole_draft_only = [out for draft, out, _ in results if out == draft]
+    seen = total_variation(first, p[0])
+    if seen > TOLERANCE:
+        rule, distance = closest_rule(p[0], q[0], first)
+        difference = (
+            f"{where}: the first token's frequencies over {len(results)} draws are {_fmt(first)}, the target's "
+            f"p is {_fmt(p[0])} (total variation {seen:.2f}, noise is about 0.02)"
+        )
+        return Mismatch(difference, MISTAKE_HINTS.get(rule) if rule != "correct" and distance < seen else None)
+    if whole_draft_only and not full:
+        return Mismatch(
+            f"{where}: never more than {_tokens(k)}, even when every draft was accepted",
+            "You forgot the bonus token: when all k drafts are accepted, sample one more token from the "
+            "target's last row, target_probs[k].",
+        )
+    if len(full) > 200:
+        bonus = frequencies([out[-1] for out in full], vocab)
+        gap = total_variation(bonus, p[k])
+        if gap > 2 * TOLERANCE:
+            return Mismatch(
+                f"{where}: the bonus token's frequencies {_fmt(bonus)}, the target's last row is {_fmt(p[k])}",
+                "The bonus token, after k accepted drafts, is sampled from target_probs[k], the target's "
+                "distribution at the position after the last draft.",
+            )
+    if case.get("perfect") and len(full) < len(results):
+        rejected = sum(k - (len(out) - 1) for _, out, _ in results)
+        return Mismatch(
+            f"{where}: your rule rejected {rejected} of {k * len(results)} drafts, although the draft's "
+            "probabilities equal the target's",
+            "The rule must accept x with probability min(1, p(x) / q(x)); with a perfect draft (q = p) that is 1, "
+            "so every draft is accepted. A rule that ignores q (accepting with p(x)) can still return tokens "
+            "distributed as p, but it throws away good drafts.",
+        )
+    return None
 
 
 def _compare_sampling(expected, got) -> Mismatch | None:
-    for index, (case, rows) in enumerate(zip(expected["cases"], got)):
-        p, q = case["p"], case["q"]
-        results = _draws(rows, q.shape[0])
-        k, vocab = q.shape
-        where = f"case {index} (k = {k}, vocabulary {vocab}{', a one-hot draft' if q.max() == 1 else ''})"
-        for draft, out, returned in results:
-            if not 1 <= returned <= k + 1 or out[:-1] != draft[: len(out) - 1]:
-                more = f" and {returned - len(out)} more" if returned > len(out) else ""
-                return Mismatch(
-                    f"{where}: draft {draft}, returned {out}{more}",
-                    f"Return the accepted drafts (a prefix of the draft) and then one token: 1 to k + 1 = {k + 1} "
-                    "tokens in all.",
-                )
-        first = frequencies([out[0] for _, out, _ in results], vocab)
-        full = [out for _, out, _ in results if len(out) == k + 1]
-        whole_draft_only = [out for draft, out, _ in results if out == draft]
-        seen = total_variation(first, p[0])
-        if seen > TOLERANCE:
-            rule, distance = closest_rule(p[0], q[0], first)
-            difference = (
-                f"{where}: the first token's frequencies over {len(results)} draws are {_fmt(first)}, the target's "
-                f"p is {_fmt(p[0])} (total variation {seen:.2f}, noise is about 0.02)"
-            )
-            return Mismatch(difference, MISTAKE_HINTS.get(rule) if rule != "correct" and distance < seen else None)
-        if whole_draft_only and not full:
-            return Mismatch(
-                f"{where}: never more than {k} tokens, even when every draft was accepted",
-                "You forgot the bonus token: when all k drafts are accepted, sample one more token from the "
-                "target's last row, target_probs[k].",
-            )
-        if len(full) > 200:
-            bonus = frequencies([out[-1] for out in full], vocab)
-            gap = total_variation(bonus, p[k])
-            if gap > 2 * TOLERANCE:
-                return Mismatch(
-                    f"{where}: the bonus token's frequencies {_fmt(bonus)}, the target's last row is {_fmt(p[k])}",
-                    "The bonus token, after k accepted drafts, is sampled from target_probs[k], the target's "
-                    "distribution at the position after the last draft.",
-                )
+    for index, (case, rows) in enumerate(zip(expected["cases"], got["rows"])):
+        record = raised_in(rows)
+        mismatch = raised_mismatch(record, None) if record else _compare_sampled_case(index, case, rows)
+        if mismatch is not None:
+            return mismatch
+    record = raised_in(got["repeated"])
+    if record:
+        return raised_mismatch(record, None)
+    rounds, moved = got["repeated"]["rounds"], got["repeated"]["moved_global"]
+    draw_from = (
+        "Draw every random number from the generator passed in: torch.rand((), generator=generator) and "
+        "torch.multinomial(..., generator=generator). Then a run can be repeated with the same seed, and "
+        "requests with their own seeds do not disturb each other."
+    )
+    if rounds[0] != rounds[1]:
+        calls = next(i for i, (a, b) in enumerate(zip(*rounds)) if a != b)
+        return Mismatch(
+            f"{REPEATS} calls made twice with generators of the same seed returned different tokens (first at call "
+            f"{calls + 1}: {rounds[0][calls]}, then {rounds[1][calls]}): your rule does not draw from `generator`",
+            draw_from,
+        )
+    if moved:
+        return Mismatch("your rule drew random numbers from torch's global generator, not from `generator`", draw_from)
     return None
 
 
@@ -489,9 +611,10 @@ register(
             run=_run_sampling,
             oracle=_sampling_oracle,
             compare=_compare_sampling,
-            tested=f"accept_sampling called {TRIALS} times on each of 3 seeded cases (k = 1, 2, 3; one with a one-hot "
-            "draft, as prompt lookup makes): the first token returned is distributed as the target's p, and the "
-            "bonus token after k accepted drafts as the target's last row",
+            tested=f"accept_sampling called {TRIALS} times on each of 4 seeded cases (k = 1, 2, 3, 2; one with a one-hot "
+            "draft, as prompt lookup makes, one with a perfect draft, q = p): the first token returned is distributed "
+            "as the target's p, the bonus token after k accepted drafts as the target's last row, a perfect draft "
+            f"always accepted; then {REPEATS} calls made twice with generators seeded alike return the same tokens",
             hint="For each draft token x: accept with probability min(1, p(x) / q(x)); on the first rejection, sample "
             "from max(0, p - q) normalised and stop; if all are accepted, sample one more from the last row of p. "
             'labkit.hint("lab8.accept_sampling") shows more.',

@@ -1,8 +1,8 @@
 """The schedule of a run as a picture: one row per request, coloured by what it did when.
 
 Read from a :class:`~labkit.trace.Trace` alone, so the real engine and the simulator
-draw alike. Per step, a request that computed tokens was in **prefill** (its prompt, or a
-recompute after preemption, is not fully cached yet) or **decode**; a request that had
+draw alike. Per step, a request that computed tokens was in **prefill** (it has not emitted a
+token since it was admitted, or readmitted to recompute after a preemption) or **decode**; a request that had
 arrived but was not in the step was **waiting** (never run yet) or **preempted** (thrown
 out and waiting to recompute). Ticks mark each output token, so a stall shows as a gap.
 
@@ -40,22 +40,33 @@ class Segment:
 
 
 def _step_kinds(trace: Trace) -> list[dict[str, str]]:
-    """For every step, the state of each request alive during it (request id -> kind)."""
+    """For every step, the state of each request alive during it (request id -> kind).
+
+    A request that computes in a step is in prefill until the step that emits its first token, and
+    again after a preemption until the step that emits its next one; otherwise it decodes. This is
+    read from the token times, not from counting the tokens computed: with prefix caching a request
+    computes fewer tokens than its prompt holds, and the trace does not say how many each one found.
+    """
     requests = {r.request_id: r for r in trace.requests}
-    computed = dict.fromkeys(requests, 0)
-    target = {rid: r.prompt_len for rid, r in requests.items()}
+    first_start = trace.steps[0].start if trace.steps else 0.0
+    # tokens emitted so far: a windowed trace's requests may have emitted some before its first step
+    emitted = {rid: sum(t <= first_start for t in r.token_times) for rid, r in requests.items()}
+    prefilling = {rid for rid in requests if not emitted[rid]}
     ever_ran, thrown_out = set(), set()
     kinds = []
     for step in trace.steps:
         for rid in step.preempted:
-            emitted = sum(t <= step.start for t in requests[rid].token_times)
-            computed[rid], target[rid] = 0, requests[rid].prompt_len + emitted
+            prefilling.add(rid)
             thrown_out.add(rid)
         now: dict[str, str] = {}
         for rid, record in requests.items():
             if rid in step.scheduled:
-                now[rid] = "prefill" if computed[rid] < target[rid] else "decode"
-                computed[rid] += step.scheduled[rid]
+                now[rid] = "prefill" if rid in prefilling else "decode"
+                before, times = emitted[rid], record.token_times
+                while emitted[rid] < len(times) and times[emitted[rid]] <= step.end:
+                    emitted[rid] += 1
+                if emitted[rid] > before:
+                    prefilling.discard(rid)
                 ever_ran.add(rid)
                 thrown_out.discard(rid)
             elif record.arrival_time <= step.start and (record.finish_time is None or record.finish_time > step.start):

@@ -23,6 +23,10 @@ RULES: dict[str, tuple[Callable, Callable]] = {
     ),
     "accept with p": (lambda p, q, x: float(p[x]), lambda p, q: _normalised(torch.clamp(p - q, min=0.0))),
     "resample from p": (lambda p, q, x: min(1.0, float(p[x] / q[x])), lambda p, q: p),
+    "ratio upside down": (
+        lambda p, q, x: min(1.0, float(q[x] / p[x])) if p[x] > 0 else 1.0,
+        lambda p, q: _normalised(torch.clamp(p - q, min=0.0)),
+    ),
     "the draft's own probabilities": (lambda p, q, x: 1.0, lambda p, q: q),
 }
 
@@ -31,6 +35,9 @@ MISTAKE_HINTS = {
     "a token the draft over-proposes (q(x) > p(x)) must be accepted less often, one it under-proposes always.",
     "resample from p": "On a rejection your rule samples from p. It must sample from max(0, p - q), normalised: "
     "the tokens the draft under-proposed. Sampling from p counts the accepted mass twice.",
+    "ratio upside down": "Your rule accepts a drafted token x with probability min(1, q(x) / p(x)): the ratio is "
+    "upside down. It is the target's over the draft's, min(1, p(x) / q(x)): a token the draft over-proposes "
+    "(q(x) > p(x)) must be accepted less often, not always.",
     "the draft's own probabilities": "Your rule accepts every drafted token, as if it compared the draft with its "
     "own probabilities (p / q = 1). The ratio must use the target's probabilities p, from the verification pass.",
 }
