@@ -72,6 +72,29 @@ def runs_to_the_end(llm, inbox, send):
             send(output)
 
 
+def newest_first(llm, inbox, send):
+    while inbox:
+        kind, request_id, *rest = inbox.pop()
+        if kind == "add":
+            llm.add_request(rest[0], rest[1], request_id=request_id)
+        else:
+            llm.abort_request(request_id)
+    if llm.has_unfinished():
+        for output in llm.step():
+            send(output)
+
+
+def aborts_first(llm, inbox, send):
+    inbox.sort(key=lambda command: command[0] != "abort")
+    engine_turn(llm, inbox, send)
+
+
+def adds_first(llm, inbox, send):
+    """Harmless: an add and an abort of different requests commute; the order among adds is kept."""
+    inbox.sort(key=lambda command: command[0] != "add")
+    engine_turn(llm, inbox, send)
+
+
 def leaves_the_inbox(llm, inbox, send):
     for kind, request_id, *rest in list(inbox):
         if kind == "add":
@@ -84,6 +107,10 @@ def test_the_engine_loop_passes(seed):
     assert verdict("lab9.engine_turn", engine_turn, seed).startswith(PASS)
 
 
+def test_commands_that_commute_may_be_reordered():
+    assert verdict("lab9.engine_turn", adds_first).startswith(PASS)
+
+
 @pytest.mark.parametrize(
     "wrong, named",
     [
@@ -92,8 +119,18 @@ def test_the_engine_loop_passes(seed):
         (sends_only_finished, "only when it finished"),
         (runs_to_the_end, "One step per turn"),
         (leaves_the_inbox, "applied twice"),
+        (newest_first, "in the order they arrived (oldest first)"),
+        (aborts_first, "applied the abort (hang-up) of client6 first"),
     ],
-    ids=["steps-before-commands", "ignores-aborts", "sends-only-finished", "runs-to-the-end", "leaves-the-inbox"],
+    ids=[
+        "steps-before-commands",
+        "ignores-aborts",
+        "sends-only-finished",
+        "runs-to-the-end",
+        "leaves-the-inbox",
+        "newest-first",
+        "aborts-before-adds",
+    ],
 )
 def test_each_loop_mistake_fails_and_is_named(wrong, named):
     result = verdict("lab9.engine_turn", wrong)
@@ -234,6 +271,25 @@ def only_tpot(measure, rates, promise):
     return highest_rate(measure, rates, {"tpot_ms": promise["tpot_ms"]})
 
 
+def first_broken(measure, rates, promise):
+    for rate in sorted(rates):
+        requests = measure(rate)
+        if not all(r["ok"] for r in requests) or breaks(requests, promise):
+            return rate
+    return max(rates)
+
+
+def one_too_soon(measure, rates, promise):
+    """Two below the first rate that broke: the rate remembered before the last one that passed."""
+    best = before = None
+    for rate in sorted(rates):
+        requests = measure(rate)
+        if not all(r["ok"] for r in requests) or breaks(requests, promise):
+            break
+        before, best = best, rate
+    return before
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_search_passes(seed):
     assert verdict("lab9.highest_rate", highest_rate, seed).startswith(PASS)
@@ -249,6 +305,8 @@ def test_the_search_passes(seed):
         (none_is_zero, "return None"),
         (percentile_of_everything, "A lost request has ok False"),
         (only_tpot, "check every metric of the promise"),
+        (first_broken, "you return the first rate that broke the promise"),
+        (one_too_soon, "an off-by-one in the search; you return a rate below the last that kept"),
     ],
     ids=[
         "mean",
@@ -258,6 +316,8 @@ def test_the_search_passes(seed):
         "zero-for-none",
         "percentile-of-none",
         "only-tpot",
+        "first-broken-rate",
+        "one-below",
     ],
 )
 def test_each_search_mistake_fails_and_is_named(wrong, named):

@@ -3,10 +3,10 @@ behind ``labkit serve`` over HTTP, the admission rule, and the capacity sweep.
 
 Each passes the right answer and fails the typical mistakes, naming them. Servers are started on
 free loopback ports by the checks themselves and stopped by them. The capacity check judges the
-learner's rate on the loads their own sweep sent (recorded by the load tester), so its typical
-mistakes are judged here on fixed recorded sweeps, and the whole check runs for real twice: the
-solved sweep with two busy cores beside it (it must pass, however slow the machine is) and one
-that measures nothing (it must fail).
+learner's rate on the loads their own sweep sent (recorded by the load tester), then on a replayed
+sweep of known capacity, so its typical mistakes are judged here on fixed recorded sweeps and on the
+replay (with the server's one /v1/models answer faked), and the whole check runs for real once: the
+solved sweep with two busy cores beside it (it must pass, however slow the machine is).
 """
 
 import math
@@ -19,9 +19,20 @@ from labkit.bench.busy import busy_cores
 from labkit.engine.scheduler import SchedulerOutput
 from labkit.grading.checks import get_exercise
 from labkit.grading.feedback import evaluate
-from labkit.grading.result import FAIL, NOT_DONE, PASS
+from labkit.grading.result import FAIL, NOT_DONE, PASS, Mismatch, Note
 from labkit.labs.checking.serve_admission import WRONG_RULES
-from labkit.labs.checking.serve_capacity import capacity_inputs, capacity_oracle
+from labkit.labs.checking.serve_capacity import (
+    EXAMPLE_PROMISE,
+    LOAD,
+    REPLAY_PROMISE,
+    REPLAY_SIGNS,
+    capacity_inputs,
+    capacity_oracle,
+    replay_sweep,
+)
+from labkit.serve import background
+from labkit.serve.background import measure
+from labkit.slo import Promise, from_requests, highest_rate
 
 pytestmark = pytest.mark.lab9
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +69,22 @@ def static_schedule(state):
     return continuous_schedule(state)
 
 
+def without_the_block_check(state):
+    """Seats and budget, but no state.blocks.can_allocate: fine on a big pool, breaks when memory binds."""
+    output = SchedulerOutput()
+    budget = state.max_num_batched_tokens
+    for request in list(state.running):
+        if state.reserve(request, request.num_missing_tokens, output):
+            output.scheduled[request.request_id] = request.num_missing_tokens
+            budget -= request.num_missing_tokens
+    while state.waiting and len(state.running) < state.max_num_seqs and state.waiting[0].num_missing_tokens <= budget:
+        head = state.waiting[0]
+        budget -= head.num_missing_tokens
+        output.scheduled[head.request_id] = head.num_missing_tokens
+        state.admit(head, head.num_missing_tokens)
+    return output
+
+
 def raises_on_a_full_house(state):
     if len(state.running) == state.max_num_seqs:
         raise KeyError("no seat")
@@ -73,17 +100,34 @@ def test_the_policy_passes_under_http():
     [
         (static_schedule, "slots were in use while"),
         (raises_on_a_full_house, "raised KeyError"),
+        (
+            without_the_block_check,
+            "in lab 4's check run: your function without_the_block_check raised OutOfBlocksError",
+        ),
     ],
+    ids=["static", "raises", "no-block-check"],
 )
 def test_each_policy_mistake_fails_and_is_named(wrong, named):
     got = verdict("lab9.continuous_schedule", wrong)
     assert got.startswith(FAIL) and named in got, got
+    if wrong is without_the_block_check:  # lab 4's own hint for it
+        assert "state.blocks.can_allocate" in got, got
 
 
 def test_a_changed_answer_is_caught():
-    exercise = get_exercise("lab9.continuous_schedule")
-    expected = {"answers": [{"text": " Paris.", "settled": " Paris.", "near_tie": False}]}
-    got = {"answers": [{"text": " Lyon.", "error": None}], "decisions": [], "blocks_used_at_end": 0, "raised": []}
+    exercise, lab4 = get_exercise("lab9.continuous_schedule"), get_exercise("lab4.continuous_schedule")
+    lab4_inputs = lab4.make_inputs(0)  # lab 4's check run, passed: what the server's answers are judged after
+    expected = {
+        "answers": [{"text": " Paris.", "settled": " Paris.", "near_tie": False}],
+        "lab4": lab4.oracle(lab4_inputs),
+    }
+    got = {
+        "answers": [{"text": " Lyon.", "error": None}],
+        "decisions": [],
+        "blocks_used_at_end": 0,
+        "raised": [],
+        "lab4": lab4.run([continuous_schedule], lab4_inputs),
+    }
     assert "decoded alone" in exercise.compare(expected, got).difference
     leaked = {**got, "answers": [{"text": " Paris.", "error": None}], "blocks_used_at_end": 3}
     joined = [
@@ -149,6 +193,23 @@ def test_other_wrong_admissions_name_the_situation():
 
     got = verdict("lab9.admit", no_rounding)
     assert got.startswith(FAIL) and "'one place too many'" in got, got
+    assert "return an int" in got and "math.ceil(" not in got, got
+
+
+def test_a_wrong_admission_is_named_without_the_formula():
+    """The last hint tier holds the formula (and costs points); the failure message names what differs."""
+
+    def twice_the_wait(queue, promise_ms):
+        if queue.service_s is None:
+            return None
+        wait_s = (
+            2 * max(0, queue.running + queue.waiting + 1 - queue.max_num_seqs) * queue.service_s / queue.max_num_seqs
+        )
+        return None if wait_s * 1000 <= promise_ms else max(1, math.ceil(wait_s - promise_ms / 1000))
+
+    got = verdict("lab9.admit", twice_the_wait)
+    assert got.startswith(FAIL) and "'at the promise'" in got and "so it admits; you refused" in got, got
+    assert "running + waiting + 1" not in got and "math.ceil" not in got, got
 
 
 # --- lab9.find_capacity --------------------------------------------------------------------------
@@ -176,10 +237,10 @@ def judged(rate, loads=SWEEP):
 
 
 def test_labkits_rule_on_the_sweeps_own_measurements_passes():
-    assert judged(2.0) is None
-    assert judged(1.0, [sent(1.0, 180, 80), sent(2.0, 420, 85, lost=1)]) is None  # a lost request breaks it
-    assert judged(None, [sent(1.0, 700, 80)]) is None  # nothing keeps it: None, after measuring the lowest only
-    assert judged(16.0, [sent(rate, 100, 80) for rate in EXPECTED["rates"]]) is None  # all kept: all measured
+    assert judged(2.0) == Note("your sweep: 2 req/s; labkit's rule on the same measurements: 2 req/s")
+    assert isinstance(judged(1.0, [sent(1.0, 180, 80), sent(2.0, 420, 85, lost=1)]), Note)  # a lost request breaks it
+    assert isinstance(judged(None, [sent(1.0, 700, 80)]), Note)  # nothing keeps it: None, after the lowest only
+    assert isinstance(judged(16.0, [sent(rate, 100, 80) for rate in EXPECTED["rates"]]), Note)  # all kept: all measured
 
 
 @pytest.mark.parametrize(
@@ -217,12 +278,90 @@ def test_labkits_rule_on_the_sweeps_own_measurements_passes():
 )
 def test_each_sweep_mistake_fails_and_is_named(rate, loads, named):
     mismatch = judged(rate, loads)
-    assert mismatch is not None and named in mismatch.difference, mismatch
+    assert isinstance(mismatch, Mismatch) and named in mismatch.difference, mismatch
     if "of the grid" in named:  # the learner sees what was measured and what the rule makes of it
         assert "4 req/s TTFT 1100 ms, TPOT 90.0 ms" in mismatch.difference and "signs 2 req/s" in mismatch.difference
 
 
 find_capacity = solved("find_capacity", "highest_rate")
+search = solved("highest_rate")
+NOTEBOOKS_SERVER = "http://127.0.0.1:8000"
+ALL_KEPT = [sent(rate, 100, 80) for rate in EXPECTED["rates"]]  # a fast machine: every rate keeps the promise
+
+
+class Models:
+    """The one request the load tester sends the server during a replay: its model name."""
+
+    def json(self):
+        return {"data": [{"id": "course-model"}]}
+
+
+@pytest.fixture
+def replayed(monkeypatch):
+    """The learner's sweep under labkit's replayed load tester (no server needed but for /v1/models, faked)."""
+    monkeypatch.setattr(background.httpx, "get", lambda *args, **kwargs: Models())
+    return lambda sweep: replay_sweep(sweep, URL, EXPECTED["rates"])
+
+
+def judged_with_replay(live_rate, live_loads, replay):
+    got = {"rate": live_rate, "promise": PROMISE, "url": URL, "loads": live_loads, "replay": replay}
+    return get_exercise("lab9.find_capacity").compare(EXPECTED, got)
+
+
+def test_the_replayed_sweep_has_a_known_capacity_mid_grid(replayed):
+    runs = replayed(find_capacity)["loads"]
+    results = {load["rate"]: from_requests(load["requests"]) for load in runs}
+    assert [load["rate"] for load in runs] == [1.0, 2.0, 4.0]  # the solved sweep stops where it breaks
+    assert highest_rate(results, Promise.from_limits(REPLAY_PROMISE)) == REPLAY_SIGNS == 2.0
+    everything = replayed(lambda url, rates, promise: [measure(url, rate, **LOAD) for rate in rates] and None)
+    results = {load["rate"]: from_requests(load["requests"]) for load in everything["loads"]}
+    assert highest_rate(results, Promise.from_limits(EXAMPLE_PROMISE)) == 8.0  # the example promise signs another
+
+
+def test_the_solved_sweep_passes_live_and_replayed(replayed):
+    verdict = judged_with_replay(2.0, SWEEP, replayed(find_capacity))
+    assert verdict == Note("your sweep: 2 req/s; labkit's rule on the same measurements: 2 req/s"), verdict
+
+
+def example_promise(url, rates, promise):
+    return search(lambda rate: measure(url, rate, **LOAD), rates, EXAMPLE_PROMISE)
+
+
+def forgets_the_load(url, rates, promise):
+    return search(lambda rate: measure(url, rate), rates, promise)
+
+
+def notebooks_server(url, rates, promise):
+    return search(lambda rate: measure(NOTEBOOKS_SERVER, rate, **LOAD), rates, promise)
+
+
+def every_rate(url, rates, promise):
+    runs = {rate: measure(url, rate, **LOAD) for rate in rates}
+    return search(runs.__getitem__, rates, promise)
+
+
+@pytest.mark.parametrize(
+    "wrong, live, named",
+    [
+        # each passes live where the machine makes it coincide with the right answer; the replay does not
+        (example_promise, (2.0, SWEEP), "that is what exercise 5's example promise"),
+        (every_rate, (16.0, ALL_KEPT), "right answer, but"),
+        # and each of these the live sweep already names, from the loads it sent
+        (lambda url, rates, promise: None, (None, []), "measured nothing"),
+        (
+            forgets_the_load,
+            (2.0, [sent(1.0, 180, 80, num_prompts=8, input_len=32)]),
+            "another load than the lab's LOAD",
+        ),
+        (notebooks_server, (2.0, [sent(1.0, 180, 80, url=NOTEBOOKS_SERVER + "/v1")]), "not the server it was given"),
+    ],
+    ids=["example-promise", "every-rate", "measures-nothing", "forgets-the-load", "the-notebooks-server"],
+)
+def test_each_typical_sweep_fails_named(replayed, wrong, live, named):
+    replay = replayed(wrong)
+    mismatch = judged_with_replay(*live, replay)
+    assert isinstance(mismatch, Mismatch) and named in mismatch.difference, mismatch
+    assert isinstance(judged_with_replay(2.0, SWEEP, replay), Mismatch)  # the replay alone fails it too
 
 
 @pytest.mark.timing
@@ -230,12 +369,7 @@ def test_the_solved_sweep_passes_however_busy_the_machine_is():
     """Two spin loops beside the server and the sweep: the measurements move, the verdict must not."""
     with busy_cores(2):
         got = verdict("lab9.find_capacity", find_capacity)
-    assert got.startswith(PASS), got
-
-
-def test_a_sweep_that_measures_nothing_fails_on_a_real_server():
-    got = verdict("lab9.find_capacity", lambda url, rates, promise: None)
-    assert got.startswith(FAIL) and "measured nothing" in got, got
+    assert got.startswith(PASS) and "labkit's rule on the same measurements" in got, got
 
 
 def test_a_blank_sweep_is_not_done_before_any_server_starts(monkeypatch):

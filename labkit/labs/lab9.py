@@ -2,11 +2,12 @@
 
 - ``engine_turn(llm, inbox, send)``: one turn of a server's engine loop: take every command
   the HTTP side left (add a request, abort one whose client hung up), run one step, send each
-  request its new tokens. Driven with scripted clients on the tiny model: newcomers join the
-  very next step, a hang-up frees its blocks in that turn, every token is streamed as it is
-  made, and every answer equals the request decoded alone.
-- ``continuous_schedule(state)``: the learner's lab 4 policy as the policy of a real ``labkit
-  serve``; six HTTP clients stream greedy completions, each text must be the prompt decoded alone.
+  request its new tokens. Driven with scripted clients on the tiny model: commands are applied
+  oldest first, newcomers join the very next step, a hang-up frees its blocks in that turn, every
+  token is streamed as it is made, and every answer equals the request decoded alone.
+- ``continuous_schedule(state)``: the learner's lab 4 policy, judged by lab 4's check first (where
+  memory binds), then as the policy of a real ``labkit serve``; six HTTP clients stream greedy
+  completions, each text must be the prompt decoded alone.
 - ``dashboard(before_text, after_text)``: the numbers of a serving dashboard from two
   ``/metrics`` scrapes, compared with labkit's own reading of the same scrapes.
 - ``admit(queue, promise_ms)``: admission control, None to admit or Retry-After seconds; on
@@ -16,7 +17,9 @@
   (:func:`labkit.slo.highest_rate`, the one ``labkit loadtest`` and the simulator use) on replayed
   measurements.
 - ``find_capacity(url, rates, promise)``: the SLO sweep against a real server, whose every load is
-  recorded; the answer must equal labkit's rule applied to exactly those measurements.
+  recorded; the answer must equal labkit's rule applied to exactly those measurements. Then once
+  more on replayed measurements with a known capacity mid-grid, where the mistakes a machine can
+  hide (another promise than the one given, every rate measured) show.
 """
 
 from __future__ import annotations
@@ -24,10 +27,18 @@ from __future__ import annotations
 from typing import Any
 
 from labkit.engine.reference import compare_to_solo, solo_greedy
-from labkit.grading.checks import Exercise, register
+from labkit.grading.checks import Exercise, get_exercise, register
 from labkit.grading.result import Mismatch
 from labkit.labs.checking.learner_errors import diagnosed, raised_mismatch
-from labkit.labs.checking.serve_admission import WRONG_RULES, admission_inputs, admission_oracle, describe, run_admit
+from labkit.labs.checking.serve_admission import (
+    WRONG_RULES,
+    admission_inputs,
+    admission_oracle,
+    describe,
+    describe_situation,
+    run_admit,
+    what_differs,
+)
 from labkit.labs.checking.serve_capacity import capacity_inputs, capacity_oracle, judge_sweep, run_capacity
 from labkit.labs.checking.serve_loop import client_script, drive
 from labkit.labs.checking.serve_metrics import KEYS, close, read_dashboard, seeded_scrapes, typical_misreadings
@@ -56,14 +67,42 @@ def _loop_oracle(inputs) -> dict[str, Any]:
     }
 
 
+def describe_command(command: list[str]) -> str:
+    kind, request_id = command
+    return f"the {'add' if kind == 'add' else 'abort (hang-up)'} of {request_id}"
+
+
+def out_of_order(given: list[list[str]], applied: list[list[str]]) -> tuple[list[str], list[str]] | None:
+    """Two commands whose order matters, applied the other way round: two adds (the engine serves requests in the
+    order they were added) or two commands for one request (an abort before its add cancels nothing)."""
+    given, applied = [list(c) for c in given], [list(c) for c in applied]
+    for index, first in enumerate(given):
+        for second in given[index + 1 :]:
+            matters = first[0] == second[0] == "add" or first[1] == second[1]
+            if matters and first in applied and second in applied and applied.index(first) > applied.index(second):
+                return first, second
+    return None
+
+
 def check_turns(clients: list[dict[str, Any]], turns: list[dict[str, Any]]) -> Mismatch | None:
-    """Every command taken in its turn, one step a turn, newcomers in that very step, hang-ups freed at once."""
+    """Every command taken in its turn, oldest first, one step a turn, newcomers in that very step, hang-ups
+    freed at once."""
     for number, turn in enumerate(turns):
         if turn["inbox_left"]:
             return Mismatch(
                 f"turn {number}: {turn['inbox_left']} commands were still in the inbox after your turn",
                 "Take every command out of the inbox each turn (inbox.pop(0) until it is empty): one left "
                 "there waits a whole step, or is applied again next turn.",
+            )
+        swapped = out_of_order(turn["given"], turn["applied"])
+        if swapped is not None:
+            first, second = (describe_command(command) for command in swapped)
+            return Mismatch(
+                f"turn {number}: the inbox held {first} before {second}, but your loop applied {second} first: "
+                "commands must be handled in the order they arrived (oldest first)",
+                "inbox.pop(0) takes the oldest command, inbox.pop() the newest. Newest first serves the last to "
+                "arrive first, and lets a hang-up reach the engine before the request it cancels, which then "
+                "runs for nobody.",
             )
         if len(turn["steps"]) > 1:
             return Mismatch(
@@ -73,7 +112,8 @@ def check_turns(clients: list[dict[str, Any]], turns: list[dict[str, Any]]) -> M
             )
     for client in clients:
         arrived = turns[client["arrives"]]["steps"]
-        if not arrived or client["request_id"] not in arrived[0]:
+        gone_at_once = client["hangs_up"] == client["arrives"]  # it never has to run
+        if not gone_at_once and (not arrived or client["request_id"] not in arrived[0]):
             return Mismatch(
                 f"{client['request_id']} arrived at turn {client['arrives']} but that turn's step did not run it",
                 "Apply the commands first, then step: a request that came in joins the very next step. "
@@ -137,10 +177,10 @@ register(
             run=_run_loop,
             oracle=_loop_oracle,
             compare=_compare_loop,
-            tested="six scripted clients arrive over the turns of your loop on the tiny model, one hangs up "
-            "mid-answer: every command is taken in its turn, one step a turn, newcomers join that very step, the "
-            "hang-up's blocks are free after its turn, tokens are sent as they are made, and every answer equals "
-            "the request decoded alone",
+            tested="seven scripted clients arrive over the turns of your loop on the tiny model (two in the same "
+            "turn), one hangs up mid-answer and one the moment it arrives: every command is taken in its turn, "
+            "oldest first, one step a turn, newcomers join that very step, a hang-up's blocks are free after its "
+            "turn, tokens are sent as they are made, and every answer equals the request decoded alone",
             hint="Commands first (add_request / abort_request), then one llm.step() if llm.has_unfinished(), then "
             "send every output it returned.",
             points=2.0,
@@ -152,7 +192,30 @@ register(
 # --- lab9.continuous_schedule: your policy behind the server ----------------------------------
 
 
+LAB4_POLICY = "lab4.continuous_schedule"
+
+
+def _policy_inputs(seed: int) -> dict[str, Any]:
+    return {**policy_inputs(seed), "lab4": get_exercise(LAB4_POLICY).make_inputs(seed)}
+
+
+def _run_policy(functions, inputs) -> dict[str, Any]:
+    """Lab 4's check run first (the tiny model on a pool small enough that memory binds), then the server:
+    a policy that breaks there (raises, say, for admitting without free blocks) never gets a server."""
+    lab4 = get_exercise(LAB4_POLICY).run(functions, inputs["lab4"])
+    if lab4["raised"] or lab4.get("error") or check_decisions(lab4["decisions"]) is not None:
+        return {"lab4": lab4}
+    return {"lab4": lab4, **serve_clients(functions[0], inputs)}
+
+
+def _policy_oracle(inputs) -> dict[str, Any]:
+    return {**policy_oracle(inputs), "lab4": get_exercise(LAB4_POLICY).oracle(inputs["lab4"])}
+
+
 def _compare_policy(expected, got) -> Mismatch | None:
+    problem = get_exercise(LAB4_POLICY).compare(expected["lab4"], got["lab4"])
+    if isinstance(problem, Mismatch):
+        return Mismatch(f"in lab 4's check run: {problem.difference}", problem.hint)
     if got["raised"]:
         return raised_mismatch(got["raised"][0], 'Fix it in lab 4 first; labkit.hint("lab9.continuous_schedule").')
     for index, (answer, want) in enumerate(zip(got["answers"], expected["answers"])):
@@ -183,14 +246,14 @@ register(
     Exercise(
         id="lab9.continuous_schedule",
         functions=("continuous_schedule",),
-        make_inputs=policy_inputs,
-        run=lambda functions, inputs: serve_clients(functions[0], inputs),
-        oracle=policy_oracle,
+        make_inputs=_policy_inputs,
+        run=_run_policy,
+        oracle=_policy_oracle,
         compare=_compare_policy,
-        tested="your policy runs a real labkit serve (the course model, 4 seats) on a free loopback port; six "
-        "clients stream greedy completions over HTTP, 50 ms apart: every text equals the prompt decoded alone, no "
-        "seat idles while the next request fits, later clients join a batch already decoding, no block is held "
-        "at the end",
+        tested="lab 4's check first (the tiny model, 20 KV blocks, so memory binds), then your policy runs a real "
+        "labkit serve (the course model, 4 seats) on a free loopback port; six clients stream greedy completions "
+        "over HTTP, 50 ms apart: every text equals the prompt decoded alone, no seat idles while the next request "
+        "fits, later clients join a batch already decoding, no block is held at the end",
         hint="Paste the continuous_schedule that passed lab 4's check; if it did there, it passes here.",
     )
 )
@@ -260,13 +323,14 @@ def _compare_admit(expected, got) -> Mismatch | None:
     for rule, answers in expected["wrong"].items():
         if got == answers:
             return Mismatch(f"your answers match a rule with one mistake ({rule})", WRONG_RULES[rule])
-    for name, want, mine in zip(expected["names"], expected["answers"], got):
+    for situation, wait_s, want, mine in zip(expected["situations"], expected["waits"], expected["answers"], got):
         if mine != want:
             return Mismatch(
-                f"situation '{name}': you answered {describe(mine)}, labkit's rule says {describe(want)}",
-                "wait_s = max(0, running + waiting + 1 - max_num_seqs) * service_s / max_num_seqs; admit (None) "
-                "if wait_s * 1000 <= promise_ms (or nothing is measured yet), else return "
-                "max(1, math.ceil(wait_s - promise_ms / 1000)) as an int.",
+                f"situation {describe_situation(situation)}: you answered {describe(mine)}, labkit's rule says "
+                f"{describe(want)}: {what_differs(situation, wait_s, want, mine)}",
+                "Predict the newcomer's wait for a seat from the snapshot (all the seats free up in parallel), "
+                'compare it with the promise, and if it is over, say when to come back; labkit.hint("lab9.admit") '
+                "shows more.",
             )
     return None
 
@@ -304,8 +368,11 @@ def _run_search(functions, inputs) -> dict[str, Any]:
 
 def _search_oracle(inputs) -> dict[str, Any]:
     return {
-        name: highest_rate_oracle(situation["runs"], inputs["rates"], situation["promise"])
-        for name, situation in inputs["situations"].items()
+        "rates": sorted(inputs["rates"]),
+        **{
+            name: highest_rate_oracle(situation["runs"], inputs["rates"], situation["promise"])
+            for name, situation in inputs["situations"].items()
+        },
     }
 
 
@@ -322,7 +389,45 @@ SEARCH_MISTAKES = {
 }
 
 
+def grid_offset(rates: list[float], want: float | None, mine: float | None) -> int | None:
+    """How many rates of the grid ``mine`` is above ``want`` (None counts as one below the lowest; None if
+    ``mine`` is not on the grid)."""
+    index = {None: -1, **{rate: i for i, rate in enumerate(sorted(rates))}}
+    return None if mine not in index else index[mine] - index[want]
+
+
+def off_by_one(rates: list[float], expected, got) -> Mismatch | None:
+    """The same shift of the grid in several situations, whatever each teaches: an off-by-one in the search
+    itself, not a misreading of one kind of measurement."""
+    offsets = {name: grid_offset(rates, expected[name]["rate"], got[name]["rate"]) for name in SITUATIONS}
+    shifts = {offset for offset in offsets.values() if offset}
+    wrong = [name for name, offset in offsets.items() if offset]
+    if len(shifts) != 1 or None in shifts or len(wrong) < 2:
+        return None
+    shift, name = shifts.pop(), wrong[0]
+    seen = (
+        f"situation '{name}': you answered {got[name]['rate']}, labkit's rule gives {expected[name]['rate']}, and "
+        f"your answer is off by the same {abs(shift)} step{'s' if abs(shift) > 1 else ''} of the grid in "
+        f"{len(wrong)} of the {len(SITUATIONS)} situations: an off-by-one in the search"
+    )
+    if shift == 1:
+        return Mismatch(
+            f"{seen}; you return the first rate that broke the promise, not the last that kept it",
+            "Remember a rate once it has kept the promise; when one breaks it, return the one remembered (None if "
+            "none was).",
+        )
+    where = "below" if shift < 0 else "above"
+    return Mismatch(
+        f"{seen}; you return a rate {where} the last that kept the promise",
+        "The answer is the rate just below the first that breaks the promise: remember each rate as it keeps it "
+        "and return the last one remembered.",
+    )
+
+
 def _compare_search(expected, got) -> Mismatch | None:
+    problem = off_by_one(expected["rates"], expected, got)
+    if problem is not None:
+        return problem
     for name in SITUATIONS:
         want, mine = expected[name], got[name]
         if mine["rate"] != want["rate"]:
@@ -387,7 +492,8 @@ register(
             tested="your sweep runs against a fresh labkit serve (4 seats) with a promise of 5x the TTFT and 3x the "
             "TPOT one user alone sees there, and every load it sends is recorded: it must send the lab's LOAD to "
             "that server, each rate once, up to the first that breaks the promise, and your rate must equal "
-            "labkit's rule applied to exactly those measurements",
+            "labkit's rule applied to exactly those measurements; then the same again with the load tester "
+            "answering from a stored sweep whose capacity is known, under another promise",
             hint="find_capacity(url, rates, promise) = highest_rate(a measure that loads url with LOAD, rates, "
             "promise).",
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from labkit.serve.admission import QueueSnapshot, retry_after
+from labkit.serve.admission import QueueSnapshot, predicted_wait_s, retry_after
 
 # (name, running, waiting, max_num_seqs, service_s, promise_ms)
 SITUATIONS = (
@@ -86,6 +86,8 @@ def admission_oracle(inputs) -> dict[str, Any]:
     situations = inputs["situations"]
     return {
         "names": [s[0] for s in situations],
+        "situations": [list(s) for s in situations],
+        "waits": [predicted_wait_s(snapshot(s)) for s in situations],
         "answers": [retry_after(snapshot(s), s[-1]) for s in situations],
         "wrong": {rule: [wrong_answer(rule, *s[1:]) for s in situations] for rule in WRONG_RULES},
     }
@@ -93,3 +95,25 @@ def admission_oracle(inputs) -> dict[str, Any]:
 
 def describe(answer) -> str:
     return "admit (None)" if answer is None else f"refuse with Retry-After {answer!r}"
+
+
+def describe_situation(situation: list) -> str:
+    name, running, waiting, seats, service_s, promise_ms = situation
+    held = "nothing measured yet" if service_s is None else f"service_s {service_s:g}"
+    return f"'{name}' ({running} running, {waiting} waiting, {seats} seats, {held}, promise {promise_ms:g} ms)"
+
+
+def what_differs(situation: list, wait_s: float, want, mine) -> str:
+    """Why labkit's rule answers ``want`` where the learner answered ``mine``, without giving the rule away."""
+    promise_ms = situation[-1]
+    if mine is not None and (not isinstance(mine, int) or isinstance(mine, bool)):
+        return "Retry-After is a whole number of seconds: return an int (or None to admit)"
+    if situation[4] is None:
+        return "nothing is measured yet, so there is no wait to predict: admit"
+    seen = f"labkit predicts a wait of {wait_s:.3g} s for a seat, "
+    if want is None:
+        return seen + f"within the promise of {promise_ms:g} ms, so it admits; you refused"
+    if mine is None:
+        return seen + f"over the promise of {promise_ms:g} ms, so it refuses; you admitted"
+    excess = f"{wait_s - promise_ms / 1000:.3g} s more than the promise"
+    return seen + f"{excess}: Retry-After is that excess in whole seconds, rounded up, and at least 1"

@@ -11,24 +11,34 @@ equal it. So the verdict never depends on how fast or busy the machine is: a slo
 the learner's measurements and the rule's alike, because they are the same ones. Besides the
 rate it checks that the sweep measured at all, sent the lab's ``LOAD`` to the server it was
 given, measured each rate once, every rate up to the first that breaks the promise and none past.
+
+On a live server the right answer and some wrong ones can coincide (a sweep that ignores the
+promise it is given and uses another, or measures every rate, passes whenever that makes no
+difference on this machine). So the learner's function then runs once more, against the same
+server but with labkit's load tester replaying stored measurements (:func:`replayed_loads`):
+there the capacity is known and mid-grid (the promise breaks at 4 req/s), and exercise 5's example
+promise would sign another rate, so those mistakes show whatever the machine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from labkit.engine import LLM
-from labkit.grading.result import Mismatch
+from labkit.grading.result import Mismatch, Note
 from labkit.labs.checking.serve_sweep import rates_needed
 from labkit.labs.checking.shared import course_model
+from labkit.serve import background
 from labkit.serve.background import measure, per_request
 from labkit.serve.loadtest import api_base, recording
 from labkit.serve.server import ServerThread
 from labkit.slo import Promise, from_requests, highest_rate
-from labkit.trace import Trace
+from labkit.trace import RequestRecord, Trace
 from labkit.workloads import Workload
 
 RATES = (1.0, 2.0, 4.0, 8.0, 16.0)  # requests per second; each twice the last
@@ -37,15 +47,22 @@ SERVER_DIALS = dict(policy="continuous", max_num_seqs=4, max_model_len=512, num_
 TTFT_FACTOR, TPOT_FACTOR = 5.0, 3.0  # TPOT: a p99 of six is a maximum, and it moves 2x with noise alone
 METRICS = ("ttft_ms", "tpot_ms")
 MEASURE_HINT = "Measure each rate with the lab's LOAD, measure(url, rate, **LOAD), and let highest_rate decide."
+EXAMPLE_PROMISE = {"ttft_ms": 1000.0, "tpot_ms": 100.0}  # exercise 5's example, which a sweep must not put in
+# The replayed sweep: at each rate the p99 TTFT and TPOT (ms) every load of that rate reports. Its promise
+# keeps 1 and 2 req/s and breaks at 4 (TTFT); the example promise would sign 8.
+REPLAY_PROMISE = {"ttft_ms": 400.0, "tpot_ms": 60.0}
+REPLAY_SIGNS = 2.0  # what labkit's rule signs on the replayed sweep under REPLAY_PROMISE
+REPLAYED = {1.0: (150.0, 40.0), 2.0: (300.0, 45.0), 4.0: (700.0, 50.0), 8.0: (950.0, 70.0), 16.0: (2500.0, 120.0)}
+SPREAD = (0.6, 0.7, 0.8, 0.9, 1.0, 1.0)  # each request's share of the p99, in turn
 
 
 def alone(url: str, repeats: int = 3) -> dict[str, float]:
     """What one user alone sees: the median TTFT and TPOT of ``repeats`` single requests of the sweep's shape.
 
-    A load of the sweep's shape runs first, unmeasured: the first batches after a start are slow
-    (memory is allocated, kernels picked), and would count against the lowest rate.
+    One full batch of the sweep's shape runs first, unmeasured: the first batches after a start are
+    slow (memory is allocated, kernels picked), and would count against the lowest rate.
     """
-    measure(url, RATES[-1], **LOAD)
+    measure(url, RATES[-1], **{**LOAD, "num_prompts": SERVER_DIALS["max_num_seqs"]})
     runs = [measure(url, 8.0, **{**LOAD, "num_prompts": 1})[0] for _ in range(repeats)]
     return {metric: statistics.median(run[metric] for run in runs) for metric in METRICS}
 
@@ -91,17 +108,73 @@ def sent_load(workload: Workload, trace: Trace) -> dict[str, Any]:
     }
 
 
+def replayed_trace(base_url: str, workload: Workload) -> Trace:
+    """What labkit's load tester would report for ``workload`` if the server measured as ``REPLAYED`` says."""
+    rate = workload.meta.get("rate")
+    ttft_ms, tpot_ms = REPLAYED.get(rate, REPLAYED[max(REPLAYED)])
+    requests = []
+    for index, spec in enumerate(workload):
+        share = SPREAD[index % len(SPREAD)]
+        first = spec.arrival_time + share * ttft_ms / 1000
+        times = [first + k * share * tpot_ms / 1000 for k in range(int(spec.output_len))]
+        requests.append(
+            RequestRecord(
+                spec.request_id,
+                spec.arrival_time,
+                spec.prompt_len,
+                first_scheduled_time=spec.arrival_time,
+                token_times=times,
+                finish_time=times[-1],
+                finish_reason="length",
+            )
+        )
+    return Trace(requests=requests, meta={"url": base_url, "workload": workload.name, **workload.meta})
+
+
+@contextlib.contextmanager
+def replayed_loads() -> Iterator[list[tuple[Workload, Trace]]]:
+    """While the block lasts, every load :func:`labkit.serve.background.measure` sends is answered from
+    ``REPLAYED`` instead of by the server (the server is still asked its model name), and noted."""
+    sent: list[tuple[Workload, Trace]] = []
+
+    async def run_load(base_url: str, workload: Workload, model: str, **options) -> tuple[Trace, list[str]]:
+        sent.append((workload, replayed_trace(base_url, workload)))
+        return sent[-1][1], []
+
+    real, background.run_load = background.run_load, run_load
+    try:
+        yield sent
+    finally:
+        background.run_load = real
+
+
+def reported(rate: Any) -> float | str | None:
+    return None if rate is None else float(rate) if isinstance(rate, (int, float)) else repr(rate)
+
+
+def replay_sweep(find_capacity, url: str, rates: list[float]) -> dict[str, Any] | None:
+    """The learner's sweep on replayed measurements, as the judge reads a sweep; None if it sent some load
+    other than through :func:`labkit.serve.background.measure` (that cannot be replayed)."""
+    with recording() as live, replayed_loads() as replayed:
+        rate = find_capacity(url, list(rates), dict(REPLAY_PROMISE))
+    if live:
+        return None
+    loads = [sent_load(*run) for run in replayed]
+    return {"rate": reported(rate), "promise": dict(REPLAY_PROMISE), "url": api_base(url), "loads": loads}
+
+
 def run_capacity(functions, inputs) -> dict[str, Any]:
-    """The run half: a fresh server, its promise, the rate the learner's sweep reports and every load it sent."""
+    """The run half: a fresh server, its promise, the rate the learner's sweep reports and every load it sent;
+    then the same sweep on replayed measurements (see :func:`replayed_loads`)."""
     if left_blank(functions[0]):
         raise NotImplementedError
     with ServerThread(server_llm()) as server:
         promise = promise_for(server.url)
         with recording() as sent:
             rate = functions[0](server.url, list(inputs["rates"]), dict(promise))
-    if rate is not None:
-        rate = float(rate) if isinstance(rate, (int, float)) else repr(rate)
-    return {"rate": rate, "promise": promise, "url": api_base(server.url), "loads": [sent_load(*run) for run in sent]}
+        replay = replay_sweep(functions[0], server.url, inputs["rates"])
+    loads = [sent_load(*run) for run in sent]
+    return {"rate": reported(rate), "promise": promise, "url": api_base(server.url), "loads": loads, "replay": replay}
 
 
 def capacity_oracle(inputs) -> dict[str, Any]:
@@ -156,8 +229,27 @@ def rate_text(rate: float | None) -> str:
     return "None (no rate keeps the promise)" if rate is None else f"{rate:g} req/s"
 
 
-def judge_sweep(expected: dict[str, Any], got: dict[str, Any]) -> Mismatch | None:
-    """The learner's rate against labkit's rule on the very loads their sweep sent."""
+def judge_sweep(expected: dict[str, Any], got: dict[str, Any]) -> Mismatch | Note | None:
+    """The learner's rate against labkit's rule on the very loads their sweep sent, live and then replayed."""
+    verdict = judge_one_sweep(expected, got)
+    if verdict is not None:
+        return verdict
+    replayed = None if got.get("replay") is None else judge_one_sweep(expected, got["replay"])
+    if replayed is not None:
+        known = f"{REPLAY_SIGNS:g} req/s under {Promise.from_limits(REPLAY_PROMISE).describe()}"
+        return Mismatch(
+            "your sweep passed on the live server, but not when labkit's load tester answered it from a stored "
+            f"sweep whose capacity is known ({known}): {replayed.difference}",
+            replayed.hint,
+        )
+    best = highest_rate(
+        {load["rate"]: from_requests(load["requests"]) for load in got["loads"]}, Promise.from_limits(got["promise"])
+    )
+    return Note(f"your sweep: {rate_text(got['rate'])}; labkit's rule on the same measurements: {rate_text(best)}")
+
+
+def judge_one_sweep(expected: dict[str, Any], got: dict[str, Any]) -> Mismatch | None:
+    """The learner's rate against labkit's rule on the loads one run of their sweep sent."""
     rates, mine = expected["rates"], got["rate"]
     if mine is not None and mine not in rates:
         return Mismatch(
@@ -201,6 +293,11 @@ def why_not(rates: list[float], results: dict[float, Any], promise: Promise, bes
         return "that is the first rate that broke the promise; sign the highest one that kept it, the one below"
     if promise.ttft_ms is not None and mine == highest_rate(results, Promise(promise.tpot_ms)):
         return "that is what the TPOT limit alone allows; the promise also limits the p99 TTFT, and that broke first"
+    if mine is not None and mine == highest_rate(results, Promise.from_limits(EXAMPLE_PROMISE)):
+        return (
+            f"that is what exercise 5's example promise ({Promise.from_limits(EXAMPLE_PROMISE).describe()}) allows; "
+            "judge by the promise find_capacity receives"
+        )
     index = {None: -1, **{rate: i for i, rate in enumerate(rates)}}
     steps = abs(index[mine] - index[best])
     direction = "above" if index[mine] > index[best] else "below"
