@@ -75,7 +75,7 @@ def test_not_implemented_says_not_done_without_a_traceback():
 
     result = evaluate("demo.add", add)
     assert result.status == "not_done" and result.points == 0
-    assert result.message.startswith("NOT DONE demo.add: write your code in place of the `raise")
+    assert result.message.startswith("NOT DONE demo.add: write `add` in place of the `raise")
     assert "Traceback" not in result.message
 
 

@@ -13,9 +13,13 @@ from labkit.grading.attempt import OK, Attempt, describe_exception
 from labkit.grading.checks import Exercise
 from labkit.grading.result import FAIL, NOT_DONE, PASS, STATUS_LABELS, CheckResult, Mismatch, Note
 
-_NOT_DONE_ADVICE = (
-    "write your code in place of the `raise NotImplementedError(...)` line, run that cell, then run this check again."
-)
+def _not_done_advice(exercise: Exercise) -> str:
+    """Names the functions to write: a check may test one written in an earlier exercise's cell."""
+    names = " and ".join(f"`{name}`" for name in exercise.functions) or "your code"
+    return (
+        f"write {names} in place of the `raise NotImplementedError(...)` line of its exercise cell, run that "
+        "cell, then run this check again."
+    )
 
 
 def verdict(exercise: Exercise, status: str, detail: str = "", hint: str | None = None) -> CheckResult:
@@ -24,7 +28,7 @@ def verdict(exercise: Exercise, status: str, detail: str = "", hint: str | None 
     if status == PASS:
         lines = [headline, f"Tested: {exercise.tested}"] + ([f"Note: {detail}"] if detail else [])
     elif status == NOT_DONE:
-        lines = [f"{headline}: {_NOT_DONE_ADVICE}"]
+        lines = [f"{headline}: {_not_done_advice(exercise)}"]
     else:
         label = "First difference" if status == FAIL else "Problem"
         lines = [headline, f"Tested: {exercise.tested}", f"{label}: {detail}", f"Hint: {hint or exercise.hint}"]
