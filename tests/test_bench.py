@@ -64,3 +64,18 @@ def test_busy_cores_spin_while_inside_and_are_gone_after():
     with pytest.raises(ValueError, match="cannot be negative"):
         with busy_cores(-1):
             pass
+
+
+def test_step_profile_parts_add_up_to_the_step_and_the_model_is_left_as_it_was(model):
+    from labkit.bench.step_profile import PARTS, format_profile, step_profile
+
+    profiles = step_profile(model, bandwidth=1e9, batches=(1, 4), context=20, repeats=3)
+    assert [p.batch_size for p in profiles] == [1, 4]
+    for p in profiles:
+        assert set(p.parts_ms) == set(PARTS) and p.step_ms > 0 and p.parts_ms["linear layers"] > 0
+        assert sum(p.parts_ms.values()) == pytest.approx(p.step_ms)  # by construction: differences of one run
+        kv = p.batch_size * 20 * model.config.kv_bytes_per_token(model.dtype)
+        assert p.floor_ms == pytest.approx(1e3 * (model.weight_bytes() + kv) / 1e9)
+    assert "forward" not in vars(model)  # the timing wrapper is gone
+    table = format_profile(profiles)
+    assert "attention" in table and "floor" in table

@@ -4,7 +4,8 @@ Five ways to serve the same seeded workload, in one process: (a) HF ``generate``
 request at a time, (b) HF ``generate`` in static batches of 8, (c) labkit static
 batching, (d) labkit continuous batching, (e) labkit continuous batching with chunked
 prefill. One table compares them, each relative to (a). ``--sweep`` adds the decode-step
-time against batch size, beside the roofline bound of this machine; ``--busy N`` runs it all
+time against batch size, beside the roofline bound of this machine; ``--profile`` takes a decode
+step apart (linear layers, attention, norms, sampling and the scheduler) at batch 1 to 64; ``--busy N`` runs it all
 while N other cores spin, as on a machine that is not idle. ``--json`` prints the results
 as JSON (progress and tables go to stderr); ``--out`` writes the same JSON to a file.
 """
@@ -28,7 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-output-tokens", type=int, default=128)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--sweep", action="store_true", help="also time decode steps at batch 1..64")
-    parser.add_argument("--skip-serving", action="store_true", help="only the decode sweep")
+    parser.add_argument("--skip-serving", action="store_true", help="only the decode sweep (or only the profile)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="where a decode step's time goes at batch 1, 8, 32 and 64, beside its memory floor",
+    )
     parser.add_argument(
         "--busy",
         type=int,
@@ -85,7 +91,16 @@ def _serve_and_sweep(model, args: argparse.Namespace, results: dict, say) -> Non
         )
         say(format_table(rows))
         results["serving"] = {row.name: row.summary.to_dict() for row in rows}
-    if args.sweep or args.skip_serving:
+    if args.profile:
+        from labkit.bench.step_profile import format_profile, step_profile
+        from labkit.sim.hardware import measure_bandwidth
+
+        bandwidth = measure_bandwidth(device=model.device)
+        say(f"\ndecode step profile; memory floor at the measured {bandwidth / 1e9:.1f} GB/s")
+        profiles = step_profile(model, bandwidth)
+        say(format_profile(profiles))
+        results["step profile"] = [{**vars(p), "floor_fraction": p.floor_fraction} for p in profiles]
+    if args.sweep or (args.skip_serving and not args.profile):
         from labkit.bench.decode_sweep import decode_sweep, format_sweep
         from labkit.sim.hardware import probe_this_machine
 
