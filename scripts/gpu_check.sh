@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# GPU check, one run of a few minutes: the correctness tests on CUDA, then labkit bench in bf16.
-# Usage (on a machine with a CUDA GPU, after `make setup`):  bash scripts/gpu_check.sh [OUT_DIR]
+# GPU check, one run of a few minutes: the correctness tests on CUDA, labkit bench in bf16, then the
+# quantized schemes (bytes, step time at batch 1, 8, 64, quality) on the default model and, if given,
+# on a local Hugging Face checkpoint.
+# Usage (on a machine with a CUDA GPU, after `make setup`):  bash scripts/gpu_check.sh [OUT_DIR] [CHECKPOINT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-gpu-check}"
@@ -14,3 +16,9 @@ LABKIT_DEVICE=cuda LABKIT_DTYPE=float32 $PY -m pytest -q tests/test_models.py te
 # Speed: the five ways to serve, and the decode-step sweep against this GPU's roofline.
 LABKIT_DEVICE=cuda $PY -m labkit.cli bench --dtype bfloat16 --num-prompts 64 --sweep --out "$out/bench_bf16.json" \
   2>&1 | tee "$out/bench_bf16.txt"
+# Fewer bytes: weight-only int8 and int4 against the model as loaded, on the default model, then the checkpoint.
+LABKIT_DEVICE=cuda $PY scripts/quant_bench.py --out "$out/quant_default.json" 2>&1 | tee "$out/quant_default.txt"
+if [ -n "${2:-}" ]; then
+  LABKIT_DEVICE=cuda $PY scripts/quant_bench.py --model "$2" --out "$out/quant_checkpoint.json" \
+    2>&1 | tee "$out/quant_checkpoint.txt"
+fi
