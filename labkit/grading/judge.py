@@ -13,6 +13,7 @@ from labkit.grading.attempt import OK, Attempt, describe_exception
 from labkit.grading.checks import Exercise
 from labkit.grading.result import FAIL, NOT_DONE, PASS, STATUS_LABELS, CheckResult, Mismatch, Note
 
+
 def _not_done_advice(exercise: Exercise) -> str:
     """Names the functions to write: a check may test one written in an earlier exercise's cell."""
     names = " and ".join(f"`{name}`" for name in exercise.functions) or "your code"
