@@ -514,8 +514,9 @@ def test_speculation_counters_are_the_engines_own_and_only_shown_when_it_is_on(m
 
 # --- fields honoured or refused ------------------------------------------------------------
 def test_what_labkit_cannot_do_is_refused_by_name_and_what_it_can_is_honoured(model, server, client):
-    with pytest.raises(openai.BadRequestError, match="logprobs is not supported"):
-        client.chat.completions.create(model=server.name, messages=CHAT, max_tokens=4, logprobs=True)
+    tool = {"type": "function", "function": {"name": "refund", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError, match="tools is not supported"):
+        client.chat.completions.create(model=server.name, messages=CHAT, max_tokens=4, tools=[tool])
     with pytest.raises(openai.BadRequestError, match="response_format is not supported"):
         client.chat.completions.create(
             model=server.name, messages=CHAT, max_tokens=4, response_format={"type": "json_object"}

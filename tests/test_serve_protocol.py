@@ -15,19 +15,10 @@ def chat(**fields):
 
 
 ASKS_FOR_WHAT_IS_NOT_DONE = {
-    "logprobs": True,
-    "top_logprobs": 3,
     "tools": [{"type": "function", "function": {"name": "f"}}],
     "tool_choice": "required",
     "functions": [{"name": "f"}],
     "response_format": {"type": "json_object"},
-    "presence_penalty": 0.5,
-    "frequency_penalty": -1.0,
-    "repetition_penalty": 1.2,
-    "logit_bias": {"50256": -100},
-    "min_p": 0.1,
-    "min_tokens": 4,
-    "echo": True,
     "best_of": 2,
     "use_beam_search": True,
     "suffix": " the end",
@@ -63,6 +54,59 @@ def test_asking_for_what_labkit_does_not_do_is_a_400_naming_the_field(name):
 )
 def test_a_field_at_its_off_value_asks_for_nothing(fields):
     assert chat(**fields).kind == CHAT
+
+
+def test_the_honoured_extras_reach_the_engine():
+    params = chat(
+        logprobs=True,
+        top_logprobs=4,
+        presence_penalty=0.5,
+        frequency_penalty=-1.0,
+        repetition_penalty=1.2,
+        logit_bias={"50256": -100, "7": 2.5},
+        min_p=0.1,
+        min_tokens=3,
+    ).sampling_params(10, 100)
+    assert (params.logprobs, params.presence_penalty, params.frequency_penalty) == (4, 0.5, -1.0)
+    assert (params.repetition_penalty, params.min_p, params.min_tokens) == (1.2, 0.1, 3)
+    assert params.logit_bias == {50256: -100.0, 7: 2.5}
+    assert chat(logprobs=True).sampling_params(10, 100).logprobs == 0  # the chosen token's only
+    assert chat().sampling_params(10, 100) == parse_request({"messages": MESSAGES}, CHAT).sampling_params(10, 100)
+    assert not chat().sampling_params(10, 100).processes_logits and chat().sampling_params(10, 100).logprobs is None
+    assert parse_request({"prompt": "Hi", "logprobs": 2}, COMPLETION).logprobs == 2
+    assert parse_request({"prompt": "Hi", "echo": True}, COMPLETION).echo  # (echo with logprobs is refused: below)
+
+
+@pytest.mark.parametrize(
+    "kind, fields, param, message",
+    [
+        (CHAT, {"top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
+        (CHAT, {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "from 0 to 20"),
+        (CHAT, {"logprobs": 3}, "logprobs", "must be true or false"),
+        (CHAT, {"echo": True}, "echo", "on /v1/completions only"),
+        (COMPLETION, {"logprobs": True}, "logprobs", "must be an integer"),
+        (COMPLETION, {"top_logprobs": 2}, "top_logprobs", "send logprobs: N instead"),
+        (COMPLETION, {"echo": True, "logprobs": 1}, "echo", "no logprobs for the prompt's tokens"),
+        (CHAT, {"presence_penalty": 2.5}, "presence_penalty", "from -2 to 2"),
+        (CHAT, {"frequency_penalty": "1"}, "frequency_penalty", "from -2 to 2"),
+        (CHAT, {"repetition_penalty": 0}, "repetition_penalty", "greater than 0"),
+        (CHAT, {"min_p": -0.1}, "min_p", "from 0 to 1"),
+        (CHAT, {"min_tokens": -1}, "min_tokens", "at least 0"),
+        (CHAT, {"logit_bias": {"x": 1}}, "logit_bias", "token ids written as strings"),
+        (CHAT, {"logit_bias": {"5": 200}}, "logit_bias", "from -100 to 100"),
+        (CHAT, {"logit_bias": [1]}, "logit_bias", "must be an object"),
+    ],
+)
+def test_bad_extras_are_400s_naming_the_field(kind, fields, param, message):
+    body = {"messages": MESSAGES} if kind == CHAT else {"prompt": "Hi"}
+    with pytest.raises(APIError) as refused:
+        parse_request({**body, **fields}, kind)
+    assert refused.value.status == 400 and refused.value.param == param and message in refused.value.message
+
+
+def test_min_tokens_above_max_tokens_is_a_400():
+    with pytest.raises(APIError, match="min_tokens .* must not be above max_tokens"):
+        chat(min_tokens=8, max_tokens=4).sampling_params(10, 100)
 
 
 def test_stop_token_ids_reach_the_engine():

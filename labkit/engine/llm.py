@@ -218,11 +218,33 @@ class LLM:
         return self._add(prompt, params, request_id, arrival_time)
 
     def _add(self, prompt, params, request_id=None, arrival_time=None, parent_id=None) -> str:
+        self._check_params(params)
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         token_ids = encode_prompt(self.model.tokenizer, prompt)
         arrival = self.now() if arrival_time is None else float(arrival_time)
         self.core.add(Request(request_id, token_ids, params, arrival, prompt=prompt, parent_id=parent_id))
         return request_id
+
+    def _check_params(self, params: SamplingParams) -> None:
+        """What only the engine can check: token ids within the vocabulary, and no extra that speculation lacks."""
+        vocab_size = self.model.config.vocab_size
+        outside = [token for token in (params.logit_bias or {}) if token >= vocab_size]
+        if outside:
+            raise ValueError(f"logit_bias names token id {outside[0]}, but the vocabulary has {vocab_size} ids")
+        if self.config.speculative_config is not None:
+            extras = [
+                name
+                for name, asked in [
+                    ("logprobs", params.logprobs is not None),
+                    ("logits processors (penalties, logit_bias, min_tokens)", params.processes_logits),
+                ]
+                if asked
+            ]
+            if extras:
+                raise ValueError(
+                    f"SamplingParams with {' and '.join(extras)} cannot be combined with speculative_config: the "
+                    "verifier accepts drafts from unprocessed logits and records no logprobs; run without speculation"
+                )
 
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
@@ -270,6 +292,7 @@ class LLM:
             request.finish_reason,
             request.message,
             request.num_preemptions,
+            logprobs=list(request.output_logprobs) if request.params.logprobs is not None else None,
         )
 
     # --- offline use ---------------------------------------------------------------------
@@ -363,5 +386,5 @@ def _grouped(answers: list[RequestOutput]) -> RequestOutput:
     first = answers[0]
     if len(answers) == 1:
         return first
-    completions = [CompletionOutput(i, a.token_ids, a.text, a.finish_reason) for i, a in enumerate(answers)]
+    completions = [CompletionOutput(i, a.token_ids, a.text, a.finish_reason, a.logprobs) for i, a in enumerate(answers)]
     return replace(first, num_preemptions=sum(a.num_preemptions for a in answers), outputs=completions)

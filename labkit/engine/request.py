@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from labkit.sampling_params import SamplingParams
+from labkit.sampling_params import SamplingParams, TokenLogprob
 from labkit.trace import RequestRecord
 
 
@@ -42,6 +42,7 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)
     spec_draft_probs: Any = None  # a torch tensor [drafts, vocab] or None (Any: this module loads no torch)
     parent_id: str | None = None  # one of n answers to a prompt: it waits until this sibling's prompt is cached
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, if params.logprobs
     record: RequestRecord = field(init=False)
     _prefill_target: int = field(init=False)  # tokens to compute before decoding starts
 
@@ -148,6 +149,7 @@ class CompletionOutput:
     token_ids: list[int]
     text: str | None
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token, with SamplingParams(logprobs=N); else None
 
 
 @dataclass
@@ -157,6 +159,7 @@ class RequestOutput:
     ``text`` is decoded once the request finishes (None before, and for a model without tokenizer).
     ``outputs`` lists the prompt's answers, as in vLLM: several with ``SamplingParams(n=...)``
     (``generate`` groups them; ``token_ids`` and ``text`` are then the first answer's), else one.
+    ``logprobs`` has one :class:`~labkit.sampling_params.TokenLogprob` per token when the params asked.
     """
 
     request_id: str
@@ -169,7 +172,8 @@ class RequestOutput:
     message: str | None = None
     num_preemptions: int = 0
     outputs: list[CompletionOutput] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # one per token, with SamplingParams(logprobs=N); else None
 
     def __post_init__(self):
         if not self.outputs:
-            self.outputs = [CompletionOutput(0, self.token_ids, self.text, self.finish_reason)]
+            self.outputs = [CompletionOutput(0, self.token_ids, self.text, self.finish_reason, self.logprobs)]

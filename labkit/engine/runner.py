@@ -6,6 +6,10 @@ the paged cache where each new token's K/V goes and which blocks each sequence r
 :class:`~labkit.kv.paged.PagedBatch` handed to attention as an argument), runs
 ``model.forward`` once, and samples a token for each request the engine core named as a
 sampler (its missing tokens are now all computed: the end of a prompt, or a decode).
+
+A sampler whose params ask for them gets its logits processors (penalties, ``logit_bias``,
+``min_tokens``) applied to its row before the choice, and its chosen token's log-probability
+(from the raw row) recorded on the request; every other row is sampled exactly as it comes.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from labkit.engine.core import Batch
 from labkit.engine.interfaces import BlockAllocator
 from labkit.engine.request import Request
 from labkit.kv.paged import PagedBatch, PagedKVCache, SequenceSlice
-from labkit.sampling import filtered_probabilities, make_generator, sample
+from labkit.sampling import filtered_probabilities, make_generator, process_logits, sample, token_logprob
 from labkit.spec import SpeculativeConfig, one_hot_probs
 
 
@@ -77,9 +81,27 @@ class ModelRunner:
             row += num_rows
         if plain:
             generators = [self._generator(request) for request in plain]
-            sampled = sample(logits[plain_rows], [request.params for request in plain], generators).tolist()
+            raw = logits[plain_rows]
+            sampled = sample(self._processed(raw, plain), [request.params for request in plain], generators).tolist()
             tokens.update({request.request_id: token for request, token in zip(plain, sampled)})
+            for request, token, row in zip(plain, sampled, raw):
+                if request.params.logprobs is not None:
+                    request.output_logprobs.append(token_logprob(row, token, request.params.logprobs))
         return tokens
+
+    def _processed(self, raw: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """The rows to sample from: ``raw`` itself unless a request has logits processors, whose rows
+        are then replaced by their processed ones (in float32; ``raw`` stays as it was, for logprobs)."""
+        if not any(request.params.processes_logits for request in requests):
+            return raw
+        rows = raw.to(torch.float32, copy=True)
+        eos = list(self.model.config.eos_token_ids)
+        for i, request in enumerate(requests):
+            p = request.params
+            if p.processes_logits:
+                stop_ids = list(p.stop_token_ids) + ([] if p.ignore_eos else eos)
+                rows[i] = process_logits(raw[i], p, request.prompt_token_ids, request.output_token_ids, stop_ids)
+        return rows
 
     def _verify(self, request: Request, logits: torch.Tensor) -> list[int]:
         """Speculative decoding: what the target makes of the drafts, scored in one pass."""

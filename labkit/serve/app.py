@@ -9,9 +9,11 @@ that is not ``Content-Type: application/json`` with 415, so a web page the learn
 make a local server generate (a browser sends a cross-site form or ``text/plain`` body without
 asking). A body has ``read_timeout`` seconds to arrive (else 408), and a client that hangs up
 halfway through it costs one log line. Parsing and tokenizing a request run off the event
-loop, so a huge prompt never stalls the other clients' streams. A client that hangs up,
-mid-stream or while it waits, has its request aborted, which frees its KV blocks before the
-next step. While the server drains (see :mod:`~labkit.serve.server`), new requests get 503.
+loop, so a huge prompt never stalls the other clients' streams. A client found gone (the
+connection lost, or a write to it failing) has its request aborted, which frees its KV blocks
+before the next step; one that only half-closed is answered (see :mod:`~labkit.serve.guard`). While the server drains (see :mod:`~labkit.serve.server`), new requests get 503.
+An :class:`Answer` dresses each reply: the echoed prompt first (completions' ``echo``), and each
+event's tokens' logprobs in the request kind's shape (:mod:`~labkit.serve.logprobs`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
@@ -34,6 +37,7 @@ from starlette.routing import Route
 from labkit.engine.request import RequestOutput
 from labkit.models.tokens import encode_prompt
 from labkit.serve.guard import log
+from labkit.serve.logprobs import Logprobs
 from labkit.serve.protocol import CHAT, COMPLETION, APIError, CompletionRequest, Reply, model_list, parse_request, usage
 from labkit.serve.text import TextStream
 from labkit.serve.worker import EngineWorker, Handle, shutting_down
@@ -80,6 +84,13 @@ def build_app(
         except Exception as err:  # the chat template may refuse a conversation (say, two system messages)
             raise APIError(400, f"The prompt could not be tokenized: {err}", param="messages") from None
 
+    def prepare(parsed: CompletionRequest) -> tuple[list[int], str]:
+        """The prompt's token ids, and the text to echo before the answer ("" without ``echo``)."""
+        ids = prompt_ids(parsed)
+        if not parsed.echo:
+            return ids, ""
+        return ids, parsed.prompt if isinstance(parsed.prompt, str) else tokenizer.decode(ids)
+
     async def completions(request: Request, kind: str) -> Response:
         if worker.draining:
             raise shutting_down()
@@ -92,19 +103,31 @@ def build_app(
                 param="model",
                 code="model_not_found",
             )
-        ids = await asyncio.to_thread(prompt_ids, parsed)  # a long prompt's chat template and tokenizer take time
+        ids, echo = await asyncio.to_thread(prepare, parsed)  # a long prompt's chat template and tokenizer take time
         params = parsed.sampling_params(len(ids), worker.context_limit)
+        if parsed.logit_bias and max(parsed.logit_bias) >= vocab_size:
+            raise APIError(
+                400,
+                f"logit_bias names token id {max(parsed.logit_bias)}, but the vocabulary has {vocab_size} "
+                f"(ids 0 to {vocab_size - 1}).",
+                param="logit_bias",
+            )
+        answer = Answer(
+            params.stop_token_ids, echo, None if params.logprobs is None else Logprobs(tokenizer, kind, len(echo))
+        )
         request_id = f"{'chatcmpl' if kind == CHAT else 'cmpl'}-{uuid.uuid4().hex}"  # vLLM's and OpenAI's ids
-        handle = worker.submit(ids, params, TextStream(tokenizer, parsed.stop, parsed.stream), request_id)
+        handle = worker.submit(
+            ids, params, TextStream(tokenizer, parsed.stop, parsed.stream, params.min_tokens), request_id
+        )
         reply = Reply.new(handle.request_id, kind, model_name)
         watcher = asyncio.create_task(_close_on_disconnect(request, handle))
         if parsed.stream:
             return StreamingResponse(
-                _events(handle, reply, params.stop_token_ids, parsed.include_usage, watcher),
+                _events(handle, reply, answer, parsed.include_usage, watcher),
                 media_type="text/event-stream",
             )
         try:
-            return JSONResponse(await _whole(handle, reply, params.stop_token_ids))
+            return JSONResponse(await _whole(handle, reply, answer))
         finally:
             watcher.cancel()
             handle.close()
@@ -204,39 +227,59 @@ async def _close_on_disconnect(request: Request, handle: Handle) -> None:
     handle.close()
 
 
-def _stop_reason(handle: Handle, output: RequestOutput, stop_token_ids: tuple[int, ...]) -> str | int | None:
-    """vLLM's ``stop_reason``: the stop string or stop token id that ended the answer; None for EOS or length."""
-    if output.finish_reason != "stop":
-        return None
-    if handle.text.stop_reason is not None:
-        return handle.text.stop_reason
-    last = output.token_ids[-1] if output.token_ids else None
-    return last if last in stop_token_ids else None
+@dataclass
+class Answer:
+    """How one request's answer is dressed: what ends it, the echoed prompt, its logprobs' formatter."""
+
+    stop_token_ids: tuple[int, ...]
+    echo: str = ""  # the prompt's text, sent before the answer (completions with echo)
+    logprobs: Logprobs | None = None  # None: the request asked for none
+
+    def stop_reason(self, handle: Handle, output: RequestOutput) -> str | int | None:
+        """vLLM's ``stop_reason``: the stop string or stop token id that ended the answer; None for EOS or length."""
+        if output.finish_reason != "stop":
+            return None
+        if handle.text.stop_reason is not None:
+            return handle.text.stop_reason
+        last = output.token_ids[-1] if output.token_ids else None
+        return last if last in self.stop_token_ids else None
+
+    def logprobs_of(self, output: RequestOutput, start: int) -> dict | None:
+        """The logprobs of the output's tokens from ``start`` on, in the kind's shape (None if not asked)."""
+        if self.logprobs is None:
+            return None
+        return self.logprobs.format((output.logprobs or [])[start : len(output.token_ids)])
 
 
-async def _whole(handle: Handle, reply: Reply, stop_token_ids: tuple[int, ...]) -> dict:
+async def _whole(handle: Handle, reply: Reply, answer: Answer) -> dict:
     """A non-streamed answer: wait for the finished output (its text is decoded once, by the engine loop)."""
-    pieces: list[str] = []
+    pieces: list[str] = [answer.echo]
     async for output, piece in handle.outputs():
         pieces.append(piece)
     reason = output.finish_reason  # the last output is the finished one
     assert reason is not None, "a finished output has its reason"
     counts = usage(handle.prompt_len, len(output.token_ids))
-    return reply.full("".join(pieces), reason, counts, _stop_reason(handle, output, stop_token_ids))
+    return reply.full(
+        "".join(pieces), reason, counts, answer.stop_reason(handle, output), answer.logprobs_of(output, 0)
+    )
 
 
 async def _events(
-    handle: Handle, reply: Reply, stop_token_ids: tuple[int, ...], include_usage: bool, watcher: asyncio.Task
+    handle: Handle, reply: Reply, answer: Answer, include_usage: bool, watcher: asyncio.Task
 ) -> AsyncIterator[str]:
-    """A streamed answer: one event per token (the last one carries the finish reason), usage, [DONE]."""
+    """A streamed answer: one event per step's tokens (the last one carries the finish reason), usage, [DONE].
+
+    The first event carries the echoed prompt, if any, before the first token's text."""
     num_tokens = 0
     try:
         async for output, piece in handle.outputs():
             reason = output.finish_reason if output.finished else None
-            stop_reason = _stop_reason(handle, output, stop_token_ids) if output.finished else None
-            yield _sse(
-                reply.chunk(piece, reason, first=num_tokens == 0, with_usage=include_usage, stop_reason=stop_reason)
-            )
+            stop_reason = answer.stop_reason(handle, output) if output.finished else None
+            first = num_tokens == 0
+            text = answer.echo + piece if first else piece
+            logprobs = answer.logprobs_of(output, num_tokens)
+            chunk = reply.chunk(text, reason, first, include_usage, stop_reason, logprobs)
+            yield _sse(chunk)
             num_tokens = len(output.token_ids)
         if include_usage:
             yield _sse(reply.usage_chunk(usage(handle.prompt_len, num_tokens)))

@@ -9,6 +9,7 @@ half-open one, or one trickling a byte at a time) is closed (:class:`GuardedH11P
 Uvicorn's own ``timeout_keep_alive`` closes connections idle between requests, and the app
 gives a body the same deadline. Each client turned away is one warning line, not a traceback,
 and :class:`RateLimited` lets through at most one line a second of each kind, counting the rest.
+A client that half-closes once its request is sent is still answered (:meth:`GuardedH11Protocol.eof_received`).
 """
 
 from __future__ import annotations
@@ -128,6 +129,21 @@ class GuardedH11Protocol(H11Protocol):
         super().on_response_complete()
         if self._header_deadline is None and not self.transport.is_closing():
             self._arm_header_deadline()  # the next request on this connection gets the same deadline
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]
+        """The client half-closed (``shutdown(SHUT_WR)``) or closed: keep writing if its request is complete.
+
+        Uvicorn closes the transport at EOF, so a client that half-closes after a whole request gets
+        no answer (and its request is aborted). TCP cannot tell that from a full close until the
+        server writes: so once the request is in, it is answered (and the connection then closed), and
+        a client that really left is noticed at the next write (for a stream, the next token). An EOF
+        before the request is complete is still a hang-up.
+        """
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and self.conn.their_state is h11.DONE:
+            cycle.keep_alive = False  # nothing more can come on this connection: close it after the answer
+            return True
+        return None
 
     def connection_lost(self, exc) -> None:
         if self._header_deadline is not None:

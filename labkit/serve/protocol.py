@@ -5,10 +5,12 @@ nothing and its client gets a 4xx naming the field and the fix, in OpenAI's erro
 ``{"error": {"message", "type", "param", "code"}}`` (the ``openai`` client turns it into
 ``BadRequestError`` and friends). Fields the engine cannot honour are refused, never
 silently ignored (:data:`NOT_DONE` lists them, each with why); fields that change nothing
-here (``user``, ``logprobs: false``, ``presence_penalty: 0``...) pass. ``ignore_eos``, ``top_k``
-and ``stop_token_ids`` are vLLM's extensions, accepted as vLLM accepts them, and so are its
-defaults where a client can tell: a completion without ``max_tokens`` gets 16 tokens, and a
-``developer`` message is read as a system one.
+here (``user``, ``metadata``...) pass. Honoured beyond the basics: ``logprobs`` /
+``top_logprobs``, the presence, frequency and repetition penalties, ``logit_bias``, ``min_p``,
+``min_tokens`` and, on completions, ``echo``. ``ignore_eos``, ``top_k``, ``min_p``,
+``min_tokens``, ``repetition_penalty`` and ``stop_token_ids`` are vLLM's extensions, accepted
+as vLLM accepts them, and so are its defaults where a client can tell: a completion without
+``max_tokens`` gets 16 tokens, and a ``developer`` message is read as a system one.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import math
 import time
 from dataclasses import dataclass
 
-from labkit.sampling_params import SamplingParams
+from labkit.sampling_params import MAX_BIAS, MAX_LOGPROBS, SamplingParams
 
 CHAT, COMPLETION = "chat", "completion"
 ROLES = ("system", "user", "assistant", "developer")  # developer: OpenAI's newer name for system
 COMPLETION_MAX_TOKENS = 16  # vLLM's and OpenAI's default for /v1/completions
 MAX_STOP_STRINGS = 4  # as OpenAI
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias (labkit's bound: each is applied at every step)
 
 
 class APIError(Exception):
@@ -67,6 +70,14 @@ class CompletionRequest:
     ignore_eos: bool
     stream: bool
     include_usage: bool
+    logprobs: int | None = None  # alternatives per token (chat: top_logprobs when logprobs is true); None: off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    min_tokens: int = 0
+    echo: bool = False  # completions: the prompt's text comes first in the answer
 
     def sampling_params(self, prompt_len: int, context_limit: int) -> SamplingParams:
         """The engine's params, once the prompt's length is known; 400 if prompt plus answer cannot fit.
@@ -88,6 +99,8 @@ class CompletionRequest:
                 f"you requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
                 f"{max_tokens} in the completion); lower max_tokens or shorten the prompt.",
             )
+        if self.min_tokens > max_tokens:
+            raise bad("min_tokens", f"min_tokens ({self.min_tokens}) must not be above max_tokens ({max_tokens}).")
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=self.temperature,
@@ -96,6 +109,13 @@ class CompletionRequest:
             seed=self.seed,
             ignore_eos=self.ignore_eos,
             stop_token_ids=self.stop_token_ids,
+            min_p=self.min_p,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias=self.logit_bias,
+            min_tokens=self.min_tokens,
+            logprobs=self.logprobs,
         )
 
 
@@ -135,6 +155,25 @@ def parse_request(body: object, kind: str) -> CompletionRequest:
     if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         raise bad("seed", f"seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}.")
     prompt = _messages(body) if kind == CHAT else _prompt(body)
+    logprobs = _logprobs(body, kind)
+    echo = bool(_optional(body, "echo", bool))
+    if echo and kind == CHAT:
+        raise bad(
+            "echo", "echo is not supported on chat completions: labkit echoes the prompt on /v1/completions only."
+        )
+    if echo and logprobs is not None:
+        raise bad(
+            "echo",
+            "echo with logprobs is not supported: labkit's engine computes logits only where it samples a token "
+            "(and prefix caching skips the cached prompt), so it has no logprobs for the prompt's tokens. "
+            "Ask for echo or for logprobs, not both.",
+        )
+    repetition_penalty = _number(body, "repetition_penalty", 1.0, 0.0, 100.0)
+    if repetition_penalty == 0:
+        raise bad("repetition_penalty", "repetition_penalty must be greater than 0 (1 is off).")
+    min_tokens = _optional(body, "min_tokens", int) or 0
+    if min_tokens < 0:
+        raise bad("min_tokens", f"min_tokens must be at least 0, got {min_tokens}.")
     return CompletionRequest(
         kind,
         model,
@@ -149,17 +188,20 @@ def parse_request(body: object, kind: str) -> CompletionRequest:
         bool(_optional(body, "ignore_eos", bool)),
         stream,
         include_usage,
+        logprobs=logprobs,
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=repetition_penalty,
+        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
+        logit_bias=_logit_bias(body),
+        min_tokens=min_tokens,
+        echo=echo,
     )
 
 
 # Fields labkit's engine does not do: (does the body ask for it?, why not, what to do instead).
-# A field set to its "off" value (logprobs false, a penalty of 0, tool_choice "none") asks for nothing.
+# A field set to its "off" value (tools [], tool_choice "none", best_of 1) asks for nothing.
 NOT_DONE: dict[str, tuple] = {
-    "logprobs": (
-        lambda v: v not in (None, False, 0),
-        "labkit's server does not return log-probabilities (the engine keeps only the chosen token)",
-    ),
-    "top_logprobs": (lambda v: v not in (None, 0), "labkit's server does not return log-probabilities"),
     "tools": (
         lambda v: v not in (None, []),
         "labkit's server does not call tools (the course model has no tool format)",
@@ -170,15 +212,14 @@ NOT_DONE: dict[str, tuple] = {
         lambda v: v is not None and v != {"type": "text"},
         "labkit's server does not constrain output to JSON or a schema (no guided decoding)",
     ),
-    "presence_penalty": (lambda v: v not in (None, 0), "labkit's sampler has no presence or frequency penalties"),
-    "frequency_penalty": (lambda v: v not in (None, 0), "labkit's sampler has no presence or frequency penalties"),
-    "repetition_penalty": (lambda v: v not in (None, 1), "labkit's sampler has no repetition penalty"),
-    "logit_bias": (lambda v: v not in (None, {}), "labkit's sampler does not bias logits"),
-    "min_p": (lambda v: v not in (None, 0), "labkit's sampler has temperature, top_p and top_k, not min_p"),
-    "min_tokens": (lambda v: v not in (None, 0), "labkit's engine has no minimum length (it stops at end-of-text)"),
-    "echo": (lambda v: v not in (None, False), "labkit's server does not echo the prompt back"),
-    "best_of": (lambda v: v not in (None, 1), "labkit's engine has no beam search and returns one choice"),
-    "use_beam_search": (lambda v: v not in (None, False), "labkit's engine has no beam search"),
+    "best_of": (
+        lambda v: v not in (None, 1),
+        "labkit's engine returns one choice and keeps no candidates to rank (no best_of, no beam search)",
+    ),
+    "use_beam_search": (
+        lambda v: v not in (None, False),
+        "labkit's engine has no beam search (each request samples one sequence, token by token)",
+    ),
     "suffix": (lambda v: v not in (None, ""), "labkit's engine does not fill in the middle"),
 }
 
@@ -251,6 +292,46 @@ def _stop_token_ids(body: dict) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def _logprobs(body: dict, kind: str) -> int | None:
+    """How many alternatives per token to return (0: the chosen token's logprob only), or None for none.
+
+    Chat says ``logprobs: true`` and ``top_logprobs: N``; completions say ``logprobs: N``.
+    """
+    if kind == CHAT:
+        asked = _optional(body, "logprobs", bool)
+        top = _optional(body, "top_logprobs", int)
+        if top is not None and not 0 <= top <= MAX_LOGPROBS:
+            raise bad("top_logprobs", f"top_logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {top}.")
+        if top and not asked:
+            raise bad("top_logprobs", "top_logprobs needs logprobs: true as well.")
+        return (top or 0) if asked else None
+    if body.get("top_logprobs") is not None:
+        raise bad("top_logprobs", "top_logprobs is a chat field; on /v1/completions send logprobs: N instead.")
+    count = _optional(body, "logprobs", int)
+    if count is not None and not 0 <= count <= MAX_LOGPROBS:
+        raise bad("logprobs", f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {count}.")
+    return count
+
+
+def _logit_bias(body: dict) -> dict[int, float] | None:
+    """``{"token id": bias}`` as OpenAI sends it, checked; the ids as ints (the vocabulary is checked later)."""
+    bias = _optional(body, "logit_bias", dict)
+    if not bias:
+        return None
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise bad("logit_bias", f"logit_bias may name at most {MAX_LOGIT_BIAS} tokens, got {len(bias)}.")
+    checked = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()) or len(key) > 12:
+            raise bad("logit_bias", f'logit_bias keys must be token ids written as strings, like "50256"; got {key!r}.')
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -MAX_BIAS <= value <= MAX_BIAS:
+            raise bad(
+                "logit_bias", f"logit_bias values must be numbers from {-MAX_BIAS:g} to {MAX_BIAS:g}; got {value!r}."
+            )
+        checked[int(key)] = float(value)
+    return checked
+
+
 def _messages(body: dict) -> list[dict]:
     """Chat messages as ``{"role", "content"}`` with text content (text parts are joined)."""
     messages = body.get("messages")
@@ -321,10 +402,16 @@ class Reply:
         return cls(request_id, kind, model, int(time.time()))
 
     def _choice(
-        self, text: str | None, finish_reason: str | None, delta: bool, first: bool = False, stop_reason=None
+        self,
+        text: str | None,
+        finish_reason: str | None,
+        delta: bool,
+        first: bool = False,
+        stop_reason=None,
+        logprobs: dict | None = None,
     ) -> dict:
         """One choice; ``stop_reason`` is vLLM's: the stop string or token id that ended it, else None."""
-        end = {"logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
+        end = {"logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
         if self.kind == COMPLETION:
             return {"index": 0, "text": text or "", **end}
         if not delta:
@@ -343,9 +430,16 @@ class Reply:
             "model": self.model,
         }
 
-    def full(self, text: str, finish_reason: str, counts: dict, stop_reason: str | int | None = None) -> dict:
-        """The whole answer of a non-streamed request."""
-        choice = self._choice(text, finish_reason, delta=False, stop_reason=stop_reason)
+    def full(
+        self,
+        text: str,
+        finish_reason: str,
+        counts: dict,
+        stop_reason: str | int | None = None,
+        logprobs: dict | None = None,
+    ) -> dict:
+        """The whole answer of a non-streamed request (``logprobs``: the choice's, in its kind's shape)."""
+        choice = self._choice(text, finish_reason, delta=False, stop_reason=stop_reason, logprobs=logprobs)
         return {**self._envelope(False), "choices": [choice], "usage": counts}
 
     def chunk(
@@ -355,9 +449,10 @@ class Reply:
         first: bool = False,
         with_usage: bool = False,
         stop_reason: str | int | None = None,
+        logprobs: dict | None = None,
     ) -> dict:
-        """One server-sent event of a stream: one token's text (the first also names the role)."""
-        choice = self._choice(text, finish_reason, delta=True, first=first, stop_reason=stop_reason)
+        """One server-sent event of a stream: one step's text (the first also names the role) and its logprobs."""
+        choice = self._choice(text, finish_reason, delta=True, first=first, stop_reason=stop_reason, logprobs=logprobs)
         event = {**self._envelope(True), "choices": [choice]}
         if with_usage:
             event["usage"] = None  # as OpenAI: null on every chunk but the last when usage is asked for

@@ -5,7 +5,8 @@ character over several tokens, and the half-decoded text ends in U+FFFD. So each
 decodes all the tokens so far and hands out only what can no longer change: it holds back
 a trailing U+FFFD, and, when the request has stop strings, the last ``len(longest) - 1``
 characters, which might be the start of one. A stop string ends the answer and is left out
-of it, as in the OpenAI API. Decoding everything each time costs O(n^2) over an answer of
+of it, as in the OpenAI API; with ``min_tokens``, as in vLLM, only a stop string that ends
+after the first ``min_tokens`` tokens counts. Decoding everything each time costs O(n^2) over an answer of
 n tokens, which is nothing next to a forward pass at the lengths served here; and a whole
 (not streamed) answer without stop strings is decoded once, at the end.
 """
@@ -18,10 +19,12 @@ REPLACEMENT = "\ufffd"
 class TextStream:
     """One request's text so far; :meth:`update` returns the piece that is new and settled."""
 
-    def __init__(self, tokenizer, stop: tuple[str, ...] = (), streamed: bool = True):
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), streamed: bool = True, min_tokens: int = 0):
         self.tokenizer = tokenizer
         self.stop = stop
         self.streamed = streamed
+        self.min_tokens = min_tokens
+        self._search_from = 0  # characters before this were decoded within min_tokens: no stop string there
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.text = ""  # handed out so far
         self.stopped = False  # a stop string was found: the answer is over
@@ -32,7 +35,13 @@ class TextStream:
         if not (finished or self.streamed or self.stop):
             return ""  # nobody reads the pieces before the end, and no stop string can end it early
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        found = [(i, s) for s in self.stop if (i := text.find(s)) >= 0]
+        if len(token_ids) <= self.min_tokens:
+            self._search_from = len(text)
+        found = [
+            (i, s)
+            for s in self.stop
+            if len(token_ids) > self.min_tokens and (i := text.find(s, max(0, self._search_from - len(s) + 1))) >= 0
+        ]
         if found:
             cut, self.stop_reason = min(found)
             text, self.stopped, finished = text[:cut], True, True
