@@ -11,7 +11,7 @@ import torch
 from labkit.bench.busy import busy_cores
 
 # Modules whose tests each stand alone (one notebook executed or graded per test): spread over the workers.
-SPREAD = {"test_labs_execute.py", "test_grading_labs.py"}
+SPREAD = {"test_labs_execute.py", "test_grading_labs.py", "test_grading_seeds.py"}
 # Modules that share one fixture through module state: they must run on the same worker.
 SAME_WORKER = {"test_book.py": "book", "test_browser_book.py": "book", "test_browser_interactive.py": "book"}
 
@@ -121,3 +121,16 @@ def pytest_collection_modifyitems(config, items):
             if name not in SPREAD:
                 item.add_marker(pytest.mark.xdist_group(SAME_WORKER.get(name, name)))
     items.sort(key=lambda item: item.path.name not in SPREAD)
+
+
+def pytest_collection_finish(session):
+    """Under ``--dist loadgroup`` a worker's test ids must carry their group (``...@group``): if they do not,
+    xdist hands out tests one by one and every module fixture is made once per worker, silently."""
+    config = session.config
+    if getattr(config, "workerinput", None) is None or not config.getvalue("loadgroup"):
+        return
+    if session.items and not any("@" in item.nodeid for item in session.items):
+        raise pytest.UsageError(
+            "pytest-xdist's --dist loadgroup lost the test groups (pytest 9 with xdist 3.8 does this); "
+            "install the versions pyproject.toml pins: pip install -e '.[dev]'"
+        )
