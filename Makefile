@@ -34,13 +34,20 @@ book: model
 	$(VENV)/bin/jupyter-book build . -W --keep-going
 	@echo "Book: $(CURDIR)/_build/html/index.html"
 
-# The model is converted once, before the workers start, so no two of them convert it at once.
-test: setup lint model
-	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+# Every test once. The model is converted once, before the workers start, so no two of them convert it at
+# once. The tests marked `timing` (verdicts a slow machine could move) run on their own afterwards, with
+# BUSY spin loops keeping the cores busy the whole time: they must hold on a busy machine, so that is
+# where they are proved. JUNIT=DIR writes DIR/junit.xml and DIR/junit-busy.xml.
+BUSY ?= 2
+TIMING_TESTS = $(PY) -m pytest $(XDIST) -m timing --busy $(BUSY) $(PYTEST_ARGS) $(if $(JUNIT),--junitxml=$(JUNIT)/junit-busy.xml)
 
-# The tests whose verdicts a slow machine could move, run again with two cores kept busy beside them.
+test: setup lint model
+	$(PY) -m pytest $(XDIST) -m "not timing" $(PYTEST_ARGS) $(if $(JUNIT),--junitxml=$(JUNIT)/junit.xml)
+	$(TIMING_TESTS)
+
+# The `timing` tests alone, with BUSY spin loops beside them (`make test-busy BUSY=4` for a busier machine).
 test-busy: setup model
-	$(PY) -m pytest -m timing --busy 2 $(PYTEST_ARGS)
+	$(TIMING_TESTS)
 
 # Lint and format check first: seconds, and a failure there needs no model to explain it.
 lint: setup

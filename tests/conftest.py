@@ -14,6 +14,22 @@ from labkit.bench.busy import busy_cores
 SPREAD = {"test_labs_execute.py", "test_grading_labs.py", "test_grading_seeds.py"}
 # Modules that share one fixture through module state: they must run on the same worker.
 SAME_WORKER = {"test_book.py": "book", "test_browser_book.py": "book", "test_browser_interactive.py": "book"}
+# The costliest work first (seconds from `--durations`: the book group about 7 minutes, a solved lab up to 3), so
+# that no worker is handed a long unit at the end while the other has nothing left; every other module after.
+COSTLIEST_FIRST = [
+    *SAME_WORKER,
+    "test_labs_execute.py",
+    "test_grading_seeds.py",
+    "test_grading_labs.py",
+    "test_lab_checks_4_6.py",
+    "test_lab10_checks.py",
+    "test_serve_round2.py",
+    "test_lab9_serving_checks.py",
+    "test_generation.py",
+    "test_lab8_checks.py",
+    "test_engine_default_model.py",
+    "test_spec_default_model.py",
+]
 
 MATMUL_PATHS = ("prepacked", "plain")
 _default_models: dict = {}
@@ -99,28 +115,43 @@ def pytest_addoption(parser):
     )
 
 
-@pytest.fixture(scope="session", autouse=True)
-def busy_machine(request):
-    """With ``--busy N``, N spin loops run beside the tests from the first test to the last (under
-    pytest-xdist, in the first worker only: N for the whole run, not N per worker)."""
-    worker = getattr(request.config, "workerinput", {}).get("workerid", "gw0")
-    with busy_cores(request.config.getoption("--busy") if worker == "gw0" else 0):
-        yield
+def pytest_configure(config):
+    """In the process that runs the session (pytest-xdist's controller, not a worker).
+
+    xdist hands out work units in the order ``pytest_collection_modifyitems`` sets, not (its default)
+    by their number of tests, which put every one-test unit, the solved notebooks, last. With
+    ``--busy N``, N spin loops run from before the first test to after the last: N for the whole run,
+    however many workers share the machine with them.
+    """
+    if getattr(config, "workerinput", None) is not None:
+        return
+    config.option.loadscopereorder = False
+    if config.getoption("--busy", 0):
+        config._busy_spinners = busy_cores(config.getoption("--busy"))
+        config._busy_spinners.__enter__()
+
+
+def pytest_unconfigure(config):
+    spinners = getattr(config, "_busy_spinners", None)
+    if spinners is not None:
+        spinners.__exit__(None, None, None)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist's ``--dist loadgroup``: keep each module on one worker, except ``SPREAD``.
 
-    Runs before xdist reads the groups. The costliest tests go first, so no worker is left with a
-    long notebook at the end while the other waits.
+    Runs before xdist reads the groups. The costliest modules go first (``COSTLIEST_FIRST``; xdist
+    keeps this order, see ``pytest_configure``), so no worker is left with a long notebook at the end
+    while the other waits.
     """
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:
             name = item.path.name
             if name not in SPREAD:
                 item.add_marker(pytest.mark.xdist_group(SAME_WORKER.get(name, name)))
-    items.sort(key=lambda item: item.path.name not in SPREAD)
+    rank = {name: index for index, name in enumerate(COSTLIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 def pytest_collection_finish(session):
@@ -129,7 +160,8 @@ def pytest_collection_finish(session):
     config = session.config
     if getattr(config, "workerinput", None) is None or not config.getvalue("loadgroup"):
         return
-    if session.items and not any("@" in item.nodeid for item in session.items):
+    grouped = [item for item in session.items if item.path.name not in SPREAD]
+    if grouped and not any("@" in item.nodeid for item in grouped):
         raise pytest.UsageError(
             "pytest-xdist's --dist loadgroup lost the test groups (pytest 9 with xdist 3.8 does this); "
             "install the versions pyproject.toml pins: pip install -e '.[dev]'"

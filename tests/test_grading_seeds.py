@@ -25,7 +25,8 @@ from labkit.grading.result_check import ResultRefused, budget_for, file_limit, l
 
 SEEDS = range(1, 6)
 LABS = [
-    pytest.param("lab1", range(1, 21), marks=pytest.mark.lab1),  # 20 seeds: the issue it fixes lost a point in 6 of 10
+    # 10 seeds: the issue this fixed lost lab 1's point in 6 seeds of 10, so 10 clean seeds leave a 1-in-10,000 chance
+    pytest.param("lab1", range(1, 11), marks=pytest.mark.lab1),
     pytest.param("lab2", SEEDS, marks=pytest.mark.lab2),
     pytest.param("lab3", SEEDS, marks=pytest.mark.lab3),
     pytest.param("lab4", SEEDS, marks=pytest.mark.lab4),
@@ -36,6 +37,16 @@ LABS = [
     pytest.param("lab9", SEEDS, marks=pytest.mark.lab9),
     pytest.param("lab10", SEEDS, marks=pytest.mark.lab10),
 ]
+
+
+# Exercises graded under the first seed only: each costs a real `labkit serve` a seed, and the part of its inputs
+# that it serves takes no seed (the same clients, the same rates every time), so a second seed would prove nothing
+# more. The test checks that part is the same under every seed. Its seeded half, lab 4's check inside
+# lab9.continuous_schedule, is graded under every seed in the lab4 case.
+ONE_SEED = {
+    "lab9.continuous_schedule": lambda inputs: {key: value for key, value in inputs.items() if key != "lab4"},
+    "lab9.find_capacity": lambda inputs: inputs,
+}
 
 
 def graded(exercise, namespace: dict, seed: int):
@@ -60,8 +71,12 @@ def test_solved_exercises_earn_every_point_under_every_seed(lab, seeds):
     exercises = [exercise for exercise in exercises_for_lab(lab) if not exercise.measured_once]
     assert exercises
     lost = []
-    for seed in seeds:
+    for index, seed in enumerate(seeds):
         for exercise in exercises:
+            if index and exercise.id in ONE_SEED:
+                served = ONE_SEED[exercise.id]
+                assert served(exercise.make_inputs(seed)) == served(exercise.make_inputs(seeds[0])), exercise.id
+                continue
             result = graded(exercise, namespace, seed)
             if not result.passed:
                 lost.append(f"seed {seed}: {result.message}")
