@@ -33,3 +33,15 @@ def test_nothing_to_compare_is_an_error_that_says_what_to_give(monkeypatch, caps
     with pytest.raises(SystemExit):
         script.main()
     assert "give --labkit and/or --url NAME=URL" in capsys.readouterr().err
+
+
+def test_serve_overhead_runs_the_offline_engine_on_the_traces_own_lengths():
+    """scripts/serve_overhead.py's offline side: greedy, ignore_eos, each request its own max_new_tokens."""
+    from test_serve import chat_model, make_llm
+
+    spec = importlib.util.spec_from_file_location("serve_overhead", SCRIPT.with_name("serve_overhead.py"))
+    overhead = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(overhead)
+    workload = overhead.trace_workload(overhead.WORKLOADS["W1"], "W1")[:3]
+    _, tokens = overhead.offline_tokens_per_second(make_llm(chat_model()), workload)
+    assert tokens == sum(spec.output_len for spec in workload)

@@ -5,7 +5,10 @@ thread runs the loop: take the requests that came in and the aborts, run one ste
 each request's new tokens to the coroutine that serves its client, repeat; when nothing is
 left it sleeps until a request comes. HTTP handlers never touch the engine: they put
 commands on a queue and read outputs from their own :class:`Handle`, so a request that
-arrives mid-run joins the very next step, exactly as in vLLM's ``AsyncLLM``.
+arrives mid-run joins the very next step, exactly as in vLLM's ``AsyncLLM``. A step's outputs
+reach the event loop together, in one ``call_soon_threadsafe`` (one wake-up per step, not one
+per request): each wake-up costs the engine thread a write to the loop's self-pipe and a turn
+of the GIL given to the event loop, time that no step runs in.
 
 Before it accepts a request, :meth:`EngineWorker.submit` can ask an admission hook (see
 :mod:`~labkit.serve.admission`) whether the queue it would join still keeps the server's
@@ -73,11 +76,9 @@ class Handle:
         self._items: asyncio.Queue[tuple[RequestOutput, str] | APIError] = asyncio.Queue()
 
     def push(self, item: tuple[RequestOutput, str] | APIError) -> None:
-        """From the worker thread: deliver an output (or an error) to the coroutine awaiting it."""
-        try:
-            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
-        except RuntimeError:  # the event loop is closed: nobody is waiting any more
-            pass
+        """From the worker thread: an output (or an error) for the coroutine awaiting it, handed over at
+        the worker's next flush (:meth:`EngineWorker._flush`), in the order pushed."""
+        self.worker._outbox.append((self, item))
 
     async def outputs(self) -> AsyncIterator[tuple[RequestOutput, str]]:
         """Each step's output for this request (all its tokens so far) and its new text, up to the finished one.
@@ -147,6 +148,7 @@ class EngineWorker:
         self.draining = False  # set when the server stops: new requests are refused
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}  # touched by the loop thread only
+        self._outbox: list[tuple[Handle, tuple[RequestOutput, str] | APIError]] = []  # loop thread only
         # the counts the admission hook sees, kept by both threads under the lock
         self._num_queued = 0
         self._num_running = 0
@@ -256,12 +258,29 @@ class EngineWorker:
     def _run(self) -> None:
         try:
             while self._take_commands(wait=not self.llm.has_unfinished()):
+                self._flush()  # an engine's refusal or an abort's answer need not wait for the step
                 if self.llm.has_unfinished():
                     self._step()
+                    self._flush()
             self._end_all(APIError(503, "The server is shutting down.", type="service_unavailable"))
         except Exception as err:  # a broken policy or model: fail every client loudly, keep serving errors
             self.error = f"{type(err).__name__}: {err}"
             self._end_all(APIError(500, f"The engine failed: {self.error}", type="internal_server_error"))
+
+    def _flush(self) -> None:
+        """Hand every pushed item to its event loop: one wake-up per loop for the whole step, not one per
+        request, so the engine thread does not trade the GIL with the event loop for each output."""
+        if not self._outbox:
+            return
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[Handle, tuple[RequestOutput, str] | APIError]]] = {}
+        for handle, item in self._outbox:
+            batches.setdefault(handle._loop, []).append((handle, item))
+        self._outbox = []
+        for loop, batch in batches.items():
+            try:
+                loop.call_soon_threadsafe(_hand_over, batch)
+            except RuntimeError:  # the event loop is closed: nobody is waiting any more
+                pass
 
     def _take_commands(self, wait: bool) -> bool:
         """Apply every queued command (blocking for the first if ``wait``); False once told to stop."""
@@ -377,6 +396,13 @@ class EngineWorker:
             live.handle.push(error)
         self._live.clear()
         self.metrics.on_idle()
+        self._flush()
+
+
+def _hand_over(batch: list[tuple[Handle, tuple[RequestOutput, str] | APIError]]) -> None:
+    """On the event loop: one step's outputs (or errors) into their handles' queues, in order."""
+    for handle, item in batch:
+        handle._items.put_nowait(item)
 
 
 def _queue_time(live: _Live) -> float | None:
