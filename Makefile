@@ -42,7 +42,9 @@ book: model
 BUSY ?= 2
 TIMING_TESTS = $(PY) -m pytest $(XDIST) -m timing --busy $(BUSY) $(PYTEST_ARGS) $(if $(JUNIT),--junitxml=$(JUNIT)/junit-busy.xml)
 
-test: setup lint model
+# Lint (mypy is single-threaded) and the model's conversion share the two cores; each one's output is printed whole.
+test: setup
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint model
 	$(PY) -m pytest $(XDIST) -m "not timing" $(PYTEST_ARGS) $(if $(JUNIT),--junitxml=$(JUNIT)/junit.xml)
 	$(TIMING_TESTS)
 
