@@ -25,6 +25,9 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+# A page that does what it should does it at once; these limits only stop a hang. They are minutes, not
+# Playwright's 5 s (expect) and 30 s (actions), so that a busy machine (CI beside other jobs) moves no verdict.
+WAIT_LIMIT_MS = 120_000
 
 
 def chromium() -> str | None:
@@ -47,14 +50,22 @@ def chromium_browser() -> Iterator:
     reason = missing_browser()
     if reason:
         pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    expect.set_options(timeout=WAIT_LIMIT_MS)
     with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_FLAGS)
+        launched = playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_FLAGS, timeout=WAIT_LIMIT_MS)
         try:
             yield launched
         finally:
             launched.close()
+
+
+def new_tab(browser, **options):
+    """A page whose waits and actions give up only after ``WAIT_LIMIT_MS`` (see there)."""
+    tab = browser.new_page(**options)
+    tab.set_default_timeout(WAIT_LIMIT_MS)
+    return tab
 
 
 def screenshot(page, name: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
-from browser_helpers import chromium_browser, screenshot  # noqa: F401  (the `browser` fixture)
+from browser_helpers import chromium_browser, new_tab, screenshot  # noqa: F401  (the `browser` fixture)
 from test_book import built_book  # noqa: F401  (the `html` fixture: the book, built once per session)
 
 pytestmark = pytest.mark.browser
@@ -94,7 +94,7 @@ def test_every_internal_link_and_anchor_resolves(html: Path) -> None:
 
 def open_page(browser, page: Path):
     """A fresh tab showing the page once MathJax has finished, and the errors it logged on the way."""
-    tab = browser.new_page(viewport={"width": 1280, "height": 1000})
+    tab = new_tab(browser, viewport={"width": 1280, "height": 1000})
     errors: list[str] = []
     tab.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
     tab.on("pageerror", lambda error: errors.append(f"uncaught {error}"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from browser_helpers import chromium_browser, screenshot  # noqa: F401  (the `browser` fixture)
+from browser_helpers import chromium_browser, new_tab, screenshot  # noqa: F401  (the `browser` fixture)
 from test_book import built_book  # noqa: F401  (the `html` fixture: the book, built once per session)
 
 from labkit.capacity import with_precision
@@ -30,7 +30,7 @@ class Figure:
     """One chapter's page in a fresh tab, with what a test needs to play with its figure and read it."""
 
     def __init__(self, browser, page: Path) -> None:
-        self.tab = browser.new_page(viewport={"width": 1280, "height": 1000})
+        self.tab = new_tab(browser, viewport={"width": 1280, "height": 1000})
         self.requests: list[str] = []
         self.errors: list[str] = []
         self.tab.on(

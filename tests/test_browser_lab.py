@@ -23,7 +23,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from browser_helpers import chromium_browser, missing_browser, screenshot  # noqa: F401  (the `browser` fixture)
+from browser_helpers import chromium_browser, missing_browser, new_tab, screenshot  # noqa: F401  (the `browser` fixture)
 
 pytestmark = pytest.mark.browser
 
@@ -161,7 +161,7 @@ def open_notebook(browser, url: str):
 
     (Before the kernel starts the bar reads "No Kernel | Initializing", and a Run then asks which kernel to start.)
     """
-    tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+    tab = new_tab(browser, viewport={"width": 1400, "height": 1000})
     tab.goto(url)
     kernel_idle = re.compile(r"^(?!No Kernel).+ \| Idle$")
     tab.locator(".jp-StatusBar-TextItem", has_text=kernel_idle).wait_for(timeout=KERNEL_TIMEOUT_MS)

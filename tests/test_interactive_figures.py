@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 import pytest
-from browser_helpers import chromium_browser  # noqa: F401  (the `browser` fixture)
+from browser_helpers import chromium_browser, new_tab  # noqa: F401  (the `browser` fixture)
 
 from labkit.capacity import KV_BYTES, WEIGHT_BYTES, with_precision
 from labkit.metrics import summarize
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.browser
 @pytest.fixture(scope="module")
 def page(browser):
     """A blank tab: the formulas need no book around them."""
-    tab = browser.new_page()
+    tab = new_tab(browser)
     yield tab
     tab.close()
 
