@@ -66,9 +66,22 @@ def test_busy_cores_spin_while_inside_and_are_gone_after():
             pass
 
 
-def test_step_profile_parts_add_up_to_the_step_and_the_model_is_left_as_it_was(model):
-    from labkit.bench.step_profile import PARTS, format_profile, step_profile
+class CountingTokenizer:
+    """Decodes ids as numbers, and counts how many tokens it was asked to decode."""
 
+    def __init__(self):
+        self.decoded = 0
+
+    def decode(self, ids, skip_special_tokens=False):
+        self.decoded += len(ids)
+        return " ".join(map(str, ids))
+
+
+def test_step_profile_parts_add_up_to_the_step_and_the_model_is_left_as_it_was(model, monkeypatch):
+    from labkit.bench.step_profile import PARTS, SERVER_ANSWER_TOKENS, format_profile, step_profile
+
+    tokenizer = CountingTokenizer()
+    monkeypatch.setattr(model, "tokenizer", tokenizer)
     profiles = step_profile(model, bandwidth=1e9, batches=(1, 4), context=20, repeats=3)
     assert [p.batch_size for p in profiles] == [1, 4]
     for p in profiles:
@@ -76,6 +89,11 @@ def test_step_profile_parts_add_up_to_the_step_and_the_model_is_left_as_it_was(m
         assert sum(p.parts_ms.values()) == pytest.approx(p.step_ms)  # by construction: differences of one run
         kv = p.batch_size * 20 * model.config.kv_bytes_per_token(model.dtype)
         assert p.floor_ms == pytest.approx(1e3 * (model.weight_bytes() + kv) / 1e9)
+        assert p.server_ms is not None and p.server_ms > 0
+    # the server's part decoded every request's whole answer so far, in each of its 1 + 3 runs
+    assert tokenizer.decoded == (1 + 4) * (1 + 3) * SERVER_ANSWER_TOKENS
     assert "forward" not in vars(model)  # the timing wrapper is gone
     table = format_profile(profiles)
-    assert "attention" in table and "floor" in table
+    assert "attention" in table and "floor" in table and "server text, events" in table
+    monkeypatch.setattr(model, "tokenizer", None)
+    assert "no tokenizer" in format_profile(step_profile(model, bandwidth=1e9, batches=(1,), context=20, repeats=1))

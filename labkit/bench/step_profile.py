@@ -11,7 +11,11 @@ Measured on the real engine, by difference, with nothing instrumented in the mod
 - **norms, RoPE and the rest**: the forward without attention, minus the linear layers
   (embedding, RMSNorm, rotary embedding, SwiGLU's activation, residual adds);
 - **sampling, scheduler and Python**: the step minus its forward (choosing tokens, the
-  scheduler, block tables, outputs).
+  scheduler, block tables, outputs);
+- **in the server, text and events** (beside the step, not part of it): what ``labkit serve`` adds
+  to each such step, timed on its own code: every request's answer so far decoded to text
+  (:class:`~labkit.serve.text.TextStream`, which decodes the whole answer at each step) and sent as
+  one server-sent event of a chat stream, for answers ``SERVER_ANSWER_TOKENS`` tokens long.
 
 The floor is what the step must at least take on this machine's memory: every weight and the
 batch's KV cache read once, divided by the measured copy bandwidth.
@@ -30,6 +34,7 @@ from labkit.sampling import SamplingParams
 
 BATCHES = (1, 8, 32, 64)
 PARTS = ("linear layers", "attention", "norms, RoPE and the rest", "sampling, scheduler and Python")
+SERVER_ANSWER_TOKENS = 128  # about W2's mean answer; the server's text cost grows with the answer so far
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,7 @@ class StepProfile:
     step_ms: float
     parts_ms: dict[str, float]
     floor_ms: float
+    server_ms: float | None = None  # labkit serve's text and events for this step's requests; None: no tokenizer
 
     @property
     def floor_fraction(self) -> float:
@@ -75,6 +81,21 @@ def _linear_ms(model, batch_size: int, repeats: int) -> float:
             layer.qkv(hidden), layer.o_proj(heads), layer.gate_up(hidden), layer.down(inner)
         model.lm_head(hidden)
         synchronize(model.device)
+
+    return _median_ms(run, repeats)
+
+
+def _server_ms(tokenizer, answers: list[list[int]], repeats: int) -> float:
+    """What labkit serve does for a step of these requests besides the step: each answer so far to text, one event each."""
+    from labkit.serve.protocol import CHAT, Reply, sse_event
+    from labkit.serve.text import TextStream
+
+    reply = Reply.new("chatcmpl-profile", CHAT, "profile")
+
+    def run() -> None:
+        for answer in answers:
+            piece = TextStream(tokenizer).update(answer, finished=False)
+            sse_event(reply.chunk(piece))
 
     return _median_ms(run, repeats)
 
@@ -127,7 +148,11 @@ def profile_batch(model, batch_size: int, context: int, bandwidth: float, repeat
     }
     kv_bytes = batch_size * context * model.config.kv_bytes_per_token(model.dtype)
     floor_ms = 1e3 * (model.weight_bytes() + kv_bytes) / bandwidth
-    return StepProfile(batch_size, context, step_ms, parts, floor_ms)
+    server_ms = None
+    if model.tokenizer is not None:
+        answers = [(row * -(-SERVER_ANSWER_TOKENS // context))[:SERVER_ANSWER_TOKENS] for row in ids.tolist()]
+        server_ms = _server_ms(model.tokenizer, answers, repeats)
+    return StepProfile(batch_size, context, step_ms, parts, floor_ms, server_ms)
 
 
 def step_profile(model, bandwidth: float, batches=BATCHES, context: int = 256, repeats: int = 8) -> list[StepProfile]:
@@ -136,13 +161,18 @@ def step_profile(model, bandwidth: float, batches=BATCHES, context: int = 256, r
 
 def format_profile(profiles: list[StepProfile]) -> str:
     """A table: the step, each part in ms and its share, and the memory floor's share of the step."""
-    header = f"{'batch':>5} {'step ms':>8} " + " ".join(f"{part[:22]:>24}" for part in PARTS) + f" {'floor':>12}"
-    lines = [header]
+    header = f"{'batch':>5} {'step ms':>8} " + " ".join(f"{part[:22]:>24}" for part in PARTS)
+    lines = [header + f" {'floor':>12} {'+ server text, events':>22}"]
     for p in profiles:
         cells = " ".join(f"{p.parts_ms[part]:>9.2f} ms ({p.parts_ms[part] / p.step_ms:>5.0%})   " for part in PARTS)
-        lines.append(f"{p.batch_size:>5} {p.step_ms:>8.2f} {cells} {p.floor_ms:>6.2f} ({p.floor_fraction:.0%})")
+        server = "no tokenizer" if p.server_ms is None else f"{p.server_ms:.2f} ms ({p.server_ms / p.step_ms:.0%})"
+        lines.append(
+            f"{p.batch_size:>5} {p.step_ms:>8.2f} {cells} {p.floor_ms:>6.2f} ({p.floor_fraction:.0%}) {server:>22}"
+        )
     lines.append(
         f"(decode steps after a {profiles[0].context}-token prompt each; a negative part is within the noise "
-        "of the differences it is taken from; floor: weights + KV read once at the measured bandwidth)"
+        "of the differences it is taken from; floor: weights + KV read once at the measured bandwidth; "
+        f"server: what labkit serve adds to such a step, every answer {SERVER_ANSWER_TOKENS} tokens so far "
+        "decoded to text and sent as one event)"
     )
     return "\n".join(lines)

@@ -38,7 +38,17 @@ from labkit.engine.request import RequestOutput
 from labkit.models.tokens import encode_prompt
 from labkit.serve.guard import log
 from labkit.serve.logprobs import Logprobs
-from labkit.serve.protocol import CHAT, COMPLETION, APIError, CompletionRequest, Reply, model_list, parse_request, usage
+from labkit.serve.protocol import (
+    CHAT,
+    COMPLETION,
+    APIError,
+    CompletionRequest,
+    Reply,
+    model_list,
+    parse_request,
+    sse_event,
+    usage,
+)
 from labkit.serve.text import TextStream
 from labkit.serve.worker import EngineWorker, Handle, shutting_down
 
@@ -279,20 +289,16 @@ async def _events(
             text = answer.echo + piece if first else piece
             logprobs = answer.logprobs_of(output, num_tokens)
             chunk = reply.chunk(text, reason, first, include_usage, stop_reason, logprobs)
-            yield _sse(chunk)
+            yield sse_event(chunk)
             num_tokens = len(output.token_ids)
         if include_usage:
-            yield _sse(reply.usage_chunk(usage(handle.prompt_len, num_tokens)))
+            yield sse_event(reply.usage_chunk(usage(handle.prompt_len, num_tokens)))
     except APIError as err:  # the stream has started, so the error goes in an event, as vLLM does
-        yield _sse(err.body())
+        yield sse_event(err.body())
     finally:
         watcher.cancel()
         handle.close()
     yield "data: [DONE]\n\n"
-
-
-def _sse(event: dict) -> str:
-    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
 
 
 async def _api_error(request: Request, err: APIError) -> Response:

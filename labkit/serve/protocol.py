@@ -15,6 +15,7 @@ as vLLM accepts them, and so are its defaults where a client can tell: a complet
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -470,3 +471,8 @@ def model_list(model: str, max_model_len: int, created: int) -> dict:
             {"id": model, "object": "model", "created": created, "owned_by": "labkit", "max_model_len": max_model_len}
         ],
     }
+
+
+def sse_event(event: dict) -> str:
+    """One server-sent event as it goes on the wire: ``data: <json>`` and a blank line."""
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
