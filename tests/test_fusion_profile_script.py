@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import torch
+from script_loader import load_script
 
 from labkit.models import tiny_model
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fusion_profile.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("fusion_profile", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
-
 
 def test_separate_matmuls_match_the_fused_ones_and_the_model_gets_its_own_back():
-    script = load_script()
+    script = load_script("fusion_profile")
     model = tiny_model("qwen2", seed=5)  # q/k/v with biases
     fused = [(layer.qkv, layer.gate_up) for layer in model.layers]
     h = torch.randn(3, model.config.hidden_size, generator=torch.Generator().manual_seed(0))

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import torch
+from script_loader import load_script
 
 from labkit.models import tiny_model
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "quant_bench.py"
-
 
 def test_each_scheme_has_its_bytes_and_a_step_time_per_batch():
-    spec = importlib.util.spec_from_file_location("quant_bench", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("quant_bench")
     bf16 = {"bf16 compute": tiny_model("llama", seed=3, dtype=torch.bfloat16)}
     rows = script.measure(
         tiny_model("llama", seed=3), batches=(1, 2), context=12, repeats=2, prompts=0, n_tokens=4, others=bf16
