@@ -13,7 +13,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
+
+from labkit.grading.steady_client import SteadyNotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 # Every solved notebook in labs/source is a lab: lab7_prefix_caching.ipynb -> "lab7".
@@ -37,7 +38,7 @@ def kernel_environment(monkeypatch):
 def execute(path: Path) -> nbformat.NotebookNode:
     """Run every cell of the notebook in a fresh kernel started in labs/."""
     notebook = nbformat.read(path, as_version=4)
-    NotebookClient(
+    SteadyNotebookClient(
         notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "labs")}}
     ).execute()
     return notebook

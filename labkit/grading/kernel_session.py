@@ -37,6 +37,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionComplete, DeadKernelError
 
 from labkit.grading.report_text import report_text
+from labkit.grading.steady_client import SteadyNotebookClient
 
 # Outcome of running one piece of code.
 RAN = "ok"
@@ -87,7 +88,7 @@ class SandboxedKernelManager(AsyncKernelManager):
             os.chown(self.connection_file, self._owner_uid, self._owner_uid)
 
 
-class ReplyOnlyClient(NotebookClient):
+class ReplyOnlyClient(SteadyNotebookClient):
     """A notebook client that keeps none of the kernel's output messages (prints, displays, widgets).
 
     Only the execute reply matters to the grader, and a kernel that floods its output channel
