@@ -103,6 +103,25 @@ def open_page(browser, page: Path):
     return tab, errors
 
 
+@pytest.fixture(scope="module")
+def opened(browser):
+    """Each page opened once for this module's tests, which read it, then click its answers and checks.
+
+    Loading a page and typesetting its math is most of what these tests cost; the errors list of a
+    tab keeps collecting, so a click that throws is still seen by the test that made it.
+    """
+    tabs: dict[Path, tuple] = {}
+
+    def tab_for(page: Path):
+        if page not in tabs:
+            tabs[page] = open_page(browser, page)
+        return tabs[page]
+
+    yield tab_for
+    for tab, _ in tabs.values():
+        tab.close()
+
+
 # What the browser sees on a page: formulas left untypeset, MathJax errors, images that did not load,
 # and TeX a reader sees as such: a macro MathJax printed literally inside a typeset formula (`\text{kv\_heads}`
 # shows "kv\_heads"), or TeX left in the prose (`\_`, `\(`, `$$`, `$\alpha$`), outside code.
@@ -136,10 +155,10 @@ def reader_pages(root: Path) -> list[Path]:
     return [page for page in book_pages(root) if not read_links(page).redirects]
 
 
-def test_every_page_loads_without_errors_with_its_figures_and_math(html: Path, browser) -> None:
+def test_every_page_loads_without_errors_with_its_figures_and_math(html: Path, opened) -> None:
     problems = []
     for page in reader_pages(html):
-        tab, errors = open_page(browser, page)
+        tab, errors = opened(page)
         seen = tab.evaluate(PAGE_PROBLEMS_JS)
         name = page.relative_to(html)
         problems += [f"{name}: console error: {error}" for error in errors]
@@ -149,7 +168,6 @@ def test_every_page_loads_without_errors_with_its_figures_and_math(html: Path, b
         problems += [f"{name}: TeX shown to the reader {where}" for where in seen["literalTeX"]]
         if page.name == "capacity_planning.html":
             screenshot(tab, "book-browser-capacity_planning")
-        tab.close()
     assert not problems, "\n".join(problems)
 
 
@@ -173,32 +191,31 @@ def test_the_math_check_flags_tex_a_reader_would_see(html: Path, browser, tmp_pa
     ], seen["literalTeX"]
 
 
-def test_predict_first_answers_unfold_when_clicked(html: Path, browser) -> None:
+def test_predict_first_answers_unfold_when_clicked(html: Path, opened) -> None:
     from playwright.sync_api import expect
 
-    opened = 0
+    unfolded = 0
     for page in reader_pages(html):
         if 'class="dropdown admonition"' not in page.read_text(encoding="utf-8"):
             continue
-        tab, _ = open_page(browser, page)
+        tab, _ = opened(page)
         for answer in tab.locator(".dropdown.admonition").all():
             body = answer.locator(":scope > :not(.admonition-title)").first
             expect(body, f"{page.name}: an answer is shown before the reader asks").to_be_hidden()
             answer.locator(".toggle-button").click()
             expect(body, f"{page.name}: an answer stayed folded after a click").to_be_visible()
-            opened += 1
+            unfolded += 1
         if page.name == "kv_memory.html":
             screenshot(tab, "book-browser-answer-open")
-        tab.close()
-    assert opened >= 10, f"only {opened} 'predict first' answers found in the whole book"
+    assert unfolded >= 10, f"only {unfolded} 'predict first' answers found in the whole book"
 
 
-def test_each_check_option_shows_its_own_explanation_when_clicked(html: Path, browser) -> None:
+def test_each_check_option_shows_its_own_explanation_when_clicked(html: Path, opened) -> None:
     from playwright.sync_api import expect
     from test_book import chapter_docs
 
     for doc in chapter_docs():
-        tab, errors = open_page(browser, html / f"{doc}.html")
+        tab, errors = opened(html / f"{doc}.html")
         options = tab.locator(".quiz-option").all()
         assert 3 <= len(options) <= 4, f"{doc}: {len(options)} options in the end-of-chapter check"
         for picked, option in enumerate(options):
@@ -212,5 +229,4 @@ def test_each_check_option_shows_its_own_explanation_when_clicked(html: Path, br
                 expect(later.locator(".quiz-explanation"), f"{doc}: a click unfolded another option").to_be_hidden()
         if doc == "book/kv_memory":
             screenshot(tab, "book-browser-check-answered")
-        tab.close()
         assert not errors, f"{doc}: console errors: {errors}"

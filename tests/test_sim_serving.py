@@ -167,11 +167,17 @@ def test_quick_calibration_predicts_the_tiny_engines_steps_within_a_loose_factor
 
     llm = LLM(tiny_model(), **DIALS)
     calibration = serving.sweep_calibration(llm)
-    cost = serving.quick_calibration(llm, seed=1)
-    assert isinstance(cost, CostModel) and calibration.num_steps >= 40
-    assert cost.weight_bytes == model_sizes(llm.model)["weight_bytes"]  # counted, not fitted
-    # A new load of the sweep's shape, served for real: the fit must say roughly how long its steps took.
-    measured = step_work(serve_workload(llm, synthetic_workload(6, 8.0, 32, 12, vocab_size=256, seed=11)))
-    predicted = np.array([cost.pass_time(int(n), int(c)) for n, c in zip(measured.new_tokens, measured.context_tokens)])
-    ratio = float(np.median(predicted / measured.seconds))
-    assert 0.5 < ratio < 2.0, ratio
+    assert calibration.num_steps >= 40
+    # A new load of the sweep's shape, served for real right after each fit: the fit must say roughly how long
+    # its steps took. Three fits and loads in turns, judged by the median: a machine whose speed changes between
+    # a fit and its load (other jobs starting) moves one pair, not the verdict.
+    ratios = []
+    for seed in (1, 2, 3):
+        cost = serving.quick_calibration(llm, seed=seed)
+        assert isinstance(cost, CostModel)
+        assert cost.weight_bytes == model_sizes(llm.model)["weight_bytes"]  # counted, not fitted
+        measured = step_work(serve_workload(llm, synthetic_workload(6, 8.0, 32, 12, vocab_size=256, seed=10 + seed)))
+        steps = zip(measured.new_tokens, measured.context_tokens)
+        predicted = np.array([cost.pass_time(int(n), int(c)) for n, c in steps])
+        ratios.append(float(np.median(predicted / measured.seconds)))
+    assert 0.5 < float(np.median(ratios)) < 2.0, ratios

@@ -285,6 +285,21 @@ def test_sharegpt_prompts_count_tokens_with_a_tokenizer():
     assert w.prompt_lens.max() == 40  # some long questions were cut right to the bound
 
 
+def test_quality_prompts_are_found_once_per_tokenizer_and_each_caller_gets_its_own_copy(monkeypatch):
+    """Finding them reads the whole file: a check that asks three times must not read it three times."""
+    reads = []
+    real_prompts = sharegpt.sharegpt_prompts
+    monkeypatch.setattr(sharegpt, "sharegpt_prompts", lambda *a, **k: reads.append(1) or real_prompts(*a, **k))
+    tokenizer = WordTokenizer()  # a new one: nothing is cached for it yet
+    first = sharegpt.sharegpt_quality_prompts(tokenizer, n=2, max_prompt_tokens=40)
+    first[0][0]["content"] = "changed by a caller"
+    second = sharegpt.sharegpt_quality_prompts(tokenizer, n=2, max_prompt_tokens=40)
+    assert len(reads) == 1
+    assert len(second) == 2 and second[0][0]["content"] != "changed by a caller"
+    assert sharegpt.sharegpt_quality_prompts(WordTokenizer(), n=2, max_prompt_tokens=40) == second
+    assert len(reads) == 2, "another tokenizer counts tokens its own way: its prompts are found afresh"
+
+
 def test_sharegpt_prompts_bad_inputs():
     with pytest.raises(ValueError, match="usable conversations"):
         sharegpt_prompts(50, limit=10)

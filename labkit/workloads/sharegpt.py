@@ -12,6 +12,8 @@ to it is the request's realistic answer length, as in vLLM's benchmark.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import logging
 import re
@@ -212,5 +214,12 @@ def _fit_prompt(text: str, tokenizer, max_tokens: int | None) -> tuple[list[dict
 
 def sharegpt_quality_prompts(tokenizer, n: int = 8, max_prompt_tokens: int = 96) -> list[list[dict]]:
     """The fixed prompts quantized models are judged on: the first ``n`` ShareGPT questions of seed 0, as chat messages."""
+    return copy.deepcopy(_quality_prompts(tokenizer, n, max_prompt_tokens))  # a copy each caller may change
+
+
+@functools.lru_cache(maxsize=8)
+def _quality_prompts(tokenizer, n: int, max_prompt_tokens: int) -> list[list[dict]]:
+    """Found once per process and tokenizer: finding them reads the whole 125 MB file (about a second), and a
+    lab 10 check asks three times."""
     workload = sharegpt_prompts(n, seed=0, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
     return [spec.prompt for spec in workload]
