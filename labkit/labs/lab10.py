@@ -59,11 +59,14 @@ def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = SCALE_RTOL) -> bool:
 
 def _real_weights(seed: int) -> list[tuple[str, torch.Tensor]]:
     """Two real weights of the course model from a seeded layer: a square one and a wide one."""
-    hf = course_model().hf.model.layers
-    layer = rng(seed).randrange(len(hf))
+    model = course_model()
+    layer = rng(seed).randrange(model.config.num_layers)
     return [
-        (f"layer {layer}'s o_proj of the course model", hf[layer].self_attn.o_proj.weight.detach().float().cpu()),
-        (f"layer {layer}'s down_proj of the course model", hf[layer].mlp.down_proj.weight.detach().float().cpu()),
+        (
+            f"layer {layer}'s {name} of the course model",
+            model.weights[f"model.layers.{layer}.{path}.weight"].float().cpu(),
+        )
+        for name, path in (("o_proj", "self_attn.o_proj"), ("down_proj", "mlp.down_proj"))
     ]
 
 

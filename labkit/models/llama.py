@@ -1,7 +1,8 @@
 """A readable Llama-family forward pass (Llama, Qwen2, Qwen3) over a flat batch of tokens.
 
-The weights are the Hugging Face model's own tensors; q/k/v and gate/up are fused into one
-matrix each (and the HF modules are pointed at views of them, so nothing is stored twice).
+The weights are the checkpoint's tensors by their Hugging Face names; q/k/v and gate/up are
+fused into one matrix each (the named entries become views of it, and transformers' model,
+built only when asked for, is pointed at those views, so nothing is stored twice).
 Each matrix multiply goes through ``prepacked_linear``: plain ``F.linear`` in meaning, with
 the weight laid out once for the CPU's kernels where that is faster (see fast_linear.py).
 That copy is taken when the model is built: to change weights afterwards, build it again.
@@ -12,6 +13,7 @@ callback owns the KV cache, which is exactly the part the labs and the engine sw
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -43,22 +45,75 @@ class DecoderLayer:
 class LlamaModel:
     """The model as labkit runs it: embeddings, decoder layers, final norm and LM head."""
 
-    def __init__(self, hf_model, config: ModelConfig, tokenizer=None, prepack: bool = True):
-        """``prepack=False`` forces plain ``F.linear``; otherwise labkit tries the fast path (fast_linear.py)."""
-        self.hf = hf_model.eval()
+    def __init__(
+        self,
+        weights: dict[str, torch.Tensor],
+        config: ModelConfig,
+        tokenizer=None,
+        prepack: bool = True,
+        hf_model=None,
+        checkpoint: Path | None = None,
+    ):
+        """``weights`` by their Hugging Face names; ``hf_model`` (or ``checkpoint``, to load it when first
+        asked for) is transformers' model of the same tensors. ``prepack=False`` forces plain ``F.linear``;
+        otherwise labkit tries the fast path (fast_linear.py)."""
         self.config = config
         self.tokenizer = tokenizer
-        inner = hf_model.model
-        self.embed = inner.embed_tokens.weight
-        self.final_norm = inner.norm.weight
+        self.weights = dict(weights)
+        self.weights.setdefault("lm_head.weight", self.weights["model.embed_tokens.weight"])  # tied embeddings
+        fused = [
+            _fuse_projections(self.weights, f"model.layers.{i}.", config.qkv_bias) for i in range(config.num_layers)
+        ]
+        self._checkpoint = checkpoint
+        self._hf = None if hf_model is None else _sharing(hf_model, self.weights)
+        self.embed = self.weights["model.embed_tokens.weight"]
+        self.final_norm = self.weights["model.norm.weight"]
         self.matmul = (
             matmul_path(self.device, self.dtype, self.weight_bytes()) if prepack else MatmulPath(False, "prepack=False")
         )
         self.prepacked = self.matmul.prepacked
-        self.lm_head = prepacked_linear(hf_model.lm_head.weight, enabled=self.prepacked)
-        self.layers = [_fuse_layer(layer, self.prepacked) for layer in inner.layers]
+        self.lm_head = prepacked_linear(self.weights["lm_head.weight"], enabled=self.prepacked)
+        self.layers = [
+            _layer(self.weights, f"model.layers.{i}.", qkv, gate_up, self.prepacked)
+            for i, (qkv, gate_up) in enumerate(fused)
+        ]
         inv_freq, self.rope_scaling = rope_inverse_frequencies(config.rope, config.head_dim)
         self.inv_freq = inv_freq.to(self.device)
+
+    @property
+    def hf(self):
+        """transformers' own model over these same tensors: the course's oracle. Loaded (and transformers
+        imported, several seconds) the first time it is asked for."""
+        if self._hf is None:
+            if self._checkpoint is None:
+                raise RuntimeError(
+                    f"{self.config.name} was built without a checkpoint, so it has no transformers model"
+                )
+            from transformers import AutoModelForCausalLM
+
+            from labkit.models.loading import progress_bars
+
+            with progress_bars(False):
+                hf = AutoModelForCausalLM.from_pretrained(self._checkpoint, dtype=self.dtype, local_files_only=True)
+            self._hf = _sharing(hf.to(self.device), self.weights)
+        return self._hf
+
+    def projection_weights(self, layer: int) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """Layer ``layer``'s four projections as labkit multiplies them (q, k and v in one matrix; gate and
+        up in one), each as (weight, bias or None); only q, k and v have a bias (Qwen2)."""
+        w, prefix = self.weights, f"model.layers.{layer}."
+        parts = {
+            "qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+            "o_proj": ["self_attn.o_proj"],
+            "gate_up": ["mlp.gate_proj", "mlp.up_proj"],
+            "down": ["mlp.down_proj"],
+        }
+        out = {}
+        for name, modules in parts.items():
+            weight = torch.cat([w[f"{prefix}{m}.weight"] for m in modules])
+            bias = w.get(f"{prefix}self_attn.q_proj.bias") if name == "qkv" else None
+            out[name] = (weight, None if bias is None else torch.cat([w[f"{prefix}{m}.bias"] for m in modules]))
+        return out
 
     @property
     def device(self) -> torch.device:
@@ -69,10 +124,10 @@ class LlamaModel:
         return self.embed.dtype
 
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.hf.parameters())
+        return sum(t.numel() for t in _distinct(self.weights.values()))
 
     def weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.hf.parameters())
+        return sum(t.numel() * t.element_size() for t in _distinct(self.weights.values()))
 
     @torch.inference_mode()
     def forward(
@@ -125,31 +180,46 @@ class LlamaModel:
         return self.forward(ids, positions, cache.attend)[0]
 
 
-def _fuse_layer(hf_layer, prepack: bool) -> DecoderLayer:
-    """Concatenate q/k/v and gate/up weights, and point the HF modules at views of the result."""
-    attn, mlp = hf_layer.self_attn, hf_layer.mlp
-    qkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-    gate_up = _fuse([mlp.gate_proj, mlp.up_proj])
-    bias = None
-    if attn.q_proj.bias is not None:
-        bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], attribute="bias")
+def _fuse_projections(weights: dict[str, torch.Tensor], prefix: str, bias: bool):
+    """Concatenate a layer's q/k/v and gate/up weights; its entries in ``weights`` become views of the result."""
+    qkv = [f"{prefix}self_attn.{p}_proj" for p in "qkv"]
+    gate_up = [f"{prefix}mlp.gate_proj", f"{prefix}mlp.up_proj"]
+    qkv_bias = _fuse(weights, [f"{m}.bias" for m in qkv]) if bias else None
+    return (_fuse(weights, [f"{m}.weight" for m in qkv]), qkv_bias), _fuse(weights, [f"{m}.weight" for m in gate_up])
+
+
+def _fuse(weights: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
+    fused = torch.cat([weights[name] for name in names], dim=0)
+    start = 0
+    for name in names:
+        rows = weights[name].shape[0]
+        weights[name] = fused[start : start + rows]
+        start += rows
+    return fused
+
+
+def _layer(weights: dict[str, torch.Tensor], prefix: str, qkv, gate_up: torch.Tensor, prepack: bool) -> DecoderLayer:
+    qkv_weight, qkv_bias = qkv
     return DecoderLayer(
-        input_norm=hf_layer.input_layernorm.weight,
-        qkv=prepacked_linear(qkv, bias, enabled=prepack),
-        q_norm=getattr(getattr(attn, "q_norm", None), "weight", None),
-        k_norm=getattr(getattr(attn, "k_norm", None), "weight", None),
-        o_proj=prepacked_linear(attn.o_proj.weight, enabled=prepack),
-        post_norm=hf_layer.post_attention_layernorm.weight,
+        input_norm=weights[f"{prefix}input_layernorm.weight"],
+        qkv=prepacked_linear(qkv_weight, qkv_bias, enabled=prepack),
+        q_norm=weights.get(f"{prefix}self_attn.q_norm.weight"),
+        k_norm=weights.get(f"{prefix}self_attn.k_norm.weight"),
+        o_proj=prepacked_linear(weights[f"{prefix}self_attn.o_proj.weight"], enabled=prepack),
+        post_norm=weights[f"{prefix}post_attention_layernorm.weight"],
         gate_up=prepacked_linear(gate_up, enabled=prepack),
-        down=prepacked_linear(mlp.down_proj.weight, enabled=prepack),
+        down=prepacked_linear(weights[f"{prefix}mlp.down_proj.weight"], enabled=prepack),
     )
 
 
-def _fuse(modules: list[torch.nn.Module], attribute: str = "weight") -> torch.Tensor:
-    fused = torch.cat([getattr(m, attribute).detach() for m in modules], dim=0)
-    start = 0
-    for module in modules:
-        rows = getattr(module, attribute).shape[0]
-        setattr(module, attribute, torch.nn.Parameter(fused[start : start + rows], requires_grad=False))
-        start += rows
-    return fused
+def _sharing(hf_model, weights: dict[str, torch.Tensor]):
+    """Point transformers' model at labkit's tensors (the fused views), so nothing is stored twice."""
+    hf_model.load_state_dict(weights, strict=True, assign=True)
+    if getattr(hf_model.config, "tie_word_embeddings", False):  # assign gave the two names two parameters
+        hf_model.get_output_embeddings().weight = hf_model.get_input_embeddings().weight
+    return hf_model.requires_grad_(False).eval()
+
+
+def _distinct(tensors) -> list[torch.Tensor]:
+    """Each tensor once (tied embeddings are one tensor under two names)."""
+    return list({id(t): t for t in tensors}.values())

@@ -190,24 +190,14 @@ class QuantizedMatmul(MatmulPath):
         return self.reason
 
 
-def _quantized_layer(hf_layer, layer: DecoderLayer, scheme: str, group_size: int) -> DecoderLayer:
-    """``layer`` with its four projections quantized; the weights are read from the HF modules."""
-    attn, mlp = hf_layer.self_attn, hf_layer.mlp
-
-    def fused(modules, attribute="weight"):
-        tensors = [getattr(m, attribute) for m in modules]
-        return None if tensors[0] is None else torch.cat([t.detach() for t in tensors])
-
-    def quantized(modules, with_bias=False):
-        bias = fused(modules, "bias") if with_bias else None
-        return QuantizedLinear.from_weight(fused(modules), bias, scheme, group_size)
-
+def _quantized_layer(projections: dict, layer: DecoderLayer, scheme: str, group_size: int) -> DecoderLayer:
+    """``layer`` with its four projections quantized (``projections``: LlamaModel.projection_weights)."""
     return replace(
         layer,
-        qkv=quantized([attn.q_proj, attn.k_proj, attn.v_proj], with_bias=True),
-        o_proj=quantized([attn.o_proj]),
-        gate_up=quantized([mlp.gate_proj, mlp.up_proj]),
-        down=quantized([mlp.down_proj]),
+        **{
+            name: QuantizedLinear.from_weight(weight, bias, scheme, group_size)
+            for name, (weight, bias) in projections.items()
+        },
     )
 
 
@@ -223,8 +213,8 @@ class QuantizedModel(LlamaModel):
         self.scheme = scheme
         self.original = model
         self.layers = [
-            _quantized_layer(hf_layer, layer, scheme, group_size)
-            for hf_layer, layer in zip(model.hf.model.layers, model.layers)
+            _quantized_layer(model.projection_weights(index), layer, scheme, group_size)
+            for index, layer in enumerate(model.layers)
         ]
         self.matmul = QuantizedMatmul(False, f"{scheme} weights, dequantized per call (no fused int kernel)")
         self.prepacked = False

@@ -268,11 +268,10 @@ def _positive(value: float, name: str) -> float:
 
 def model_sizes(model) -> dict[str, float]:
     """Weight bytes, KV bytes per token and FLOPs per token of a loaded labkit model, counted."""
-    parameters = list(model.hf.parameters())
     return dict(
-        weight_bytes=float(sum(p.numel() * p.element_size() for p in parameters)),
+        weight_bytes=float(model.weight_bytes()),
         kv_bytes_per_token=float(model.config.kv_bytes_per_token(model.dtype)),
-        flops_per_token=2.0 * sum(p.numel() for p in parameters),
+        flops_per_token=2.0 * model.num_parameters(),
     )
 
 

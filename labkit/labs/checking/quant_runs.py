@@ -73,33 +73,21 @@ def model_with_weights(model: LlamaModel, round_trip: RoundTrip) -> LlamaModel:
     copy = object.__new__(LlamaModel)
     vars(copy).update(vars(model))
     copy.layers = [
-        _layer_with(hf_layer, layer, round_trip) for hf_layer, layer in zip(model.hf.model.layers, model.layers)
+        _layer_with(model.projection_weights(index), layer, round_trip) for index, layer in enumerate(model.layers)
     ]
     return copy
 
 
-def _layer_with(hf_layer, layer, round_trip: RoundTrip):
-    attn, mlp = hf_layer.self_attn, hf_layer.mlp
-
-    def linear(modules, with_bias=False):
-        weight = torch.cat([m.weight.detach() for m in modules]).float()
-        bias = None
-        if with_bias and modules[0].bias is not None:
-            bias = torch.cat([m.bias.detach() for m in modules])
-        new = round_trip(weight)
+def _layer_with(projections: dict, layer, round_trip: RoundTrip):
+    def linear(weight, bias):
+        new = round_trip(weight.float())
         if not isinstance(new, torch.Tensor) or tuple(new.shape) != tuple(weight.shape):
             got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
             raise ValueError(
                 f"the round trip turned a weight of shape {tuple(weight.shape)} into {got}; it must give back "
                 "a tensor of the same shape: dequantize(quantize(weight))"
             )
-        new = new.detach().to(modules[0].weight.dtype)
+        new = new.detach().to(weight.dtype)
         return lambda x: F.linear(x, new.to(x.dtype), bias)
 
-    return replace(
-        layer,
-        qkv=linear([attn.q_proj, attn.k_proj, attn.v_proj], with_bias=True),
-        o_proj=linear([attn.o_proj]),
-        gate_up=linear([mlp.gate_proj, mlp.up_proj]),
-        down=linear([mlp.down_proj]),
-    )
+    return replace(layer, **{name: linear(weight, bias) for name, (weight, bias) in projections.items()})
