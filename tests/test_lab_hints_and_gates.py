@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import labkit
-from labkit.grading import hint_counts
+from labkit.grading import evaluate, hint_counts
 from labkit.labs import hints
 from labkit.labs.checking.gate import passed
 
@@ -162,6 +162,53 @@ def test_a_demo_cell_runs_only_once_its_exercise_passes(capsys):
     for wrong in (off_by_one, blank):
         assert not _gate({"passed": passed, "slot_mapping": wrong})
         assert "skipped until exercise 2 passes" in capsys.readouterr().out
+
+
+def test_the_gate_after_a_check_reuses_its_verdict_and_a_redefined_function_is_checked_afresh(capsys):
+    """A notebook checks, then a demo cell asks ``passed``: the learner's code (and the oracle) run once."""
+    calls = []
+
+    def counted(off: int):
+        def slot_mapping(block_table, start, end, block_size):
+            calls.append(off)
+            return [block_table[p // block_size] * block_size + p % block_size + off for p in range(start, end)]
+
+        return slot_mapping
+
+    right, wrong = counted(0), counted(1)
+    namespace = {"passed": passed, "slot_mapping": wrong}
+    assert not evaluate("lab5.slot_mapping", namespace=namespace).passed
+    ran = len(calls)
+    assert ran >= 1 and not _gate(namespace) and len(calls) == ran  # the check's verdict, not a second run
+    namespace["slot_mapping"] = right  # the learner fixes the cell and runs it again: a new function
+    assert _gate(namespace) and len(calls) > ran
+    fixed = len(calls)
+    assert evaluate("lab5.slot_mapping", namespace=namespace).passed and len(calls) > fixed  # a check reruns
+    capsys.readouterr()
+
+
+def test_an_oracle_runs_once_per_seed_and_each_caller_gets_its_own_copy(monkeypatch):
+    from dataclasses import replace
+
+    from labkit.grading import judge
+    from labkit.grading.checks import get_exercise
+
+    runs = []
+
+    def oracle(inputs):
+        runs.append(inputs)
+        return {"tokens": [1, 2, 3]}
+
+    exercise = replace(get_exercise("lab5.slot_mapping"), id="lab5.counted_oracle", oracle=oracle)
+    first = judge.expected_outputs(exercise, 0)
+    first["tokens"].append(99)  # a comparison that changes what it was given
+    assert judge.expected_outputs(exercise, 0) == {"tokens": [1, 2, 3]} and len(runs) == 1
+    judge.expected_outputs(exercise, 1)
+    assert len(runs) == 2  # another seed, other inputs
+    for seed in range(2, 2 + judge._RECENT):
+        judge.expected_outputs(exercise, seed)
+    judge.expected_outputs(exercise, 0)
+    assert len(runs) == 3 + judge._RECENT  # only the last few are kept: seed 0 was computed again
 
 
 def test_a_lab4_demo_cell_waits_for_its_exercise_by_number(capsys):

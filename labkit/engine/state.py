@@ -235,8 +235,7 @@ class SchedulerState:
                 if verify is None:
                     raise ValueError(f"request {request.request_id!r} verified drafts but no verify hook was given")
                 verify(request, drafts, tokens, record)
-            # only verified tokens name blocks: those computed, all of them final
-            self._cache_full_blocks(request, num_new, (request.all_token_ids + tokens)[: request.num_computed_tokens])
+            self._cache_full_blocks(request, num_new, tokens)
             if tokens:  # none for a prompt chunk: its first token comes with the last chunk
                 self._append_tokens(request, tokens, eos_token_ids, end)
                 progressed.append(request)
@@ -275,10 +274,15 @@ class SchedulerState:
                 self.finish(request, reason)
                 return
 
-    def _cache_full_blocks(self, request: Request, num_new: int, token_ids: list[int]) -> None:
-        """If the step filled a block of the request, name it so later requests can find it."""
+    def _cache_full_blocks(self, request: Request, num_new: int, new_tokens: list[int]) -> None:
+        """If the step filled a block of the request, name it so later requests can find it.
+
+        Only verified tokens name blocks: those computed, all of them final (``new_tokens``, this
+        step's, are not yet appended). The token list is built only when a block was filled.
+        """
         size, computed = self.blocks.block_size, request.num_computed_tokens
         if self.enable_prefix_caching and computed // size > (computed - num_new) // size:
+            token_ids = (request.all_token_ids + new_tokens)[:computed]
             self._prefix_cache.cache_full_blocks(request.request_id, token_ids)
 
     def abort(self, request: Request) -> None:

@@ -24,6 +24,9 @@ _COLOURS = {PASS: "#2e7d32", NOT_DONE: "#9e9e9e"}
 _FAILURE_COLOUR = "#c62828"
 
 
+_verdicts: dict[tuple[Any, ...], bool] = {}  # (exercise id, seed, *function objects) -> passed, in this process
+
+
 def evaluate(
     exercise_id: str,
     *functions: Callable[..., Any],
@@ -33,7 +36,8 @@ def evaluate(
     """Run one exercise's check in this process and return the verdict without showing it.
 
     Pass the learner's functions in the order the exercise lists them, or a
-    `namespace` (such as the notebook's globals) to find them by name.
+    `namespace` (such as the notebook's globals) to find them by name. Each verdict is
+    remembered by the function objects it judged (see :func:`known_verdict`).
     """
     exercise = get_exercise(exercise_id)
     if functions:
@@ -44,10 +48,24 @@ def evaluate(
             )
         attempt = attempt_exercise(exercise, functions, seed)
     else:
-        attempt = attempt_in_namespace(exercise, namespace or {}, seed)
+        namespace = namespace or {}
+        attempt = attempt_in_namespace(exercise, namespace, seed)
+        functions = tuple(namespace.get(name) for name in exercise.functions)
     if attempt.status != OK:  # not done, missing or raising: no oracle needed (some measure for a minute)
-        return judge(exercise, attempt, None)
-    return judge(exercise, attempt, expected_outputs(exercise, seed))
+        result = judge(exercise, attempt, None)
+    else:
+        result = judge(exercise, attempt, expected_outputs(exercise, seed))
+    _verdicts[(exercise_id, seed, *functions)] = result.passed
+    return result
+
+
+def known_verdict(exercise_id: str, functions: tuple[Callable[..., Any], ...], seed: int = 0) -> bool | None:
+    """Whether these very functions passed the exercise's last check in this process (None: never checked).
+
+    A demo cell's gate asks this after the check cell above it, so the learner's code and the
+    oracle do not run twice; running a function's cell again makes a new object, checked afresh.
+    """
+    return _verdicts.get((exercise_id, seed, *functions))
 
 
 def to_html(result: CheckResult) -> str:

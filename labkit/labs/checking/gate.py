@@ -5,8 +5,8 @@ learner's function passes the check, and otherwise prints that it is skipped unt
 passes. A function that is merely attempted is not enough: a wrong one would print garbage or
 crash the demo, far from the mistake. An exercise graded on the course's own earlier pieces
 (``Exercise.builds_on``) also waits for those exercises: the demo runs the learner's whole chain.
-The verdict is kept per function object, so a cell that asks again costs nothing, and redefining
-the function (running its cell again) asks afresh.
+The verdict is kept per function object (the check cell's own verdict included), so a cell that
+asks again costs nothing, and redefining the function (running its cell again) asks afresh.
 """
 
 from __future__ import annotations
@@ -14,11 +14,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from labkit.grading.attempt import OK, attempt_exercise
 from labkit.grading.checks import Exercise, exercises_for_lab, get_exercise
-from labkit.grading.judge import expected_outputs, judge
-
-_verdicts: dict[tuple[Any, ...], bool] = {}
+from labkit.grading.feedback import evaluate, known_verdict
 
 
 def exercise_number(exercise: Exercise) -> int:
@@ -28,16 +25,13 @@ def exercise_number(exercise: Exercise) -> int:
 
 
 def passes(exercise_id: str, namespace: dict[str, Any], seed: int = 0) -> bool:
-    """Whether the functions named in ``namespace`` pass the exercise's check (the oracle runs only if needed)."""
+    """Whether the functions named in ``namespace`` pass the exercise's check (run only if not yet judged)."""
     exercise = get_exercise(exercise_id)
     functions = tuple(namespace.get(name) for name in exercise.functions)
     if not all(callable(function) for function in functions):
         return False
-    key = (exercise_id, seed, *functions)
-    if key not in _verdicts:
-        attempt = attempt_exercise(exercise, functions, seed)
-        _verdicts[key] = attempt.status == OK and judge(exercise, attempt, expected_outputs(exercise, seed)).passed
-    return _verdicts[key]
+    known = known_verdict(exercise_id, functions, seed)
+    return known if known is not None else evaluate(exercise_id, *functions, seed=seed).passed
 
 
 def passed(*exercise_ids: str) -> bool:
