@@ -51,7 +51,7 @@ def served(**parts):
     settings = {**EVERYTHING, **parts}
     if "policy" not in settings:
         settings["policy"] = "chunked"
-    return run_requests(chat_requests(seed=3, count=8), model=small_model(), **settings)
+    return run_requests(chat_requests(seed=6, count=8), model=small_model(), **settings)
 
 
 @pytest.mark.parametrize(

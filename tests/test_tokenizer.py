@@ -82,11 +82,11 @@ def test_a_tokenizer_without_a_chat_template_says_so(tmp_path):
         bare.apply_chat_template(CHATS[0])
 
 
-def test_loading_the_course_model_imports_no_transformers(default_model):
-    """Every kernel and server that loads the model would pay transformers' import (seconds); only ``.hf`` may."""
+def test_loading_the_course_model_or_a_tiny_one_imports_no_transformers(default_model):
+    """Every kernel and server that loads a model would pay transformers' import (seconds); only ``.hf`` may."""
     code = (
-        "import sys; from labkit.models import load_model; m = load_model(progress=False); "
-        "assert m.tokenizer.encode('hi'); print('transformers' in sys.modules)"
+        "import sys; from labkit.models import load_model, tiny_model; m = load_model(progress=False); "
+        "assert m.tokenizer.encode('hi'); tiny_model('qwen3').prefill([1, 2, 3]); print('transformers' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "False"

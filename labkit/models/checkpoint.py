@@ -20,10 +20,7 @@ WEIGHTS_INDEX = "model.safetensors.index.json"  # a checkpoint sharded into seve
 
 
 class ConfigFields(SimpleNamespace):
-    """config.json's fields as attributes; a field the file leaves out reads as None, as in transformers."""
-
-    def __getattr__(self, name: str):
-        return None
+    """config.json's fields as attributes, as transformers' config object offers them to ModelConfig."""
 
 
 def is_checkpoint(folder: Path) -> bool:

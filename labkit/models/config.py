@@ -44,7 +44,7 @@ class ModelConfig:
                 f"model type {arch!r} is not supported; labkit runs {', '.join(SUPPORTED_ARCHITECTURES)} checkpoints"
             )
         head_dim = getattr(hf_config, "head_dim", None) or (hf_config.hidden_size // hf_config.num_attention_heads)
-        eos = hf_config.eos_token_id
+        eos = getattr(hf_config, "eos_token_id", None)
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
         return cls(
             name=name,

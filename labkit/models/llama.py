@@ -13,8 +13,7 @@ callback owns the KV cache, which is exactly the part the labs and the engine sw
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -51,11 +50,10 @@ class LlamaModel:
         config: ModelConfig,
         tokenizer=None,
         prepack: bool = True,
-        hf_model=None,
-        checkpoint: Path | None = None,
+        hf_loader: Callable[[], Any] | None = None,
     ):
-        """``weights`` by their Hugging Face names; ``hf_model`` (or ``checkpoint``, to load it when first
-        asked for) is transformers' model of the same tensors. ``prepack=False`` forces plain ``F.linear``;
+        """``weights`` by their Hugging Face names; ``hf_loader()`` builds transformers' model of the same
+        architecture when first asked for (``hf``). ``prepack=False`` forces plain ``F.linear``;
         otherwise labkit tries the fast path (fast_linear.py)."""
         self.config = config
         self.tokenizer = tokenizer
@@ -64,8 +62,7 @@ class LlamaModel:
         fused = [
             _fuse_projections(self.weights, f"model.layers.{i}.", config.qkv_bias) for i in range(config.num_layers)
         ]
-        self._checkpoint = checkpoint
-        self._hf = None if hf_model is None else _sharing(hf_model, self.weights)
+        self._hf_loader, self._hf = hf_loader, None
         self.embed = self.weights["model.embed_tokens.weight"]
         self.final_norm = self.weights["model.norm.weight"]
         self.matmul = (
@@ -82,20 +79,12 @@ class LlamaModel:
 
     @property
     def hf(self):
-        """transformers' own model over these same tensors: the course's oracle. Loaded (and transformers
+        """transformers' own model over these same tensors: the course's oracle. Built (and transformers
         imported, several seconds) the first time it is asked for."""
         if self._hf is None:
-            if self._checkpoint is None:
-                raise RuntimeError(
-                    f"{self.config.name} was built without a checkpoint, so it has no transformers model"
-                )
-            from transformers import AutoModelForCausalLM
-
-            from labkit.models.loading import progress_bars
-
-            with progress_bars(False):
-                hf = AutoModelForCausalLM.from_pretrained(self._checkpoint, dtype=self.dtype, local_files_only=True)
-            self._hf = _sharing(hf.to(self.device), self.weights)
+            if self._hf_loader is None:
+                raise RuntimeError(f"{self.config.name} has no transformers counterpart to build")
+            self._hf = _sharing(self._hf_loader(), self.weights)
         return self._hf
 
     def projection_weights(self, layer: int) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:

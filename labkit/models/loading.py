@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from pathlib import Path
 
 import torch
@@ -47,7 +48,16 @@ def load_model(
         raise
     if device.type == "cpu":
         use_cpu_threads()
-    return LlamaModel(weights, config, _tokenizer(folder, progress), prepack=prepack, checkpoint=folder)
+    hf_loader = functools.partial(_transformers_model, folder, dtype, device)
+    return LlamaModel(weights, config, _tokenizer(folder, progress), prepack=prepack, hf_loader=hf_loader)
+
+
+def _transformers_model(folder: Path, dtype: torch.dtype, device: torch.device):
+    """transformers' model of a checkpoint: built only where a check or test compares with it."""
+    from transformers import AutoModelForCausalLM
+
+    with progress_bars(False):
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True).to(device)
 
 
 def _checkpoint_folder(name: str) -> Path:
@@ -117,31 +127,59 @@ def tiny_model(
     prepack: bool = True,
     **overrides,
 ) -> LlamaModel:
-    """A tiny random-weight model for fast tests; no tokenizer.
+    """A tiny random-weight model for fast tests and checks; no tokenizer.
 
-    Weights are drawn larger than the usual init so that logits are well separated and
-    greedy decoding is not a string of near-ties. ``overrides`` change the HF config.
+    Weights are drawn larger than the usual init (std 0.3) so that logits are well separated and
+    greedy decoding is not a string of near-ties; norms and biases get non-trivial values so they
+    are tested. ``overrides`` change the config (Hugging Face field names). Built without
+    transformers; ``model.hf`` builds transformers' model of the same config over these weights.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    shape = {
-        **TINY_SHAPE,
-        "initializer_range": 0.3,
-        "eos_token_id": 1,
-        "bos_token_id": 0,
-        "tie_word_embeddings": False,
-        **overrides,
-    }
+    shape = {**TINY_SHAPE, "eos_token_id": 1, "bos_token_id": 0, "tie_word_embeddings": False, **overrides}
     if architecture == "llama" and "rope_scaling" not in overrides:
         shape.setdefault("rope_theta", 10000.0)
-    config = AutoConfig.for_model(architecture, **shape)
-    torch.manual_seed(seed)
-    hf = AutoModelForCausalLM.from_config(config, dtype=parse_dtype(dtype))
-    with torch.no_grad():  # give the norms and biases non-trivial values so they are tested
-        for name, param in hf.named_parameters():
-            if "norm" in name or name.endswith(".bias"):
-                param.copy_(1 + 0.2 * torch.randn_like(param) if "norm" in name else 0.2 * torch.randn_like(param))
-    hf.to(device)
-    weights = {name: tensor.detach() for name, tensor in hf.state_dict().items()}
-    config = ModelConfig.from_hf(hf.config, f"tiny-{architecture}")
-    return LlamaModel(weights, config, tokenizer=None, prepack=prepack, hf_model=hf)
+    fields = checkpoint.ConfigFields(model_type=architecture, rms_norm_eps=1e-6, **shape)
+    config = ModelConfig.from_hf(fields, f"tiny-{architecture}")
+    generator = torch.Generator().manual_seed(seed)
+    weights = {
+        name: tensor.to(device=device, dtype=parse_dtype(dtype)) for name, tensor in _random_weights(config, generator)
+    }
+
+    def transformers_model():
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        hf_config = AutoConfig.for_model(architecture, **shape)
+        return AutoModelForCausalLM.from_config(hf_config, dtype=parse_dtype(dtype)).to(device)
+
+    return LlamaModel(weights, config, tokenizer=None, prepack=prepack, hf_loader=transformers_model)
+
+
+def _random_weights(config: ModelConfig, generator: torch.Generator):
+    """(name, tensor) for every weight of a Llama-family model of ``config``, drawn from ``generator``."""
+
+    def matrix(rows: int, columns: int) -> torch.Tensor:
+        return 0.3 * torch.randn(rows, columns, generator=generator)
+
+    def around(size: int, centre: float) -> torch.Tensor:
+        return centre + 0.2 * torch.randn(size, generator=generator)
+
+    c = config
+    q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    yield "model.embed_tokens.weight", matrix(c.vocab_size, c.hidden_size)
+    for i in range(c.num_layers):
+        prefix = f"model.layers.{i}."
+        for name, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows)):
+            yield f"{prefix}self_attn.{name}_proj.weight", matrix(rows, c.hidden_size)
+            if c.qkv_bias:
+                yield f"{prefix}self_attn.{name}_proj.bias", around(rows, 0.0)
+        yield f"{prefix}self_attn.o_proj.weight", matrix(c.hidden_size, q_rows)
+        if c.qk_norm:
+            yield f"{prefix}self_attn.q_norm.weight", around(c.head_dim, 1.0)
+            yield f"{prefix}self_attn.k_norm.weight", around(c.head_dim, 1.0)
+        yield f"{prefix}mlp.gate_proj.weight", matrix(c.intermediate_size, c.hidden_size)
+        yield f"{prefix}mlp.up_proj.weight", matrix(c.intermediate_size, c.hidden_size)
+        yield f"{prefix}mlp.down_proj.weight", matrix(c.hidden_size, c.intermediate_size)
+        yield f"{prefix}input_layernorm.weight", around(c.hidden_size, 1.0)
+        yield f"{prefix}post_attention_layernorm.weight", around(c.hidden_size, 1.0)
+    yield "model.norm.weight", around(c.hidden_size, 1.0)
+    if not c.tie_word_embeddings:
+        yield "lm_head.weight", matrix(c.vocab_size, c.hidden_size)
