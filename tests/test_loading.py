@@ -63,6 +63,13 @@ def test_local_checkpoint_directory_loads(tmp_path):
     assert torch.allclose(loaded.prefill(ids)[0], tiny.prefill(ids)[0], atol=1e-6)
 
 
+def test_a_folder_without_safetensors_weights_names_the_fix(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"old format")
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_model(str(tmp_path))
+
+
 def test_unknown_model_says_nothing_is_downloaded():
     with pytest.raises(FileNotFoundError, match="never downloads"):
         load_model("no-such-org/no-such-model-xyz")

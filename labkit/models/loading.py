@@ -56,7 +56,7 @@ def _transformers_model(folder: Path, dtype: torch.dtype, device: torch.device):
     """transformers' model of a checkpoint: built only where a check or test compares with it."""
     from transformers import AutoModelForCausalLM
 
-    with progress_bars(False):
+    with _progress_bars(False):
         return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True).to(device)
 
 
@@ -90,12 +90,12 @@ def _tokenizer(folder: Path, progress: bool):
         return None
     from transformers import AutoTokenizer
 
-    with progress_bars(progress):
+    with _progress_bars(progress):
         return AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 
 @contextlib.contextmanager
-def progress_bars(shown: bool):
+def _progress_bars(shown: bool):
     """transformers' progress bars (its "Loading weights" bar) as asked, then as they were."""
     from transformers.utils import logging as hf_logging
 
