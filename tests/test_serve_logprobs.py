@@ -12,9 +12,9 @@ import socket
 from dataclasses import replace
 
 import httpx
-import openai
 import pytest
 import torch
+from lazy_import import lazy_module
 from test_serve import CHAT, NUM_BLOCKS, TEXT, chat_model, make_llm, scrape, stream_events, wait_for
 
 from labkit.engine import LLM
@@ -22,6 +22,8 @@ from labkit.models import tiny_model
 from labkit.models.tokens import encode_prompt
 from labkit.sampling import SamplingParams, filtered_probabilities, process_logits, token_logprob
 from labkit.serve.server import ServerThread
+
+openai = lazy_module("openai")  # on first use: collecting this file need not import the client
 
 TOLERANCE = 1e-4
 

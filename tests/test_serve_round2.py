@@ -20,13 +20,15 @@ import threading
 import time
 
 import httpx
-import openai
 import pytest
+from lazy_import import lazy_module
 from test_serve import CHAT, TEXT, chat_model, expected_text, make_llm, scrape, wait_for
 
 from labkit.sampling import SamplingParams
 from labkit.serve.background import ServeProcess
 from labkit.serve.server import ServerThread
+
+openai = lazy_module("openai")  # on first use: collecting this file need not import the client
 
 LONG = {"prompt": TEXT, "max_tokens": 1500, "ignore_eos": True}  # far longer than any grace period here
 
