@@ -451,18 +451,17 @@ def sampling_cases(seed: int) -> dict[str, Any]:
 def _sampled_rows(accept, case) -> torch.Tensor:
     """One row per draw: the k draft tokens (drawn from q here), how many tokens the rule returned, and those
     tokens (at most k + 1 kept, -1 after them). A tensor, so 3,000 draws stay one compact value."""
-    draw = torch_generator(case["seed"])
     generator = torch_generator(case["seed"] + 10_000)
     p, q = case["p"], case["q"]
     k = q.shape[0]
-    rows = torch.full((TRIALS, 2 * k + 2), -1, dtype=torch.int64)
-    for trial in range(TRIALS):
-        draft = [int(torch.multinomial(row, 1, generator=draw)) for row in q]
+    # every draft at once: draft token i of each trial drawn from q[i] (one call, not one per token)
+    drafts = torch.multinomial(q, TRIALS, replacement=True, generator=torch_generator(case["seed"])).T.tolist()
+    rows = []
+    for draft in drafts:
         out = [int(t) for t in accept(list(draft), q.clone(), p.clone(), generator)]
-        rows[trial, :k] = torch.tensor(draft)
-        rows[trial, k] = len(out)
-        rows[trial, k + 1 : k + 1 + min(len(out), k + 1)] = torch.tensor(out[: k + 1], dtype=torch.int64)
-    return rows
+        kept = out[: k + 1]
+        rows.append(draft + [len(out)] + kept + [-1] * (k + 1 - len(kept)))
+    return torch.tensor(rows, dtype=torch.int64)
 
 
 def _repeated(accept, case) -> dict[str, Any]:
