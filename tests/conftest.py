@@ -14,21 +14,28 @@ from labkit.bench.busy import busy_cores
 SPREAD = {"test_labs_execute.py", "test_grading_labs.py", "test_grading_seeds.py"}
 # Modules that share one fixture through module state: they must run on the same worker.
 SAME_WORKER = {"test_book.py": "book", "test_browser_book.py": "book", "test_browser_interactive.py": "book"}
-# The costliest work first (seconds from `--durations`: the book group about 7 minutes, a solved lab up to 3), so
-# that no worker is handed a long unit at the end while the other has nothing left; every other module after.
+# The costliest work first, so that no worker is handed a long unit at the end while the other has nothing left:
+# every module of 20 s or more in CI's junit (the book group about 3½ minutes, a solved lab up to 2¼), the
+# costliest first; every other module (each under 15 s) after, to fill the end.
 COSTLIEST_FIRST = [
     *SAME_WORKER,
     "test_labs_execute.py",
     "test_grading_seeds.py",
     "test_grading_labs.py",
-    "test_lab_checks_4_6.py",
-    "test_lab10_checks.py",
-    "test_serve_round2.py",
-    "test_lab9_serving_checks.py",
-    "test_generation.py",
-    "test_lab8_checks.py",
+    "test_browser_lab.py",
+    "test_grading_sandbox.py",
     "test_engine_default_model.py",
+    "test_grading_shards.py",
+    "test_lab8_checks.py",
+    "test_serve_round2.py",
+    "test_lab10_checks.py",
+    "test_spec_sampling.py",
     "test_spec_default_model.py",
+    "test_generation.py",
+    "test_lab_checks_1_3.py",
+    "test_quant.py",
+    "test_grading_deadline.py",
+    "test_models.py",
 ]
 
 MATMUL_PATHS = ("prepacked", "plain")
