@@ -1,7 +1,7 @@
 """A module imported on its first use, not when pytest collects the test file that names it.
 
-Every pytest worker collects every test file, in each of CI's two passes, so a heavy import at the
-top of one file (openai's client: 1.6 s) is paid four times on the way to running anything.
+Every pytest worker collects every test file before it runs anything, so a heavy import at the top
+of one file (openai's client: 1.6 s) is paid by each worker, and by `pytest -m labN` for one lab.
 """
 
 from __future__ import annotations
