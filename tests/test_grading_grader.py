@@ -1,8 +1,8 @@
 """`labkit grade` on a class of awkward submissions: each is scored as it deserves.
 
 One grade call covers every submission (kernel starts are slow): a solved notebook,
-the generated learner notebook, an empty one, one that hangs, one that kills its
-kernel, one that tampers, a malformed notebook and a text file.
+the generated learner notebook, an empty one, one that hangs, one that ignores the
+interrupt, one that kills its kernel, one that tampers, a malformed notebook and a text file.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ EXAMPLE_WORKFLOW = Path(__file__).resolve().parents[1] / "labkit" / "grading" / 
 CELL_TIMEOUT_S = 30
 TOTAL_TIMEOUT_S = 300
 SUBMISSIONS = {  # the slowest first, since three are graded at a time
-    "hangs": FIXTURES / "hangs.ipynb",
+    "hangs": FIXTURES / "hangs.ipynb",  # waits out two timeouts, so it is the class's critical path
+    "ignores_interrupt": FIXTURES / "ignores_interrupt.ipynb",  # one timeout, then the kernel is stopped
     "kills_kernel": FIXTURES / "kills_kernel.ipynb",
     "solved": FIXTURES / "source" / "demo_basics.ipynb",
     "learner": FIXTURES / "demo_basics.ipynb",
@@ -110,7 +111,14 @@ def test_hanging_cells_are_cut_off_and_the_rest_is_graded(graded):
     assert report["score"] == 1
     notes = "\n".join(report["notes"])
     assert "cell 2" in notes and "interrupted" in notes
-    assert "cell 4" in notes and "ignored the interrupt, so the kernel was stopped" in notes
+
+
+def test_a_cell_that_ignores_the_interrupt_costs_the_kernel_and_the_rest_is_graded(graded):
+    """Its own submission, graded beside `hangs`, so the class waits out no more than two timeouts in a row."""
+    report = graded[1]["ignores_interrupt"]
+    assert statuses(report) == {"demo.add": "pass", "demo.softmax": "missing", "demo.greedy_tokens": "missing"}
+    notes = "\n".join(report["notes"])
+    assert "cell 3" in notes and "ignored the interrupt, so the kernel was stopped" in notes
 
 
 def test_killed_kernel_is_restarted_and_the_rest_is_graded(graded):
@@ -144,7 +152,7 @@ def test_unreadable_files_become_error_entries(graded, name):
 def test_reports_for_ci_people_and_the_class(graded):
     out, reports = graded
     seeds = [report["seed"] for report in reports.values() if report["error"] is None]
-    assert len(set(seeds)) == len(seeds) == 6 and None not in seeds  # a secret seed per submission
+    assert len(set(seeds)) == len(seeds) == 7 and None not in seeds  # a secret seed per submission
     with (out / "grades.csv").open() as file:
         rows = {row["submission"]: row for row in csv.DictReader(file)}
     assert set(rows) == set(SUBMISSIONS)

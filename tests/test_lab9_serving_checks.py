@@ -365,9 +365,12 @@ def test_each_typical_sweep_fails_named(replayed, wrong, live, named):
 
 
 @pytest.mark.timing
-def test_the_solved_sweep_passes_however_busy_the_machine_is():
-    """Two spin loops beside the server and the sweep: the measurements move, the verdict must not."""
-    with busy_cores(2):
+def test_the_solved_sweep_passes_however_busy_the_machine_is(request):
+    """Two spin loops beside the server and the sweep: the measurements move, the verdict must not.
+
+    Under ``--busy N`` (CI's timing pass) N of them already run; this test adds the rest up to two.
+    """
+    with busy_cores(max(0, 2 - request.config.getoption("--busy"))):
         got = verdict("lab9.find_capacity", find_capacity)
     assert got.startswith(PASS) and "labkit's rule on the same measurements" in got, got
 
