@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from labkit.bench.busy import busy_cores
+from labkit.labs.manifest import LABS
 
 # Modules whose tests each stand alone (one notebook executed or graded per test): spread over the workers.
 SPREAD = {"test_labs_execute.py", "test_grading_labs.py", "test_grading_seeds.py"}
@@ -123,13 +124,16 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    """In the process that runs the session (pytest-xdist's controller, not a worker).
+    """Every process registers the labs' markers; the rest is for the process that runs the session (pytest-xdist's
+    controller, not a worker).
 
     xdist hands out work units in the order ``pytest_collection_modifyitems`` sets, not (its default)
     by their number of tests, which put every one-test unit, the solved notebooks, last. With
     ``--busy N``, N spin loops run from before the first test to after the last: N for the whole run,
     however many workers share the machine with them.
     """
+    for lab in LABS:  # one marker per lab, from the manifest: `pytest -m lab5`
+        config.addinivalue_line("markers", f"{lab.name}: lab {lab.number} ({lab.topic}): its checks and notebooks")
     if getattr(config, "workerinput", None) is not None:
         return
     config.option.loadscopereorder = False
@@ -158,7 +162,12 @@ def pytest_collection_modifyitems(config, items):
             if name not in SPREAD:
                 item.add_marker(pytest.mark.xdist_group(SAME_WORKER.get(name, name)))
     rank = {name: index for index, name in enumerate(COSTLIEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -solved_cost(item)))
+
+
+def solved_cost(item) -> int:
+    """The manifest's cost of the costliest lab a test is marked with (0 if none): long notebooks start first."""
+    return max((lab.solved_seconds for lab in LABS if item.get_closest_marker(lab.name)), default=0)
 
 
 def pytest_collection_finish(session):

@@ -18,41 +18,18 @@ import pytest
 
 from labkit.cli import main
 from labkit.grading import sandbox
+from labkit.grading.checks import exercises_for_lab
+from labkit.labs.manifest import LABS as MANIFEST
 from labkit.models import default_model
 
 LABS = Path(__file__).resolve().parents[1] / "labs"
+# The labs the manifest says are graded here, end to end: every exercise of each must pass solved, none handed out.
 GRADED = [
     pytest.param(
-        "lab7_prefix_caching",
-        {"lab7.block_hashes", "lab7.cached_prefix", "lab7.lru_free"},
-        False,
-        marks=pytest.mark.lab7,
-    ),
-    pytest.param(
-        "lab8_speculative_decoding",
-        {"lab8.propose_ngram", "lab8.accept_greedy", "lab8.rollback", "lab8.accept_sampling"},
-        True,
-        marks=pytest.mark.lab8,
-    ),
-    pytest.param(
-        "lab9_serving",
-        {
-            "lab9.engine_turn",
-            "lab9.continuous_schedule",
-            "lab9.dashboard",
-            "lab9.admit",
-            "lab9.highest_rate",
-            "lab9.find_capacity",
-        },
-        True,
-        marks=pytest.mark.lab9,
-    ),
-    pytest.param(
-        "lab10_fewer_bytes_more_gpus",
-        {"lab10.int8", "lab10.int4", "lab10.quality", "lab10.fleet"},
-        True,
-        marks=pytest.mark.lab10,
-    ),
+        lab.stem, {e.id for e in exercises_for_lab(lab.name)}, lab.needs_model, marks=getattr(pytest.mark, lab.name)
+    )
+    for lab in MANIFEST
+    if lab.graded_end_to_end
 ]
 
 

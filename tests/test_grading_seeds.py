@@ -22,24 +22,13 @@ from labkit.grading.judge import expected_outputs, judge, verdict
 from labkit.grading.judge_process import _attempt
 from labkit.grading.result import ERROR
 from labkit.grading.result_check import ResultRefused, budget_for, file_limit, load_result
+from labkit.labs.manifest import LABS
 
-SEEDS = range(1, 6)
-# Labs 8 and 10 run the course model for about 20 s a seed (lab 8's solo decodes, lab 10's quantized models), so
-# three seeds here; with the grader's seed 7 (test_grading_labs.py) and the notebook's own, five draws all the same.
-COSTLY_SEEDS = range(1, 4)
-LABS = [
-    # 10 seeds: the issue this fixed lost lab 1's point in 6 seeds of 10, so 10 clean seeds leave a 1-in-10,000 chance
-    pytest.param("lab1", range(1, 11), marks=pytest.mark.lab1),
-    pytest.param("lab2", SEEDS, marks=pytest.mark.lab2),
-    pytest.param("lab3", SEEDS, marks=pytest.mark.lab3),
-    pytest.param("lab4", SEEDS, marks=pytest.mark.lab4),
-    pytest.param("lab5", SEEDS, marks=pytest.mark.lab5),
-    pytest.param("lab6", SEEDS, marks=pytest.mark.lab6),
-    pytest.param("lab7", SEEDS, marks=pytest.mark.lab7),
-    pytest.param("lab8", COSTLY_SEEDS, marks=pytest.mark.lab8),
-    pytest.param("lab9", SEEDS, marks=pytest.mark.lab9),
-    pytest.param("lab10", COSTLY_SEEDS, marks=pytest.mark.lab10),
-]
+# Every lab from the manifest, with its number of seeds: 5, 10 for lab 1 (the issue this fixed lost its point in 6
+# seeds of 10, so 10 clean seeds leave a 1-in-10,000 chance), 3 where the course model runs about 20 s a seed (lab 8's
+# solo decodes, lab 10's quantized models): with the grader's seed 7 (test_grading_labs.py) and the notebook's own,
+# five draws all the same.
+EACH_LAB = [pytest.param(lab.name, range(1, lab.seeds + 1), marks=getattr(pytest.mark, lab.name)) for lab in LABS]
 
 
 # Exercises graded under the first seed only: each costs a real `labkit serve` a seed, and the part of its inputs
@@ -71,7 +60,7 @@ def graded(exercise, namespace: dict, seed: int):
         return verdict(exercise, ERROR, str(refused))
 
 
-@pytest.mark.parametrize("lab, seeds", LABS)
+@pytest.mark.parametrize("lab, seeds", EACH_LAB)
 def test_solved_exercises_earn_every_point_under_every_seed(lab, seeds):
     namespace = solved_namespace(lab)
     exercises = exercises_for_lab(lab)

@@ -13,7 +13,7 @@ from lab_sources import solved_exercise
 from labkit.grading import evaluate
 from labkit.grading.result import FAIL, NOT_DONE, PASS
 from labkit.labs import hints
-from labkit.labs.checking.quant_runs import course_round_trips, model_with_weights
+from labkit.labs.lab10.runs import course_round_trips, model_with_weights
 from labkit.models import tiny_model
 from labkit.models.quant import quantize_model
 

@@ -18,8 +18,8 @@ from labkit.grading import evaluate
 from labkit.grading.result import FAIL, NOT_DONE, PASS
 from labkit.kv.prefix_cache import PrefixCachingBlockAllocator
 from labkit.labs import hints
-from labkit.labs.checking.gate import passed
-from labkit.labs.checking.prefix_runs import (
+from labkit.labs.common.gate import passed
+from labkit.labs.lab7.runs import (
     allocator_with,
     chat_requests,
     pool_script,

@@ -12,7 +12,8 @@ import pytest
 
 from labkit.grading.feedback import evaluate
 from labkit.grading.result import FAIL, PASS
-from labkit.labs.checking.serve_metrics import (
+from labkit.labs.lab9.capacity import highest_rate_oracle, sweep_situations
+from labkit.labs.lab9.dashboard import (
     buckets,
     histogram_quantile,
     parse_metrics,
@@ -20,7 +21,6 @@ from labkit.labs.checking.serve_metrics import (
     seeded_scrapes,
     window,
 )
-from labkit.labs.checking.serve_sweep import highest_rate_oracle, sweep_situations
 
 pytestmark = pytest.mark.lab9
 

@@ -20,8 +20,8 @@ from labkit.engine.scheduler import SchedulerOutput
 from labkit.grading.checks import get_exercise
 from labkit.grading.feedback import evaluate
 from labkit.grading.result import FAIL, NOT_DONE, PASS, Mismatch, Note
-from labkit.labs.checking.serve_admission import WRONG_RULES
-from labkit.labs.checking.serve_capacity import (
+from labkit.labs.lab9.admission import WRONG_RULES
+from labkit.labs.lab9.capacity import (
     EXAMPLE_PROMISE,
     LOAD,
     REPLAY_PROMISE,
@@ -376,7 +376,7 @@ def test_the_solved_sweep_passes_however_busy_the_machine_is(request):
 
 
 def test_a_blank_sweep_is_not_done_before_any_server_starts(monkeypatch):
-    from labkit.labs.checking import serve_capacity
+    from labkit.labs.common import serve_capacity
 
     def no_server():
         raise AssertionError("a server was started for a blank exercise")

@@ -15,12 +15,11 @@ import nbformat
 import pytest
 
 from labkit.grading.steady_client import SteadyNotebookClient
+from labkit.labs.manifest import LABS
 
 ROOT = Path(__file__).resolve().parents[1]
-# Every solved notebook in labs/source is a lab: lab7_prefix_caching.ipynb -> "lab7".
-LABS = {path.name.split("_")[0]: path.name for path in sorted((ROOT / "labs" / "source").glob("lab*_*.ipynb"))}
 CELL_TIMEOUT_S = 600
-EACH_LAB = [pytest.param(name, marks=getattr(pytest.mark, lab), id=lab) for lab, name in LABS.items()]
+EACH_LAB = [pytest.param(lab.notebook, marks=getattr(pytest.mark, lab.name), id=lab.name) for lab in LABS]
 
 
 @pytest.fixture(autouse=True)

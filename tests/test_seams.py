@@ -9,10 +9,10 @@ from labkit.engine import LLM
 from labkit.engine.interfaces import MissingPartError
 from labkit.engine.scheduler import policy_from_function
 from labkit.kv.block_allocator import BlockAllocator
-from labkit.labs.checking.engine_runs import run_requests
-from labkit.labs.checking.prefix_runs import allocator_with, chat_requests
-from labkit.labs.checking.shared import small_model
+from labkit.labs.common.engine_runs import run_requests
+from labkit.labs.common.shared import small_model
 from labkit.labs.lab5 import engine_attention
+from labkit.labs.lab7.runs import allocator_with, chat_requests
 
 SPECULATION = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 # A pool small enough that the chats below preempt one another, with 4-token blocks so prefixes share blocks.

@@ -13,8 +13,8 @@ matplotlib.use("Agg")
 
 import pytest
 
-from labkit.labs.checking.engine_runs import run_requests
-from labkit.labs.checking.prefix_runs import chat_requests
+from labkit.labs.common.engine_runs import run_requests
+from labkit.labs.lab7.runs import chat_requests
 from labkit.viz.timeline import _step_kinds
 
 

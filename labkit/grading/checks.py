@@ -43,8 +43,8 @@ class Exercise:
       the seed: its inputs do not depend on the seed, and one measurement per process serves
       every submission (and every re-run of the check), so grading a class costs one, not sixty.
     - `builds_on`: ids of earlier exercises whose functions this one's calls by name; it is graded
-      with the course's own in their place (see `labkit.labs.checking.pieces`), and a notebook cell
-      that runs the learner's whole chain waits for all of them (`labkit.labs.checking.gate`).
+      with the course's own in their place (see `labkit.labs.common.pieces`), and a notebook cell
+      that runs the learner's whole chain waits for all of them (`labkit.labs.common.gate`).
     """
 
     id: str

@@ -1,14 +1,16 @@
-"""The course's labs, in two kinds of module that are easy to tell apart.
+"""The course's labs: one package per lab, what they share, and the manifest that lists them.
 
-- ``lab1`` ... ``lab10``: the **exercise specs**, one module per lab notebook: what each
-  exercise asks for, the inputs a check builds from a seed, the oracle it compares with,
-  and the hints. Importing one registers its exercises with :mod:`labkit.grading`, which
-  finds them by these names (``labkit.labs.lab5``).
+- ``lab1`` ... ``lab10``: one package per lab notebook. Its ``__init__`` holds the **exercise specs**
+  (what each exercise asks for, the inputs a check builds from a seed, the oracle it compares with,
+  the hints) and registers them with :mod:`labkit.grading`, which finds them by these names
+  (``labkit.labs.lab5``); modules beside it hold the run helpers only that lab uses (lab 9's server
+  loop, dashboard, admission and capacity checks in ``lab9/``).
+- :mod:`~labkit.labs.manifest`: one entry per lab (notebook, marker, seeds, cost); every list of labs
+  (pytest markers, the tests that grade every lab, the labs README, the book) is built from it or
+  checked against it.
+- :mod:`~labkit.labs.common`: what several labs' checks share (see its docstring for what belongs there).
 - :mod:`~labkit.labs.api`: the one surface notebooks import (a test holds them to it), so the
-  modules below can change without breaking a notebook already handed out.
-- :mod:`~labkit.labs.checking`: what the specs check with (the course model loaded once,
-  seeded prompts, a model that records every forward pass, diagnoses of attention mistakes,
-  runs of the engine with a learner's piece plugged in).
+  modules above can change without breaking a notebook already handed out.
 - :mod:`~labkit.labs.hints`: ``labkit.hint(exercise_id)``, the next of an exercise's hints
   (the idea, then the structure, then near-code), counted per kernel.
 - :mod:`~labkit.labs.aids`: teaching aids the notebooks show and no check needs (timing and

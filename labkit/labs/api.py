@@ -1,5 +1,5 @@
 """What lab notebooks import from labkit.labs: one stable surface, so a notebook already handed out keeps
-working when the grader's own modules (:mod:`labkit.labs.checking`, :mod:`labkit.labs.aids`) change.
+working when the grader's own modules (:mod:`labkit.labs.common`, :mod:`labkit.labs.aids`) change.
 
 A notebook writes ``from labkit.labs.api import passed, course_model`` (and ``from labkit.labs import labN``
 to register its checks); nothing else of ``labkit.labs``, which a test holds. Each name is imported only
@@ -13,10 +13,10 @@ import importlib
 # name -> the module that defines it (kept here, not star-imported, so the surface is plain to read)
 _WHERE = {
     # every lab
-    "passed": "labkit.labs.checking.gate",
-    "course_model": "labkit.labs.checking.shared",
-    "small_model": "labkit.labs.checking.shared",
-    "PROMPTS": "labkit.labs.checking.shared",
+    "passed": "labkit.labs.common.gate",
+    "course_model": "labkit.labs.common.shared",
+    "small_model": "labkit.labs.common.shared",
+    "PROMPTS": "labkit.labs.common.shared",
     # measuring this machine (labs 1-2), the capacity sliders (lab 2), the padded cache (lab 3)
     "measure_roofline": "labkit.labs.aids.measure",
     "median_seconds": "labkit.labs.aids.measure",
@@ -24,22 +24,22 @@ _WHERE = {
     "capacity_table": "labkit.labs.aids.capacity_widget",
     "conversations_widget": "labkit.labs.aids.capacity_widget",
     "PaddedBatchCache": "labkit.labs.aids.padded_cache",
-    "RecordingModel": "labkit.labs.checking.recording",
+    "RecordingModel": "labkit.labs.common.recording",
     # runs of the engine with a learner's piece plugged in (labs 4-9)
-    "TickClock": "labkit.labs.checking.engine_runs",
-    "random_requests": "labkit.labs.checking.engine_runs",
-    "run_requests": "labkit.labs.checking.engine_runs",
+    "TickClock": "labkit.labs.common.engine_runs",
+    "random_requests": "labkit.labs.common.engine_runs",
+    "run_requests": "labkit.labs.common.engine_runs",
     "policy_from_function": "labkit.engine.scheduler",
-    "allocator_with": "labkit.labs.checking.prefix_runs",
-    "shared_block_snapshot": "labkit.labs.checking.prefix_runs",
+    "allocator_with": "labkit.labs.lab7.runs",
+    "shared_block_snapshot": "labkit.labs.lab7.runs",
     # lab 9's server under load
-    "LOAD": "labkit.labs.checking.serve_capacity",
-    "RATES": "labkit.labs.checking.serve_capacity",
-    "SERVER_DIALS": "labkit.labs.checking.serve_capacity",
-    "promise_for": "labkit.labs.checking.serve_capacity",
-    "parse_metrics": "labkit.labs.checking.serve_metrics",
+    "LOAD": "labkit.labs.lab9.capacity",
+    "RATES": "labkit.labs.lab9.capacity",
+    "SERVER_DIALS": "labkit.labs.lab9.capacity",
+    "promise_for": "labkit.labs.lab9.capacity",
+    "parse_metrics": "labkit.labs.lab9.dashboard",
     # lab 10: a model whose weights went through a learner's quantize-then-dequantize
-    "model_with_weights": "labkit.labs.checking.quant_runs",
+    "model_with_weights": "labkit.labs.lab10.runs",
 }
 
 __all__ = sorted(_WHERE)

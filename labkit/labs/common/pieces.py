@@ -19,7 +19,7 @@ from typing import Any
 
 from labkit.grading.checks import Exercise
 from labkit.grading.result import Mismatch, Note
-from labkit.labs.checking.gate import exercise_number
+from labkit.labs.common.gate import exercise_number
 
 _ABSENT = object()
 

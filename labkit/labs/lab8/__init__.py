@@ -27,17 +27,17 @@ from labkit.engine.request import Request
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.kv.block_allocator import BlockAllocator
-from labkit.labs.checking.engine_runs import CheckRequest, compare_with_solo, run_failure
-from labkit.labs.checking.learner_errors import capture, diagnosed, raised_in, raised_mismatch
-from labkit.labs.checking.shared import rng, torch_generator
-from labkit.labs.checking.spec_runs import repetitive_requests, serve_speculating, solo_course_runs
-from labkit.labs.checking.spec_sampling import (
+from labkit.labs.common.engine_runs import CheckRequest, compare_with_solo, run_failure
+from labkit.labs.common.learner_errors import capture, diagnosed, raised_in, raised_mismatch
+from labkit.labs.common.shared import rng, torch_generator
+from labkit.labs.hints import register_hints
+from labkit.labs.lab8.runs import repetitive_requests, serve_speculating, solo_course_runs
+from labkit.labs.lab8.sampling import (
     MISTAKE_HINTS,
     closest_rule,
     frequencies,
     total_variation,
 )
-from labkit.labs.hints import register_hints
 from labkit.sampling import SamplingParams
 
 # --- lab8.propose_ngram -----------------------------------------------------------------------

@@ -29,8 +29,11 @@ from typing import Any
 from labkit.engine.reference import compare_to_solo, solo_greedy
 from labkit.grading.checks import Exercise, get_exercise, register
 from labkit.grading.result import Mismatch
-from labkit.labs.checking.learner_errors import diagnosed, raised_mismatch
-from labkit.labs.checking.serve_admission import (
+from labkit.labs.common.learner_errors import diagnosed, raised_mismatch
+from labkit.labs.common.shared import small_model
+from labkit.labs.hints import register_hints
+from labkit.labs.lab4 import check_decisions
+from labkit.labs.lab9.admission import (
     WRONG_RULES,
     admission_inputs,
     admission_oracle,
@@ -39,14 +42,25 @@ from labkit.labs.checking.serve_admission import (
     run_admit,
     what_differs,
 )
-from labkit.labs.checking.serve_capacity import capacity_inputs, capacity_oracle, judge_sweep, run_capacity
-from labkit.labs.checking.serve_loop import client_script, drive
-from labkit.labs.checking.serve_metrics import KEYS, close, read_dashboard, seeded_scrapes, typical_misreadings
-from labkit.labs.checking.serve_policy import joined_mid_run, policy_inputs, policy_oracle, serve_clients
-from labkit.labs.checking.serve_sweep import SITUATIONS, highest_rate_oracle, replay, sweep_situations
-from labkit.labs.checking.shared import small_model
-from labkit.labs.hints import register_hints
-from labkit.labs.lab4 import check_decisions
+from labkit.labs.lab9.capacity import (
+    SITUATIONS,
+    capacity_inputs,
+    capacity_oracle,
+    highest_rate_oracle,
+    judge_sweep,
+    replay,
+    run_capacity,
+    sweep_situations,
+)
+from labkit.labs.lab9.dashboard import KEYS, close, read_dashboard, seeded_scrapes, typical_misreadings
+from labkit.labs.lab9.engine_loop import (
+    client_script,
+    drive,
+    joined_mid_run,
+    policy_inputs,
+    policy_oracle,
+    serve_clients,
+)
 
 # --- lab9.engine_turn -------------------------------------------------------------------------
 

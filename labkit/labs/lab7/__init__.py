@@ -9,7 +9,7 @@
 
 Each check compares the learner's function with labkit's own on seeded cases, names the typical
 mistakes, then plugs it into labkit's prefix-caching allocator
-(:func:`~labkit.labs.checking.prefix_runs.allocator_with`) and serves seeded chats that share a
+(:func:`~labkit.labs.lab7.runs.allocator_with`) and serves seeded chats that share a
 system prompt on the tiny model: the same tokens, and the same prompt tokens found in the cache,
 request by request, as the engine with its own allocator.
 """
@@ -22,16 +22,16 @@ from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.kv.prefix_cache import NO_PARENT, PrefixCachingBlockAllocator, block_hash, block_hashes
 from labkit.kv.prefix_cache import longest_cached_prefix as labkits_cached_prefix
-from labkit.labs.checking.learner_errors import diagnosed, raised_mismatch, raised_record
-from labkit.labs.checking.prefix_runs import (
+from labkit.labs.common.learner_errors import diagnosed, raised_mismatch, raised_record
+from labkit.labs.common.shared import rng
+from labkit.labs.hints import register_hints
+from labkit.labs.lab7.runs import (
     allocator_with,
     chat_requests,
     pool_script,
     run_pool_script,
     serve_counted,
 )
-from labkit.labs.checking.shared import rng
-from labkit.labs.hints import register_hints
 
 BLOCK_SIZE = 4  # the checks' blocks: small, so short prompts span several
 ENGINE_DIALS = dict(max_num_seqs=3, block_size=BLOCK_SIZE)

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from labkit.kv.prefix_cache import PrefixCachingBlockAllocator
-from labkit.labs.checking.engine_runs import CheckRequest, run_requests
-from labkit.labs.checking.learner_errors import raised_record
-from labkit.labs.checking.shared import rng
+from labkit.labs.common.engine_runs import CheckRequest, run_requests
+from labkit.labs.common.learner_errors import raised_record
+from labkit.labs.common.shared import rng
 
 
 def allocator_with(

@@ -19,7 +19,7 @@ from typing import Any
 
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
-from labkit.labs.checking.engine_runs import (
+from labkit.labs.common.engine_runs import (
     CheckRequest,
     compare_with_solo,
     policy_from_function,
@@ -28,8 +28,8 @@ from labkit.labs.checking.engine_runs import (
     serve,
     solo_oracle,
 )
-from labkit.labs.checking.learner_errors import diagnosed, noting_errors, raised_mismatch
-from labkit.labs.checking.shared import rng
+from labkit.labs.common.learner_errors import diagnosed, noting_errors, raised_mismatch
+from labkit.labs.common.shared import rng
 from labkit.labs.hints import register_hints
 from labkit.labs.lab4 import check_decisions
 from labkit.sim.cost_model import CostModel, get_model

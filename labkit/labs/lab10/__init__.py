@@ -13,7 +13,7 @@
   and seeded variations of it.
 
 Every quantizer check compares with :mod:`labkit.models.quant` through the adapters of
-:mod:`labkit.labs.checking.quant_runs`, and judges the learner's numbers by what they must satisfy
+:mod:`labkit.labs.lab10.runs`, and judges the learner's numbers by what they must satisfy
 (a scale within fp16's rounding of the formula, every weight within half a step), so an answer
 that stores scales in fp32 rather than fp16 passes as it should.
 """
@@ -31,16 +31,16 @@ from labkit.capacity import SALE_70B_EXAMPLE, SALE_EXAMPLE, sale_load, size_flee
 from labkit.capacity_parallel import LLAMA_3_1_70B
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
-from labkit.labs.checking.learner_errors import diagnosed
-from labkit.labs.checking.quant_runs import (
+from labkit.labs.common.learner_errors import diagnosed
+from labkit.labs.common.shared import course_model, rng, torch_generator
+from labkit.labs.hints import register_hints
+from labkit.labs.lab10.runs import (
     course_dequantize_int4,
     course_dequantize_int8,
     course_quantize_int4,
     course_quantize_int8,
     course_round_trips,
 )
-from labkit.labs.checking.shared import course_model, rng, torch_generator
-from labkit.labs.hints import register_hints
 from labkit.models.quant import GROUP_SIZE, quality, quantize_model
 from labkit.workloads import sharegpt_quality_prompts
 

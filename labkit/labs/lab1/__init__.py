@@ -18,17 +18,17 @@ from labkit.grading.checks import Exercise, register
 from labkit.grading.compare import compare_sequences, compare_tensors, compare_tokens
 from labkit.grading.result import Mismatch
 from labkit.kv.attention import attention, causal_mask
-from labkit.labs.checking.diagnose import (
+from labkit.labs.common.diagnose import (
     ATTENTION_TOLERANCE,
     check_attention,
     check_logits,
     check_positions,
     known_attention_mistakes,
 )
-from labkit.labs.checking.learner_errors import diagnosed
-from labkit.labs.checking.pieces import Piece, on_its_own
-from labkit.labs.checking.recording import RecordingModel
-from labkit.labs.checking.shared import (
+from labkit.labs.common.learner_errors import diagnosed
+from labkit.labs.common.pieces import Piece, on_its_own
+from labkit.labs.common.recording import RecordingModel
+from labkit.labs.common.shared import (
     course_model,
     ends_early_prompt,
     greedy_without_cache,

@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from labkit.labs.checking.shared import rng
+from labkit.labs.common.shared import rng
 from labkit.serve.metrics import FINISH_REASONS, ServerMetrics
 from labkit.trace import StepRecord
 

@@ -15,8 +15,8 @@ from typing import Any
 from labkit.engine import LLM
 from labkit.engine.reference import SoloRun, solo_greedy
 from labkit.grading.attempt import describe_exception
-from labkit.labs.checking.engine_runs import MAX_STEPS, CheckRequest, TickClock
-from labkit.labs.checking.shared import course_model, rng
+from labkit.labs.common.engine_runs import MAX_STEPS, CheckRequest, TickClock
+from labkit.labs.common.shared import course_model, rng
 from labkit.sampling import SamplingParams
 
 # Texts that repeat themselves: the course model continues each by repeating more of it.

@@ -25,7 +25,7 @@ from labkit.engine.state import SchedulerState
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.kv.block_allocator import BlockAllocator
-from labkit.labs.checking.engine_runs import (
+from labkit.labs.common.engine_runs import (
     CheckRequest,
     compare_with_solo,
     random_requests,
@@ -34,8 +34,8 @@ from labkit.labs.checking.engine_runs import (
     serve,
     solo_oracle,
 )
-from labkit.labs.checking.learner_errors import diagnosed, noting_errors, raised_mismatch
-from labkit.labs.checking.shared import rng
+from labkit.labs.common.learner_errors import diagnosed, noting_errors, raised_mismatch
+from labkit.labs.common.shared import rng
 from labkit.labs.hints import register_hints
 from labkit.metrics import summarize
 from labkit.sampling import SamplingParams

@@ -20,9 +20,9 @@ from labkit.grading.compare import compare_tensors
 from labkit.grading.result import Mismatch
 from labkit.kv.attention import attention, causal_mask
 from labkit.kv.paged import PagedBatch
-from labkit.labs.checking.engine_runs import compare_with_solo, random_requests, run_failure, serve, solo_oracle
-from labkit.labs.checking.learner_errors import diagnosed, raised_mismatch, raised_record
-from labkit.labs.checking.shared import rng, torch_generator
+from labkit.labs.common.engine_runs import compare_with_solo, random_requests, run_failure, serve, solo_oracle
+from labkit.labs.common.learner_errors import diagnosed, raised_mismatch, raised_record
+from labkit.labs.common.shared import rng, torch_generator
 from labkit.labs.hints import register_hints
 
 BLOCK_SIZE = 16
