@@ -1,4 +1,5 @@
-"""Generation: greedy equals transformers' generate; sampling is seeded; chat streams.
+"""Generation: the solo decode every check compares with equals transformers' generate; the engine applies the
+chat template, stops where asked and samples reproducibly.
 
 On the default model as labkit loads it (the matmul path this machine's probe chose); each path's
 numbers against transformers are proved in test_models.py, under batching in test_engine_default_model.py.
@@ -7,7 +8,8 @@ numbers against transformers are proved in test_models.py, under batching in tes
 import pytest
 import torch
 
-from labkit.generate import chat, generate, stream_tokens
+from labkit.engine import LLM
+from labkit.engine.reference import solo_greedy
 from labkit.models import tiny_model
 from labkit.models.tokens import encode_prompt
 from labkit.sampling import SamplingParams, filtered_probabilities, sample
@@ -22,10 +24,10 @@ CHATS = [
 
 
 @pytest.mark.parametrize("question", CHATS)
-def test_greedy_equals_hf_generate(default_model, question):
+def test_the_solo_oracle_equals_hf_generate(default_model, question):
     model = default_model
     ids = encode_prompt(model.tokenizer, [{"role": "user", "content": question}])
-    ours = generate(model, ids, SamplingParams(max_tokens=24))
+    ours = solo_greedy(model, ids, 24).tokens
     with torch.inference_mode():
         out = model.hf.generate(
             torch.tensor([ids]),
@@ -37,11 +39,20 @@ def test_greedy_equals_hf_generate(default_model, question):
     assert ours == out[0, len(ids) :].tolist()
 
 
-def test_chat_uses_the_models_template_and_streams(default_model):
-    text = chat(default_model, "What is the capital of France?", SamplingParams(max_tokens=12))
-    assert "Paris" in text
-    pieces = list(chat(default_model, "What is the capital of France?", SamplingParams(max_tokens=12), stream=True))
-    assert len(pieces) > 1 and "".join(pieces).strip() == text.strip()
+def generate(model, prompt, params: SamplingParams) -> list[int]:
+    """One prompt through the engine, alone: its new token ids."""
+    return (
+        LLM(model, max_model_len=model.config.max_position_embeddings)
+        .generate(prompt, params, use_tqdm=False)[0]
+        .token_ids
+    )
+
+
+def test_chat_messages_go_through_the_models_template(default_model):
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    (output,) = LLM(default_model).generate(question, SamplingParams(max_tokens=12), use_tqdm=False)
+    assert "Paris" in output.text
+    assert output.token_ids == solo_greedy(default_model, encode_prompt(default_model.tokenizer, question), 12).tokens
 
 
 def test_stops_at_eos_and_max_tokens():
@@ -86,10 +97,11 @@ def test_bad_sampling_params_are_named(bad, message):
         SamplingParams(**bad)
 
 
-def test_prompt_too_long_for_the_context_is_refused():
+def test_an_answer_that_would_overflow_the_context_stops_at_its_end():
     model = tiny_model("llama")
-    with pytest.raises(ValueError, match="context"):
-        list(stream_tokens(model, list(range(100)), SamplingParams(max_tokens=500)))
+    (output,) = LLM(model).generate(list(range(100)), SamplingParams(max_tokens=500, ignore_eos=True), use_tqdm=False)
+    assert output.finish_reason == "length"
+    assert len(output.token_ids) == model.config.max_position_embeddings - 100
 
 
 def test_text_prompt_without_tokenizer_is_refused():

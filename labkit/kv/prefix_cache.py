@@ -242,6 +242,18 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def ref_count(self, block: int) -> int:
         return self._refs[block]
 
+    def pool_state(self) -> dict[str, object]:
+        """The pool as plain data, for a check that compares two pools call by call: ref counts, the free list and
+        the evictable list in order, each sequence's table, the cached blocks, the evictions so far."""
+        return {
+            "refs": list(self._refs),
+            "free": list(self._free),
+            "evictable": list(self._evictable),
+            "tables": {seq: list(table) for seq, table in sorted(self._tables.items())},
+            "cached": sorted(self._cached.values()),
+            "evictions": self.num_evictions,
+        }
+
 
 def supports_prefix_caching(blocks: object) -> bool:
     """True if an allocator has the two calls the engine makes for prefix caching."""

@@ -72,18 +72,18 @@ def verify_cache(target: Path, contents: bool = False) -> None:
         record = json.loads((target / MARKER).read_text())
         expected = record["files"]
     except (OSError, ValueError, KeyError) as err:
-        raise ModelCacheError(_corrupt(target, f"its record {MARKER} is unreadable ({err})")) from err
+        raise ModelCacheError(corrupt_cache_message(target, f"its record {MARKER} is unreadable ({err})")) from err
     for name, size in expected.items():
         path = target / name
         if not path.is_file() or path.stat().st_size != size:
-            raise ModelCacheError(_corrupt(target, f"{name} is missing or has the wrong size"))
+            raise ModelCacheError(corrupt_cache_message(target, f"{name} is missing or has the wrong size"))
     if contents:
         digests = record.get("sha256")
         if not isinstance(digests, dict) or set(digests) != set(expected):
-            raise ModelCacheError(_corrupt(target, "its record has no checksums (an older labkit converted it)"))
+            raise ModelCacheError(corrupt_cache_message(target, "its record has no checksums (an older labkit converted it)"))
         for name, digest in digests.items():
             if _sha256(target / name) != digest:
-                raise ModelCacheError(_corrupt(target, f"{name} has changed since it was converted"))
+                raise ModelCacheError(corrupt_cache_message(target, f"{name} has changed since it was converted"))
 
 
 def _sha256(path: Path) -> str:
@@ -91,7 +91,8 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(file, "sha256").hexdigest()
 
 
-def _corrupt(target: Path, why: str) -> str:
+def corrupt_cache_message(target: Path, why: str) -> str:
+    """What to tell a user whose converted model is damaged: what is wrong, and the one command that fixes it."""
     return (
         f"The cached default model in {target} is damaged: {why}.\n"
         f"Fix: delete that folder (rm -rf '{target}') and load again; labkit converts it afresh."

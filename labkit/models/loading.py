@@ -44,7 +44,7 @@ def load_model(
         weights = checkpoint.read_weights(folder, dtype, device)
     except (OSError, ValueError, KeyError) as err:
         if name in DEFAULT_NAMES and not isinstance(err, ValueError):
-            raise default_model.ModelCacheError(default_model._corrupt(folder, str(err))) from err
+            raise default_model.ModelCacheError(default_model.corrupt_cache_message(folder, str(err))) from err
         raise
     if device.type == "cpu":
         use_cpu_threads()

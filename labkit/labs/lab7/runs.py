@@ -98,18 +98,6 @@ class PoolCall:
     tokens: tuple[int, ...] = ()
 
 
-def pool_state(blocks: PrefixCachingBlockAllocator) -> dict[str, Any]:
-    """The pool as plain data: ref counts, the free list and the evictable list in order, tables, the map."""
-    return {
-        "refs": list(blocks._refs),
-        "free": list(blocks._free),
-        "evictable": list(blocks._evictable),
-        "tables": {seq: list(table) for seq, table in sorted(blocks._tables.items())},
-        "cached": sorted(blocks._cached.values()),
-        "evictions": blocks.num_evictions,
-    }
-
-
 def make_call(blocks: PrefixCachingBlockAllocator, call: PoolCall) -> int:
     """Make one call as the engine would; a take returns the prompt tokens found in the cache."""
     if call.op == "free":
@@ -168,7 +156,7 @@ def run_pool_script(
         except Exception as error:  # judged as a step of the script
             log.append({"raised": raised_record(error, functions)})
             break
-        log.append({"found": found, **pool_state(blocks)})
+        log.append({"found": found, **blocks.pool_state()})
     return log
 
 
