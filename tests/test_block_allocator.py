@@ -2,11 +2,11 @@
 
 import pytest
 
-from labkit.kv.block_allocator import BlockAllocator, OutOfBlocksError
+from labkit.kv.block_allocator import FreeListBlockAllocator, OutOfBlocksError
 
 
 def test_tables_grow_one_block_per_block_size_tokens():
-    blocks = BlockAllocator(num_blocks=8, block_size=4)
+    blocks = FreeListBlockAllocator(num_blocks=8, block_size=4)
     assert blocks.allocate("a", 1) == blocks.block_table("a") and len(blocks.block_table("a")) == 1
     assert len(blocks.allocate("a", 4)) == 1  # still fits in the first block
     assert len(blocks.allocate("a", 5)) == 2  # the fifth token opens a second block
@@ -15,7 +15,7 @@ def test_tables_grow_one_block_per_block_size_tokens():
 
 
 def test_sequences_never_share_a_block_and_free_returns_everything():
-    blocks = BlockAllocator(num_blocks=10, block_size=2)
+    blocks = FreeListBlockAllocator(num_blocks=10, block_size=2)
     for name, tokens in [("a", 5), ("b", 4), ("c", 7)]:
         blocks.allocate(name, tokens)
     owned = blocks.block_table("a") + blocks.block_table("b") + blocks.block_table("c")
@@ -26,7 +26,7 @@ def test_sequences_never_share_a_block_and_free_returns_everything():
 
 
 def test_exhaustion_is_all_or_nothing():
-    blocks = BlockAllocator(num_blocks=3, block_size=4)
+    blocks = FreeListBlockAllocator(num_blocks=3, block_size=4)
     blocks.allocate("a", 8)
     assert not blocks.can_allocate("b", 8)
     with pytest.raises(OutOfBlocksError, match="needs 2 more blocks but only 1"):
@@ -38,7 +38,7 @@ def test_exhaustion_is_all_or_nothing():
 
 
 def test_double_free_and_foreign_blocks_are_refused():
-    blocks = BlockAllocator(num_blocks=4)
+    blocks = FreeListBlockAllocator(num_blocks=4)
     block = blocks.allocate_block()
     blocks.free_block(block)
     with pytest.raises(ValueError, match="double free"):
@@ -50,7 +50,7 @@ def test_double_free_and_foreign_blocks_are_refused():
 
 
 def test_no_leak_over_many_cycles():
-    blocks = BlockAllocator(num_blocks=16, block_size=4)
+    blocks = FreeListBlockAllocator(num_blocks=16, block_size=4)
     for cycle in range(50):
         for seq in range(4):
             blocks.allocate(f"{cycle}-{seq}", 1 + (cycle * 7 + seq * 3) % 16)
@@ -62,4 +62,4 @@ def test_no_leak_over_many_cycles():
 
 def test_bad_sizes_are_refused():
     with pytest.raises(ValueError, match="num_blocks"):
-        BlockAllocator(0)
+        FreeListBlockAllocator(0)

@@ -13,7 +13,7 @@ import pytest
 from labkit.device import default_device
 from labkit.engine import LLM
 from labkit.engine.reference import compare_to_solo, is_near_tie_divergence, solo_greedy
-from labkit.kv.block_allocator import BlockAllocator
+from labkit.kv.block_allocator import FreeListBlockAllocator
 from labkit.kv.paged import paged_attention
 from labkit.models import tiny_model
 from labkit.sampling import SamplingParams
@@ -133,7 +133,7 @@ def test_step_api_streams_tokens_and_takes_plugged_in_parts(model):
     llm = LLM(
         model,
         policy="chunked",
-        block_allocator=BlockAllocator(10, block_size=8),
+        block_allocator=FreeListBlockAllocator(10, block_size=8),
         attention=counting_attention,
         max_num_batched_tokens=16,
     )

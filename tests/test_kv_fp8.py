@@ -16,7 +16,7 @@ from lab_sources import solved
 from labkit.engine import LLM
 from labkit.engine.config import KV_CACHE_DTYPES, EngineConfig
 from labkit.kv.attention import attention, causal_mask
-from labkit.kv.block_allocator import BlockAllocator
+from labkit.kv.block_allocator import FreeListBlockAllocator
 from labkit.kv.paged import (
     FP8_MAX,
     KV_CACHE_STORAGE,
@@ -86,7 +86,7 @@ def scattered_step(seqs, num_blocks=32, kv_cache_dtype="auto", attention_fn=page
     """seqs: (name, cached tokens, new tokens), their blocks interleaved over the pool; fill the history,
     attend for the new tokens. Returns the output, the batch, the cache and each sequence's full K/V."""
     torch.manual_seed(0)
-    blocks = BlockAllocator(num_blocks, BLOCK)
+    blocks = FreeListBlockAllocator(num_blocks, BLOCK)
     cache = PagedKVCache(1, num_blocks, BLOCK, KV_HEADS, DIM, kv_cache_dtype=kv_cache_dtype, attention_fn=attention_fn)
     for round_ in range(1, 20):
         for name, cached, new in seqs:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from labkit.kv.attention import attention, causal_mask
-from labkit.kv.block_allocator import BlockAllocator
+from labkit.kv.block_allocator import FreeListBlockAllocator
 from labkit.kv.paged import PagedBatch, PagedKVCache, SequenceSlice, group_rows, num_blocks_for_memory, paged_attention
 
 HEADS, KV_HEADS, DIM, BLOCK = 6, 2, 8, 4
@@ -16,7 +16,7 @@ def run_step(seqs, num_blocks=32, device="cpu"):
     """seqs: (name, cached tokens, new tokens). Fill the pool with each sequence's history, then
     attend for the new tokens; return the paged output and the dense reference."""
     torch.manual_seed(0)
-    blocks = BlockAllocator(num_blocks, BLOCK)
+    blocks = FreeListBlockAllocator(num_blocks, BLOCK)
     cache = PagedKVCache(1, num_blocks, BLOCK, KV_HEADS, DIM, device=device)
     # scatter the sequences' blocks by interleaving allocations
     for round_ in range(1, 20):

@@ -13,7 +13,7 @@ import pytest
 from labkit.engine.core import EngineCore
 from labkit.engine.request import Request
 from labkit.engine.scheduler import SchedulerState, make_policy
-from labkit.kv.block_allocator import BlockAllocator, OutOfBlocksError
+from labkit.kv.block_allocator import FreeListBlockAllocator, OutOfBlocksError
 from labkit.kv.prefix_cache import NO_PARENT, PrefixCachingBlockAllocator, block_hash
 from labkit.sampling_params import SamplingParams
 
@@ -112,8 +112,8 @@ def test_a_held_prefix_is_let_go_by_free_and_a_second_lookup_is_refused():
 
 
 def test_prefix_caching_with_a_plain_allocator_is_refused_by_name():
-    with pytest.raises(TypeError, match="BlockAllocator lacks them.*lab 7.*or turn prefix caching off"):
-        SchedulerState(BlockAllocator(8, B), 4, 64, 64, enable_prefix_caching=True)
+    with pytest.raises(TypeError, match="FreeListBlockAllocator lacks them.*lab 7.*or turn prefix caching off"):
+        SchedulerState(FreeListBlockAllocator(8, B), 4, 64, 64, enable_prefix_caching=True)
     SchedulerState(PrefixCachingBlockAllocator(8, B), 4, 64, 64, enable_prefix_caching=True)
 
 
@@ -179,7 +179,7 @@ def random_run(seed: int, caching: bool, check: bool = True):
     """
     r = random.Random(seed)
     num_blocks = r.randint(12, 24)
-    allocator = PrefixCachingBlockAllocator if caching else BlockAllocator
+    allocator = PrefixCachingBlockAllocator if caching else FreeListBlockAllocator
     state = SchedulerState(
         allocator(num_blocks, B),
         max_num_seqs=r.randint(2, 6),

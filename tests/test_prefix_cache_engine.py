@@ -5,7 +5,7 @@ import random
 import pytest
 
 from labkit.engine import LLM
-from labkit.kv.block_allocator import BlockAllocator
+from labkit.kv.block_allocator import FreeListBlockAllocator
 from labkit.kv.prefix_cache import PrefixCachingBlockAllocator
 from labkit.metrics import summarize
 from labkit.models import tiny_model
@@ -68,14 +68,14 @@ def test_the_dial_defaults_on_and_a_plain_allocator_turns_it_off_and_says_so(mod
     assert LLM(model, num_blocks=8).describe()["enable_prefix_caching"] is True
     assert isinstance(LLM(model, num_blocks=8).state.blocks, PrefixCachingBlockAllocator)
     off = LLM(model, num_blocks=8, enable_prefix_caching=False)
-    assert type(off.state.blocks) is BlockAllocator and "prefix_caching" not in off.describe()
-    learners = LLM(model, block_allocator=BlockAllocator(8, 16))
+    assert type(off.state.blocks) is FreeListBlockAllocator and "prefix_caching" not in off.describe()
+    learners = LLM(model, block_allocator=FreeListBlockAllocator(8, 16))
     assert learners.describe()["enable_prefix_caching"] is False
-    assert "BlockAllocator cannot cache prefixes" in learners.describe()["prefix_caching"]
+    assert "FreeListBlockAllocator cannot cache prefixes" in learners.describe()["prefix_caching"]
 
 
 def test_asking_for_prefix_caching_with_a_plain_allocator_names_it(model):
-    class LearnersAllocator(BlockAllocator):
+    class LearnersAllocator(FreeListBlockAllocator):
         pass
 
     with pytest.raises(

@@ -6,18 +6,18 @@ from labkit.engine.request import Request, RequestStatus
 from labkit.engine.scheduler import (
     ChunkedPrefill,
     ContinuousBatching,
+    PolicyBase,
     SchedulerOutput,
-    SchedulerPolicy,
     SchedulerState,
     StaticBatching,
     make_policy,
 )
-from labkit.kv.block_allocator import BlockAllocator
+from labkit.kv.block_allocator import FreeListBlockAllocator
 from labkit.sampling import SamplingParams
 
 
 def make_state(num_blocks=16, block_size=4, max_num_seqs=4, budget=64, max_model_len=64):
-    return SchedulerState(BlockAllocator(num_blocks, block_size), max_num_seqs, budget, max_model_len)
+    return SchedulerState(FreeListBlockAllocator(num_blocks, block_size), max_num_seqs, budget, max_model_len)
 
 
 def add(state, request_id, prompt_len, max_tokens=4):
@@ -161,7 +161,7 @@ def test_requests_that_can_never_fit_are_rejected_with_a_reason(prompt_len, max_
 
 
 def test_a_learners_policy_plugs_in_through_one_method():
-    class ShortestFirst(SchedulerPolicy):
+    class ShortestFirst(PolicyBase):
         name = "shortest-first"
 
         def schedule(self, state):

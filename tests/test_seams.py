@@ -8,7 +8,7 @@ from lab_sources import solved
 from labkit.engine import LLM
 from labkit.engine.interfaces import MissingPartError
 from labkit.engine.scheduler import policy_from_function
-from labkit.kv.block_allocator import BlockAllocator
+from labkit.kv.block_allocator import FreeListBlockAllocator
 from labkit.labs.common.engine_runs import run_requests
 from labkit.labs.common.shared import small_model
 from labkit.labs.lab5 import engine_attention
@@ -30,7 +30,7 @@ def learner_parts(piece: str) -> tuple[dict, dict]:
         # the lab 5 allocator caches no prefixes; at this pool size the chats still preempt one another
         plain = {"enable_prefix_caching": False, "num_blocks": 16}
         return {"block_allocator": solved("lab5", "PagedBlockAllocator"), **plain}, {
-            "block_allocator": BlockAllocator,
+            "block_allocator": FreeListBlockAllocator,
             **plain,
         }
     if piece == "lab5 attention":
@@ -84,7 +84,7 @@ class WithoutCanAllocate:
     """A lab 5 allocator with one call missing."""
 
     def __init__(self, num_blocks, block_size):
-        self.inner = BlockAllocator(num_blocks, block_size)
+        self.inner = FreeListBlockAllocator(num_blocks, block_size)
         self.num_blocks, self.block_size = num_blocks, block_size
 
     def block_table(self, seq_id):

@@ -8,7 +8,8 @@ from labkit.capacity import LESSON_LLAMA_8B, SALE_GPU, plan
 from labkit.capacity_parallel import LLAMA_3_1_70B, tensor_split
 from labkit.metrics import summarize
 from labkit.sim import CostModel, simulate_fleet
-from labkit.sim.fleet import least_loaded, round_robin
+from labkit.engine.fleet import LeastLoaded, RoundRobin
+from labkit.engine.interfaces import ReplicaView
 from labkit.sim.simulator import blocks_that_fit, simulate
 from labkit.slo import Promise, from_summary, highest_rate
 from labkit.workloads import replay_workload, sale_workload, synthetic_workload
@@ -69,8 +70,13 @@ def test_round_robin_sends_each_request_to_the_next_replica_in_turn():
     workload = sale_workload(30, rate=50.0, seed=3)
     run = simulate_fleet(workload, COST, replicas=4, router="round_robin", num_blocks=BLOCKS)
     assert list(run.replica_of.values()) == [i % 4 for i in range(30)]
-    assert [round_robin([5, 0, 0], turn) for turn in range(4)] == [0, 1, 2, 0]  # blind to the load
-    assert least_loaded([2, 0, 0], 0) == 1 and least_loaded([1, 1, 1], 7) == 0  # ties: the lowest index
+    def views(loads):
+        return [ReplicaView(index, load, cached_tokens=0) for index, load in enumerate(loads)]
+
+    round_robin = RoundRobin()
+    assert [round_robin.route(None, views([5, 0, 0])) for _ in range(4)] == [0, 1, 2, 0]  # blind to the load
+    least_loaded = LeastLoaded()
+    assert least_loaded.route(None, views([2, 0, 0])) == 1 and least_loaded.route(None, views([1, 1, 1])) == 0
 
 
 def test_least_loaded_sends_a_burst_away_from_the_busy_replica():

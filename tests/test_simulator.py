@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from labkit.capacity import LESSON_LLAMA_8B, SALE_GPU
-from labkit.engine.scheduler import SchedulerOutput, SchedulerPolicy
+from labkit.engine.scheduler import PolicyBase, SchedulerOutput
 from labkit.metrics import summarize
 from labkit.sim import MODELS, CostModel
 from labkit.sim.simulator import blocks_that_fit, simulate
@@ -104,7 +104,7 @@ def test_the_trace_is_the_engines_format(tmp_path):
 
 
 def test_a_policy_that_schedules_nothing_is_reported():
-    class Idle(SchedulerPolicy):
+    class Idle(PolicyBase):
         name = "idle"
 
         def schedule(self, state):

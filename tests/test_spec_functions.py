@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from labkit.kv.block_allocator import BlockAllocator
+from labkit.kv.block_allocator import FreeListBlockAllocator
 from labkit.spec import accept_greedy, accept_sampling, one_hot_probs, parse_speculative_config, propose_ngram, rollback
 
 
@@ -88,7 +88,7 @@ class _Request:
 
 
 def test_rollback_moves_back_and_returns_the_blocks_no_longer_needed():
-    blocks = BlockAllocator(8, block_size=4)
+    blocks = FreeListBlockAllocator(8, block_size=4)
     blocks.allocate("r", 10)  # 3 blocks
     request = _Request(10)
     rollback(request, 3, blocks)  # 7 tokens: 2 blocks

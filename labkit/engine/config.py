@@ -16,10 +16,19 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from labkit.engine.core import EngineCore
-from labkit.engine.interfaces import Attention, Proposer, VictimChooser, check_parts
-from labkit.engine.scheduler import SchedulerPolicy, SchedulerState, make_policy, token_budget
-from labkit.kv.block_allocator import BlockAllocator
-from labkit.kv.prefix_cache import PrefixCachingBlockAllocator, supports_prefix_caching
+from labkit.engine.interfaces import (
+    Attention,
+    BlockAllocator,
+    PrefixCachingAllocator,
+    Proposer,
+    SchedulerPolicy,
+    VictimChooser,
+    check_parts,
+    implements,
+)
+from labkit.engine.scheduler import SchedulerState, make_policy, token_budget
+from labkit.kv.block_allocator import FreeListBlockAllocator
+from labkit.kv.prefix_cache import PrefixCachingBlockAllocator
 from labkit.spec import parse_speculative_config
 from labkit.spec.config import SpeculativeConfig
 from labkit.trace import Trace
@@ -135,7 +144,11 @@ def build_core(
     resolved_policy = resolve_policy(policy, config.enable_chunked_prefill)
     budget = token_budget(config.max_num_batched_tokens, config.max_model_len, resolved_policy.chunked)
     blocks = _make_allocator(block_allocator, config)
-    caching = supports_prefix_caching(blocks) if config.enable_prefix_caching is None else config.enable_prefix_caching
+    caching = (
+        implements(blocks, PrefixCachingAllocator)
+        if config.enable_prefix_caching is None
+        else config.enable_prefix_caching
+    )
     check_parts(
         blocks=blocks,
         policy=resolved_policy,
@@ -181,7 +194,9 @@ def resolve_policy(policy: str | SchedulerPolicy | None, enable_chunked_prefill:
 def _make_allocator(block_allocator: type | BlockAllocator | None, config: EngineConfig) -> BlockAllocator:
     """The block pool: a ready instance as given, else the class built at the config's size."""
     if block_allocator is None:
-        block_allocator = BlockAllocator if config.enable_prefix_caching is False else PrefixCachingBlockAllocator
+        block_allocator = (
+            FreeListBlockAllocator if config.enable_prefix_caching is False else PrefixCachingBlockAllocator
+        )
     if not isinstance(block_allocator, type):
         return block_allocator  # a ready-made allocator decides its own size
     if config.num_blocks is None:

@@ -15,11 +15,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, cast
 
-from labkit.engine.interfaces import Proposer
+from labkit.engine.interfaces import PrefixCacheLookup, Proposer, SchedulerPolicy, implements
 from labkit.engine.request import Request
-from labkit.engine.scheduler.base import SchedulerPolicy
 from labkit.engine.speculation import Speculation
 from labkit.engine.state import SchedulerState
 from labkit.trace import StepRecord, Trace
@@ -107,6 +106,13 @@ class EngineCore:
             return False
         self.state.abort(self.state.requests[request_id])
         return True
+
+    def cached_tokens(self, request: Request) -> int:
+        """Tokens of ``request``'s prompt this engine's prefix cache holds now (0 with prefix caching off)."""
+        blocks = self.state.blocks
+        if not self.state.enable_prefix_caching or not implements(blocks, PrefixCacheLookup):
+            return 0
+        return cast(PrefixCacheLookup, blocks).cached_tokens(request.prompt_token_ids)
 
     @property
     def next_arrival(self) -> float | None:

@@ -1,24 +1,27 @@
-"""The engine's plug-in seams, declared: what a learner's allocator, attention, policy, victim chooser or proposer
-must offer, and the one check that says so at construction, not with an AttributeError mid-run.
+"""The engine's plug-in seams, declared: what a learner's allocator, attention, policy, victim chooser, proposer
+or router must offer, and the one check that says so at construction, not with an AttributeError mid-run.
 
 Each lab replaces one part of a working engine (lab 4 the policy and the victim chooser, lab 5 the block
 allocator and attention, lab 6 the chunked policy, lab 7 the prefix cache, lab 8 speculation). The
 :class:`typing.Protocol` classes below say which calls the engine makes on each part, what it guarantees
-when it makes them, and what it expects back. :func:`check_parts` holds the parts plugged into one engine
-against them, for the features that are on. Plain Python, no torch: the simulator shares it.
+when it makes them, and what it expects back. They are the contract, stated once: :func:`check_parts` holds the
+parts plugged into one engine against them, for the features that are on, with the calls each needs read off the
+protocol itself (:func:`members`), and :func:`implements` answers whether an optional part is there. Plain Python,
+no torch: the simulator shares it.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from labkit.engine.request import Request
     from labkit.engine.state import SchedulerOutput, SchedulerState
 
 
-@runtime_checkable
 class BlockAllocator(Protocol):
     """Fixed-size KV blocks handed out to sequences, one block table each (lab 5 builds one).
 
@@ -48,22 +51,16 @@ class BlockAllocator(Protocol):
         ...
 
     @property
-    def num_free_blocks(self) -> int:
-        """Blocks no sequence holds."""
-        ...
-
-    @property
     def num_used_blocks(self) -> int:
         """Blocks some sequence holds (each step's record notes it)."""
         ...
 
 
-@runtime_checkable
 class TailFreeingAllocator(BlockAllocator, Protocol):
     """An allocator that can give back the end of a table: speculation's rollback (lab 8) uses it.
 
     Optional: without it the blocks of rejected drafts stay with the sequence until it frees them
-    (its next tokens are written into them), see :func:`labkit.spec.rollback.rollback_blocks`.
+    (its next tokens are written into them), see :func:`labkit.engine.speculation.rollback_blocks`.
     """
 
     def free_tail(self, seq_id: str, keep: int) -> None:
@@ -72,7 +69,6 @@ class TailFreeingAllocator(BlockAllocator, Protocol):
         ...
 
 
-@runtime_checkable
 class PrefixCachingAllocator(BlockAllocator, Protocol):
     """An allocator that remembers full blocks by their content (lab 7 builds its pieces)."""
 
@@ -88,13 +84,21 @@ class PrefixCachingAllocator(BlockAllocator, Protocol):
         ...
 
 
+class PrefixCacheLookup(Protocol):
+    """An allocator that can say, without holding anything, how much of a prompt it has cached (a router asks)."""
+
+    def cached_tokens(self, token_ids: Sequence[int]) -> int:
+        """Tokens of the prompt ``token_ids`` that ``take_cached_prefix`` would find now (a multiple of block_size)."""
+        ...
+
+
 class Attention(Protocol):
     """The attention of one layer over the paged cache (lab 5 builds a per-sequence one)."""
 
     def __call__(self, layer: int, q: Any, k_pool: Any, v_pool: Any, batch: Any, /) -> Any:
         """``q`` [tokens, query heads, head_dim] for the step's flat batch; ``k_pool`` and ``v_pool``
         [num_blocks, block_size, kv heads, head_dim] already hold the step's new K/V; ``batch`` is the
-        step's :class:`~labkit.kv.paged.PagedBatch` (block tables, context lengths); with an 8-bit cache
+        step's :class:`~labkit.kv.paged_batch.PagedBatch` (block tables, context lengths); with an 8-bit cache
         (``kv_cache_dtype="fp8"``) the pools hold only the step's blocks, dequantized, and the batch's block
         tables are renumbered into them, so the function reads the model's dtype either way. Returns a tensor
         shaped like ``q``: row i attends to its own sequence's keys up to its own position. Called with
@@ -139,37 +143,85 @@ class Proposer(Protocol):
         ...
 
 
+class Router(Protocol):
+    """Which replica serves a request that has just arrived (the fleet's seam: round-robin, least-loaded and a
+    router that looks for the cache are each a few lines over it, see :mod:`labkit.engine.fleet`)."""
+
+    name: str  # shown in the fleet's trace and progress bar
+
+    def route(self, request: Request, replicas: Sequence[ReplicaView]) -> int:
+        """The index of the replica that serves ``request``. Called once per request, in order of arrival, with
+        what each replica looks like at that moment; the answer must be ``0 <= index < len(replicas)``."""
+        ...
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """One replica as a router sees it when a request arrives: how busy it is and what it has cached for it."""
+
+    index: int
+    unfinished: int  # requests routed there and not finished (queued, running or not yet arrived)
+    cached_tokens: int  # tokens of this request's prompt already in its prefix cache (0 without prefix caching)
+
+
 class MissingPartError(TypeError):
     """A plugged-in part lacks a call that a feature which is on needs."""
 
 
-# feature -> (the part, the calls it needs, the lab where learners build them, whether a dial turns it off)
-_NEEDS: dict[str, tuple[str, tuple[str, ...], str, bool]] = {
-    "serving": (
-        "block allocator",
-        ("block_table", "can_allocate", "allocate", "free", "num_blocks", "block_size", "num_used_blocks"),
-        "lab 5",
-        False,
-    ),
-    "prefix caching": ("block allocator", ("take_cached_prefix", "cache_full_blocks"), "lab 7", True),
-    "scheduling": ("scheduler policy", ("schedule", "name", "chunked"), "lab 4", False),
-    "chunked prefill": ("scheduler policy", ("schedule", "name", "chunked"), "lab 6", False),
-    "speculative decoding": ("proposer", ("propose", "rollback", "num_speculative_tokens"), "lab 8", True),
-}
-_DATA = {"num_blocks", "block_size", "num_used_blocks", "name", "chunked", "num_speculative_tokens"}
+def members(protocol: type) -> tuple[str, ...]:
+    """The calls and data a protocol declares, its bases' included: its methods (in order), then its data.
+
+    Read off the class, so the contract is stated once, in the protocol; data is an annotation or a property.
+    """
+    methods: list[str] = []
+    data: list[str] = []
+    for cls in reversed(protocol.__mro__):
+        if not getattr(cls, "_is_protocol", False) or cls is Protocol:
+            continue
+        data += [name for name in getattr(cls, "__annotations__", {}) if name not in data]
+        for name, value in vars(cls).items():
+            if name.startswith("_") or name in methods or name in data:
+                continue
+            (data if isinstance(value, property) else methods).append(name)
+    return (*methods, *data)
 
 
-def missing(part: object, names: Sequence[str]) -> list[str]:
-    """The names ``part`` lacks; a method the engine calls must also be callable."""
+def _data(protocol: type) -> set[str]:
+    """The members of ``protocol`` that are values, not calls."""
+    return {name for name in members(protocol) if not inspect.isfunction(getattr(protocol, name, None))}
+
+
+def missing(part: object, protocol: type) -> list[str]:
+    """The members of ``protocol`` that ``part`` lacks; a method the engine calls must also be callable."""
+    data = _data(protocol)
     return [
-        name for name in names if not hasattr(part, name) or (name not in _DATA and not callable(getattr(part, name)))
+        name
+        for name in members(protocol)
+        if not hasattr(part, name) or (name not in data and not callable(getattr(part, name)))
     ]
+
+
+def implements(part: object, protocol: type) -> bool:
+    """Whether ``part`` offers every call of ``protocol``, subclass or not (for the optional seams)."""
+    return not missing(part, protocol)
+
+
+# feature -> (the protocol its part must follow, the part's name, the lab where learners build it, whether a
+# dial turns the feature off)
+_FEATURES: dict[str, tuple[type, str, str, bool]] = {
+    "serving": (BlockAllocator, "block allocator", "lab 5", False),
+    "prefix caching": (PrefixCachingAllocator, "block allocator", "lab 7", True),
+    "scheduling": (SchedulerPolicy, "scheduler policy", "lab 4", False),
+    "chunked prefill": (SchedulerPolicy, "scheduler policy", "lab 6", False),
+    "speculative decoding": (Proposer, "proposer", "lab 8", True),
+    "routing": (Router, "router", "the routers of labkit.engine.fleet", False),
+}
 
 
 def require(part: object, feature: str) -> None:
     """Refuse ``part`` if it lacks a call that ``feature`` (a key of the table above) needs."""
-    what, names, lab, optional = _NEEDS[feature]
-    absent = missing(part, names)
+    protocol, what, lab, optional = _FEATURES[feature]
+    absent = missing(part, protocol)
     if absent:
         them = "it" if len(absent) == 1 else "them"
         raise MissingPartError(

@@ -25,11 +25,9 @@ from tqdm.auto import tqdm
 
 from labkit.engine.config import EngineConfig, build_core, engine_config
 from labkit.engine.core import Batch
-from labkit.engine.interfaces import Proposer, VictimChooser
+from labkit.engine.interfaces import BlockAllocator, Proposer, SchedulerPolicy, VictimChooser
 from labkit.engine.request import CompletionOutput, Request, RequestOutput
 from labkit.engine.runner import ModelRunner
-from labkit.engine.scheduler import SchedulerPolicy
-from labkit.kv.block_allocator import BlockAllocator
 from labkit.kv.paged import AttentionFn, PagedKVCache, kv_pool_size, kv_storage_dtype, paged_attention
 from labkit.models.tokens import Prompt, encode_prompt
 from labkit.sampling import SamplingParams
@@ -57,7 +55,7 @@ class LLM:
     "continuous", "chunked" or your own :class:`SchedulerPolicy`; ``enable_chunked_prefill`` picks
     between the last two when no policy is given. ``block_allocator`` is a class built as
     ``cls(num_blocks, block_size)`` or a ready instance (default: a prefix-caching one, or the plain
-    :class:`BlockAllocator` with ``enable_prefix_caching=False``). Prefix caching is on by default,
+    :class:`FreeListBlockAllocator` with ``enable_prefix_caching=False``). Prefix caching is on by default,
     as in vLLM V1, and turned off, as ``describe()`` says, for an allocator that cannot do it; asking
     for it with such an allocator is an error. ``attention`` is called as
     ``attention(layer, q, k_pool, v_pool, batch)``; ``choose_victim(state, request)`` names whom to

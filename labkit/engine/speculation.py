@@ -12,13 +12,32 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from labkit.engine.interfaces import Proposer
+from labkit.engine.interfaces import Proposer, TailFreeingAllocator, implements
 from labkit.engine.request import Request
-from labkit.spec.rollback import rollback_blocks
 from labkit.trace import StepRecord
 
 if TYPE_CHECKING:
     from labkit.engine.state import SchedulerOutput, SchedulerState
+
+
+class TailKeeping:
+    """An allocator without ``free_tail`` (lab 5's, as a learner writes it), as rollback sees it: every call
+    goes to the allocator, and ``free_tail`` keeps the blocks, which the sequence's next tokens fill (vLLM
+    keeps them too); the sequence gives them back when it is freed."""
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+
+    def __getattr__(self, name: str):
+        return getattr(self.blocks, name)
+
+    def free_tail(self, seq_id: str, keep: int) -> None:
+        """Keep the blocks: the allocator has no call to give back part of a table."""
+
+
+def rollback_blocks(blocks):
+    """The allocator rollback is handed: ``blocks`` itself if it can free a table's tail, else a :class:`TailKeeping`."""
+    return blocks if implements(blocks, TailFreeingAllocator) else TailKeeping(blocks)
 
 
 class Speculation:

@@ -15,7 +15,7 @@ class OutOfBlocksError(RuntimeError):
     """Asked for a block when none is free."""
 
 
-class BlockAllocator:
+class FreeListBlockAllocator:
     """A free list of block ids plus one block table per sequence."""
 
     def __init__(self, num_blocks: int, block_size: int = 16):
@@ -98,6 +98,6 @@ class BlockAllocator:
 
     def __repr__(self) -> str:
         return (
-            f"BlockAllocator({self.num_used_blocks}/{self.num_blocks} blocks used, "
+            f"FreeListBlockAllocator({self.num_used_blocks}/{self.num_blocks} blocks used, "
             f"block_size={self.block_size}, {len(self._tables)} sequences)"
         )

@@ -13,7 +13,7 @@ free to reuse, yet still findable. Allocation takes blocks that hold nothing reu
 then evicts the least recently freed cached block, which leaves the map.
 
 Plain Python, no tensors: the real engine and the simulator both use it, through the same
-interface as :class:`~labkit.kv.block_allocator.BlockAllocator` plus two calls the engine
+interface as :class:`~labkit.kv.block_allocator.FreeListBlockAllocator` plus two calls the engine
 makes: :meth:`take_cached_prefix` when a request is about to be admitted, and
 :meth:`cache_full_blocks` after each step.
 """
@@ -24,7 +24,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
-from labkit.kv.block_allocator import BlockAllocator, OutOfBlocksError
+from labkit.kv.block_allocator import FreeListBlockAllocator, OutOfBlocksError
 
 NO_PARENT = 0  # the hash chain's start: the first block's parent
 
@@ -83,7 +83,7 @@ def pick_block(free: deque[int], evictable: OrderedDict) -> int:
     return block
 
 
-class PrefixCachingBlockAllocator(BlockAllocator):
+class PrefixCachingBlockAllocator(FreeListBlockAllocator):
     """Blocks with reference counts, a hash map of full blocks, and an LRU list of evictable cached blocks.
 
     Its four pieces are constructor arguments, labkit's functions above by default, so a learner's own plug
@@ -172,20 +172,30 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         """
         if seq_id in self._tables or seq_id in self._held:
             raise ValueError(f"sequence {seq_id!r} already holds blocks; look up its prefix before allocating")
-        size, parent, held = self.block_size, NO_PARENT, []
         hashes = self.hash_blocks(token_ids)
-        for index, block in enumerate(self.find_cached_prefix(hashes, len(token_ids) + 1)):
-            tokens = tuple(token_ids[index * size : (index + 1) * size])
-            if self._content[block] != (parent, tokens):  # a hash collision: the map's block holds other tokens
-                break
-            held.append(block)
-            parent = hashes[index]
+        held = self._found_blocks(token_ids, hashes, len(token_ids) + 1)
         for block in held:
             self._take(block)
         if held:
             self._held[seq_id] = held
             self._chains[seq_id] = hashes[: len(held)]
-        return len(held) * size
+        return len(held) * self.block_size
+
+    def cached_tokens(self, token_ids: Sequence[int]) -> int:
+        """How many tokens of the prompt ``token_ids`` the cache holds now, as the engine would find them when it
+        admits the prompt; holds nothing and moves nothing (a router asks every replica this)."""
+        return len(self._found_blocks(token_ids, self.hash_blocks(token_ids), len(token_ids))) * self.block_size
+
+    def _found_blocks(self, token_ids: Sequence[int], hashes: list[int], num_prompt_tokens: int) -> list[int]:
+        """The cached blocks the prompt can take, stopping where a block's content is not what its hash names."""
+        size, parent, found = self.block_size, NO_PARENT, []
+        for index, block in enumerate(self.find_cached_prefix(hashes, num_prompt_tokens)):
+            tokens = tuple(token_ids[index * size : (index + 1) * size])
+            if self._content[block] != (parent, tokens):  # a hash collision: the map's block holds other tokens
+                break
+            found.append(block)
+            parent = hashes[index]
+        return found
 
     def cache_full_blocks(self, seq_id: str, token_ids: Sequence[int]) -> None:
         """Name the sequence's blocks that ``token_ids`` (its tokens now in the cache) fill, so others can find them.
@@ -253,8 +263,3 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             "cached": sorted(self._cached.values()),
             "evictions": self.num_evictions,
         }
-
-
-def supports_prefix_caching(blocks: object) -> bool:
-    """True if an allocator has the two calls the engine makes for prefix caching."""
-    return all(callable(getattr(blocks, name, None)) for name in ("take_cached_prefix", "cache_full_blocks"))

@@ -80,7 +80,9 @@ def verify_cache(target: Path, contents: bool = False) -> None:
     if contents:
         digests = record.get("sha256")
         if not isinstance(digests, dict) or set(digests) != set(expected):
-            raise ModelCacheError(corrupt_cache_message(target, "its record has no checksums (an older labkit converted it)"))
+            raise ModelCacheError(
+                corrupt_cache_message(target, "its record has no checksums (an older labkit converted it)")
+            )
         for name, digest in digests.items():
             if _sha256(target / name) != digest:
                 raise ModelCacheError(corrupt_cache_message(target, f"{name} has changed since it was converted"))

@@ -113,7 +113,7 @@ def milliseconds(text: str) -> float:
     return value
 
 
-def resolve_policy(spec: str | None):
+def import_policy(spec: str | None):
     """A policy name as is, or ``module:attr`` imported (a class is instantiated)."""
     if spec is None or ":" not in spec:
         return spec
@@ -140,7 +140,7 @@ def engine_dials(args: argparse.Namespace) -> dict:
         enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,
         speculative_config=args.speculative_config,
-        policy=resolve_policy(args.policy),
+        policy=import_policy(args.policy),
     )
     return {name: value for name, value in dials.items() if value is not None}
 

@@ -8,11 +8,14 @@ simulator's own engine core (:func:`~labkit.sim.simulator.simulated_core`: its s
 block pool, its trace), and one clock moves event by event, to the next arrival or to the
 earliest end of a replica's step, whichever comes first.
 
-Routers (``router=``):
+The loop itself is the engine's (:class:`labkit.engine.fleet.Fleet`); this module moves its clock. Routers
+(``router=``), from :mod:`labkit.engine.fleet`:
 
 * ``"round_robin"``: request n goes to replica n mod R, whatever each is doing;
 * ``"least_loaded"``: to the replica with the fewest unfinished requests, ties to the lowest index
   (a load balancer's "least requests"; Envoy's compares two replicas drawn at random, this one all);
+* a :class:`~labkit.engine.interfaces.Router` object of your own, which also sees how much of each
+  request's prompt every replica has cached;
 * or a function ``(loads, n) -> replica index`` of your own, ``loads`` being each replica's unfinished requests.
 
 Neither always wins. When answer lengths vary, round-robin can stack the long ones on one
@@ -42,27 +45,13 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from labkit.engine.config import EngineConfig
-from labkit.engine.scheduler import SchedulerPolicy
+from labkit.engine.fleet import Fleet, make_router
+from labkit.engine.interfaces import Router, SchedulerPolicy
 from labkit.metrics import Summary, summarize
 from labkit.sim.cost_model import CostModel
 from labkit.sim.simulator import Arrivals, simulated_core
 from labkit.trace import RequestRecord, Trace
 from labkit.workloads import Workload
-
-Router = Callable[[Sequence[int], int], int]  # (unfinished requests per replica, arrival number) -> replica
-
-
-def round_robin(loads: Sequence[int], turn: int) -> int:
-    """Each replica in turn, blind to how busy it is."""
-    return turn % len(loads)
-
-
-def least_loaded(loads: Sequence[int], turn: int) -> int:
-    """The replica with the fewest unfinished requests; the lowest index among equals."""
-    return min(range(len(loads)), key=loads.__getitem__)
-
-
-ROUTERS: dict[str, Router] = {"round_robin": round_robin, "least_loaded": least_loaded}
 
 
 @dataclass(frozen=True)
@@ -126,23 +115,13 @@ def _row(record: RequestRecord, replica: int) -> FleetRequest:
     )
 
 
-def _router(router: str | Router) -> tuple[str, Router]:
-    if callable(router):
-        return getattr(router, "__name__", "custom"), router
-    if router not in ROUTERS:
-        raise ValueError(
-            f"unknown router {router!r}; use one of {sorted(ROUTERS)} or pass a function (loads, n) -> replica index"
-        )
-    return router, ROUTERS[router]
-
-
 def simulate_fleet(
     workload: Workload,
     cost: CostModel,
     policy: str | SchedulerPolicy | None = None,
     *,
     replicas: int = 1,
-    router: str | Router = "round_robin",
+    router: str | Router | Callable[[Sequence[int], int], int] = "round_robin",
     config: EngineConfig | None = None,
     allreduce_s_per_token: float = 0.0,
     use_tqdm: bool = False,
@@ -152,46 +131,35 @@ def simulate_fleet(
 
     ``cost``, ``policy``, ``config`` and the settings mean what they mean for
     :func:`~labkit.sim.simulator.simulate`, for each replica: ``num_blocks`` is one replica's
-    pool. A :class:`SchedulerPolicy` instance is copied for every replica after the first, so
-    none shares another's state. With ``replicas=1`` the run is exactly ``simulate``'s.
+    pool. A policy object (a subclass of labkit's or any object with ``schedule``) is copied for every
+    replica after the first, so none shares another's state. With ``replicas=1`` the run is exactly
+    ``simulate``'s.
     """
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise ValueError(f"replicas must be a whole number, 1 or more; got {replicas!r} (1 is a single engine)")
-    router_name, choose = _router(router)
-    engines = [
-        simulated_core(
-            workload,
-            cost,
-            policy if index == 0 or not isinstance(policy, SchedulerPolicy) else copy.deepcopy(policy),
-            config=config,
-            allreduce_s_per_token=allreduce_s_per_token,
-            **settings,
-        )
-        for index in range(replicas)
-    ]
-    cores = [core for core, _ in engines]
-    step_ends = [0.0] * replicas  # when each replica's step in flight ends; it takes its next step then
-    live: list[list[RequestRecord]] = [[] for _ in range(replicas)]  # routed there and not finished
-    replica_of: dict[str, int] = {}
+    chosen = make_router(router)
+    fleet = Fleet(
+        [
+            simulated_core(
+                workload,
+                cost,
+                policy if index == 0 or policy is None or isinstance(policy, str) else copy.deepcopy(policy),
+                config=config,
+                allreduce_s_per_token=allreduce_s_per_token,
+                **settings,
+            )
+            for index in range(replicas)
+        ],
+        chosen,
+    )
     arrivals = Arrivals(workload)
-
-    with tqdm(total=len(workload), desc=f"simulate_fleet ({router_name})", disable=not use_tqdm) as bar:
-        while arrivals.next_time is not None or any(core.has_unfinished() for core in cores):
+    with tqdm(total=len(workload), desc=f"simulate_fleet ({chosen.name})", disable=not use_tqdm) as bar:
+        while arrivals.next_time is not None or fleet.has_unfinished():
             # The next event: the next arrival, or the earliest end of a busy replica's step.
-            events = [end for end, core in zip(step_ends, cores) if core.has_unfinished()]
-            now = min(events + ([] if arrivals.next_time is None else [arrivals.next_time]))
+            events = [time for time in (fleet.next_step_end(), arrivals.next_time) if time is not None]
+            now = min(events)
             for request in arrivals.due(now):
-                for records in live:  # a request is unfinished until its finish time has come
-                    records[:] = [r for r in records if r.finish_time is None or r.finish_time > now]
-                index = choose([len(records) for records in live], len(replica_of))
-                if not (isinstance(index, int) and 0 <= index < replicas):
-                    raise ValueError(f"router {router_name!r} chose replica {index!r}; choose 0 to {replicas - 1}")
-                cores[index].add(request)
-                live[index].append(request.record)
-                replica_of[request.request_id] = index
-            for index, (core, execute) in enumerate(engines):
-                if core.has_unfinished() and step_ends[index] <= now:  # idle, or its step has just ended
-                    outcome = core.step(now, execute)
-                    step_ends[index] = now if outcome.record is None else outcome.record.end
-                    bar.update(len(outcome.rejected) + sum(request.is_finished for request in outcome.progressed))
-    return FleetRun([core.trace for core in cores], replica_of, router_name)
+                fleet.route(request, now)
+            for outcome in fleet.step(now):
+                bar.update(len(outcome.rejected) + sum(request.is_finished for request in outcome.progressed))
+    return FleetRun([replica.core.trace for replica in fleet.replicas], fleet.replica_of, chosen.name)

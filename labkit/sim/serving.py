@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
-from labkit.engine.scheduler import SchedulerPolicy
+from labkit.engine.interfaces import SchedulerPolicy
 from labkit.metrics import summarize
 from labkit.sim.calibrate import Calibration, calibration_from_steps, time_engine_steps
 from labkit.sim.cost_model import CostModel

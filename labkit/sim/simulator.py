@@ -19,8 +19,8 @@ from tqdm.auto import tqdm
 
 from labkit.engine.config import EngineConfig, build_core, engine_config
 from labkit.engine.core import Batch, EngineCore, Executor
+from labkit.engine.interfaces import SchedulerPolicy
 from labkit.engine.request import Request
-from labkit.engine.scheduler import SchedulerPolicy
 from labkit.sampling_params import SamplingParams
 from labkit.sim.cost_model import CostModel, ModelSpec, conversations_that_fit
 from labkit.sim.hardware import Hardware

@@ -3,7 +3,8 @@
 The cached K/V of a rejected token (and of every token after it) describe a sequence that will never
 exist. Nothing needs erasing: moving ``num_computed_tokens`` back makes the next step overwrite
 those slots, and blocks that now hold only such slots go back to the pool, through the allocator's
-declared ``free_tail`` (see :class:`labkit.engine.interfaces.TailFreeingAllocator`).
+declared ``free_tail`` (see :class:`labkit.engine.interfaces.TailFreeingAllocator`; an allocator without it
+is handed over as :class:`labkit.engine.speculation.TailKeeping`).
 """
 
 from __future__ import annotations
@@ -16,23 +17,3 @@ def rollback(request, num_rejected: int, blocks) -> None:
         raise ValueError(f"cannot roll back {num_rejected} tokens of a request with {request.num_computed_tokens}")
     request.num_computed_tokens -= num_rejected
     blocks.free_tail(request.request_id, -(-request.num_computed_tokens // blocks.block_size))
-
-
-class TailKeeping:
-    """An allocator without ``free_tail`` (lab 5's, as a learner writes it), as rollback sees it: every call
-    goes to the allocator, and ``free_tail`` keeps the blocks, which the sequence's next tokens fill (vLLM
-    keeps them too); the sequence gives them back when it is freed."""
-
-    def __init__(self, blocks):
-        self.blocks = blocks
-
-    def __getattr__(self, name: str):
-        return getattr(self.blocks, name)
-
-    def free_tail(self, seq_id: str, keep: int) -> None:
-        """Keep the blocks: the allocator has no call to give back part of a table."""
-
-
-def rollback_blocks(blocks):
-    """The allocator rollback is handed: ``blocks`` itself if it can free a table's tail, else a :class:`TailKeeping`."""
-    return blocks if callable(getattr(blocks, "free_tail", None)) else TailKeeping(blocks)

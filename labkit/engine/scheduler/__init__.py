@@ -1,20 +1,23 @@
-"""Scheduler policies behind one interface: ``policy.schedule(state) -> SchedulerOutput``."""
+"""Scheduler policies behind one interface: ``policy.schedule(state) -> SchedulerOutput``.
 
-from labkit.engine.interfaces import require
-from labkit.engine.scheduler.base import (
-    CHUNKED_TOKEN_BUDGET,
-    UNCHUNKED_TOKEN_BUDGET,
-    SchedulerOutput,
-    SchedulerPolicy,
-    SchedulerState,
-    newest,
-    schedule_running,
-    token_budget,
-)
+The contract is :class:`labkit.engine.interfaces.SchedulerPolicy`; this package holds labkit's policies, their
+base :class:`PolicyBase`, and (for a learner's policy) the state it plans with, from :mod:`labkit.engine.state`.
+"""
+
+from labkit.engine.interfaces import SchedulerPolicy, require
+from labkit.engine.scheduler.base import PolicyBase, schedule_running
 from labkit.engine.scheduler.chunked import ChunkedPrefill
 from labkit.engine.scheduler.continuous import ContinuousBatching
 from labkit.engine.scheduler.function import FunctionPolicy, policy_from_function
 from labkit.engine.scheduler.static import StaticBatching
+from labkit.engine.state import (
+    CHUNKED_TOKEN_BUDGET,
+    UNCHUNKED_TOKEN_BUDGET,
+    SchedulerOutput,
+    SchedulerState,
+    newest,
+    token_budget,
+)
 
 POLICIES = {"static": StaticBatching, "continuous": ContinuousBatching, "chunked": ChunkedPrefill}
 
@@ -37,7 +40,7 @@ __all__ = [
     "UNCHUNKED_TOKEN_BUDGET",
     "token_budget",
     "SchedulerOutput",
-    "SchedulerPolicy",
+    "PolicyBase",
     "SchedulerState",
     "newest",
     "schedule_running",

@@ -8,18 +8,12 @@ from __future__ import annotations
 
 from labkit.engine.request import RequestStatus
 from labkit.engine.speculation import fit_drafts
-from labkit.engine.state import (  # noqa: F401  (the names policies have always imported from here)
-    CHUNKED_TOKEN_BUDGET,
-    UNCHUNKED_TOKEN_BUDGET,
-    SchedulerOutput,
-    SchedulerState,
-    newest,
-    token_budget,
-)
+from labkit.engine.state import SchedulerOutput, SchedulerState
 
 
-class SchedulerPolicy:
-    """Decides, each step, who runs and how many tokens each computes. Subclass and plug in."""
+class PolicyBase:
+    """Decides, each step, who runs and how many tokens each computes: subclass it and write ``schedule``, or write
+    any object that follows :class:`labkit.engine.interfaces.SchedulerPolicy` (the contract; this is a start)."""
 
     name = "policy"
     # True if the policy may split a prompt over several steps; then the engine allows a token

@@ -8,10 +8,11 @@ so their slots and blocks go to the next in line the very next step.
 
 from __future__ import annotations
 
-from labkit.engine.scheduler.base import SchedulerOutput, SchedulerPolicy, SchedulerState, schedule_running
+from labkit.engine.scheduler.base import PolicyBase, schedule_running
+from labkit.engine.state import SchedulerOutput, SchedulerState
 
 
-class ContinuousBatching(SchedulerPolicy):
+class ContinuousBatching(PolicyBase):
     name = "continuous"
 
     def schedule(self, state: SchedulerState) -> SchedulerOutput:

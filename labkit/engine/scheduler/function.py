@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from labkit.engine.scheduler.base import SchedulerOutput, SchedulerPolicy, SchedulerState
+from labkit.engine.scheduler.base import PolicyBase
+from labkit.engine.state import SchedulerOutput, SchedulerState
 
 
-class FunctionPolicy(SchedulerPolicy):
+class FunctionPolicy(PolicyBase):
     """A policy that calls ``schedule_fn(state)`` each step and refuses a plan that is not a SchedulerOutput.
 
     ``chunked`` tells the engine whether the function cuts prompts into chunks (then the token

@@ -8,10 +8,11 @@ fewer useful sequences than it holds: the waste continuous batching removes.
 from __future__ import annotations
 
 from labkit.engine.request import Request, RequestStatus
-from labkit.engine.scheduler.base import SchedulerOutput, SchedulerPolicy, SchedulerState, schedule_running
+from labkit.engine.scheduler.base import PolicyBase, schedule_running
+from labkit.engine.state import SchedulerOutput, SchedulerState
 
 
-class StaticBatching(SchedulerPolicy):
+class StaticBatching(PolicyBase):
     name = "static"
 
     def __init__(self) -> None:

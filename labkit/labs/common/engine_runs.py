@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from labkit.engine import LLM
+from labkit.engine.interfaces import SchedulerPolicy
 from labkit.engine.reference import SoloRun, compare_to_solo, solo_greedy
 from labkit.engine.request import RequestStatus
-from labkit.engine.scheduler import SchedulerOutput, SchedulerPolicy, SchedulerState, make_policy
+from labkit.engine.scheduler import PolicyBase, SchedulerOutput, SchedulerState, make_policy
 from labkit.engine.scheduler import policy_from_function as policy_from_function  # the notebooks import it here
 from labkit.grading.attempt import describe_exception
 from labkit.grading.result import Mismatch
@@ -72,7 +73,7 @@ def observe(state: SchedulerState, plan: SchedulerOutput) -> dict[str, Any]:
     }
 
 
-class ObservedPolicy(SchedulerPolicy):
+class ObservedPolicy(PolicyBase):
     """Any policy, with what each of its decisions left behind noted in ``decisions`` (see :func:`observe`)."""
 
     def __init__(self, policy: SchedulerPolicy):

@@ -24,7 +24,7 @@ from labkit.engine.scheduler import policy_from_function
 from labkit.engine.state import SchedulerState
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
-from labkit.kv.block_allocator import BlockAllocator
+from labkit.kv.block_allocator import FreeListBlockAllocator
 from labkit.labs.common.engine_runs import (
     CheckRequest,
     compare_with_solo,
@@ -198,7 +198,7 @@ def full_pool_choices(choose_victim) -> list[dict[str, Any]]:
     (who must give up its own seat: nobody joined after it), once for the oldest (the newest pays)."""
     choices = []
     for asker in (2, 0):
-        blocks = BlockAllocator(9, 4)
+        blocks = FreeListBlockAllocator(9, 4)
         state = SchedulerState(blocks, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
         requests = [
             Request(f"r{i}", [10 + i] * 12, SamplingParams(max_tokens=8), arrival_time=float(i)) for i in range(3)

@@ -26,7 +26,7 @@ from labkit import spec as engine_spec
 from labkit.engine.request import Request
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
-from labkit.kv.block_allocator import BlockAllocator
+from labkit.kv.block_allocator import FreeListBlockAllocator
 from labkit.labs.common.engine_runs import CheckRequest, compare_with_solo, run_failure
 from labkit.labs.common.learner_errors import capture, diagnosed, raised_in, raised_mismatch
 from labkit.labs.common.shared import rng, torch_generator
@@ -308,7 +308,7 @@ def rollback_cases(seed: int) -> list[dict[str, int]]:
 
 def run_rollback_case(rollback_fn, case) -> dict[str, Any]:
     """Roll back one request of a fresh pool (another sequence holds the first 5 blocks); note what changed."""
-    blocks = BlockAllocator(ROLLBACK_POOL, case["block_size"])
+    blocks = FreeListBlockAllocator(ROLLBACK_POOL, case["block_size"])
     blocks.allocate("other", 5 * case["block_size"])
     request = Request("r", [1] * case["computed"], SamplingParams())
     request.num_computed_tokens = case["computed"]

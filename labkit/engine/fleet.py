@@ -1,0 +1,147 @@
+"""Replicas behind a router: the fleet's loop, which both clocks drive, as :class:`EngineCore` is one engine's.
+
+Each replica is an engine core and the executor that runs its steps (the cost model on the simulator's
+clock, the model on the wall clock). A request is routed the moment it arrives: the router
+(:class:`~labkit.engine.interfaces.Router`) sees, for every replica, how many requests it has
+unfinished and how many tokens of this request's prompt its prefix cache holds, and picks one. Then
+every replica whose step in flight has ended takes its next step. The clock belongs to the caller:
+:func:`labkit.sim.fleet.simulate_fleet` moves it event by event, :func:`labkit.engine.llm.serve_fleet` reads
+the wall clock. With one replica the fleet is exactly that replica's engine.
+
+Routers here are a few lines each over that view: :class:`RoundRobin` and :class:`LeastLoaded`, or a function
+``(loads, n) -> replica index`` of your own through :func:`router_from_function`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from labkit.engine.core import EngineCore, Executor, StepOutcome
+from labkit.engine.interfaces import ReplicaView, Router, require
+from labkit.engine.request import Request
+from labkit.trace import RequestRecord
+
+
+class RoundRobin:
+    """Each replica in turn, blind to how busy it is."""
+
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def route(self, request: Request, replicas: Sequence[ReplicaView]) -> int:
+        index = self.turn % len(replicas)
+        self.turn += 1
+        return index
+
+
+class LeastLoaded:
+    """The replica with the fewest unfinished requests; the lowest index among equals (a load balancer's
+    "least requests"; Envoy's compares two replicas drawn at random, this one all)."""
+
+    name = "least_loaded"
+
+    def route(self, request: Request, replicas: Sequence[ReplicaView]) -> int:
+        return min(replicas, key=lambda replica: replica.unfinished).index
+
+
+class FunctionRouter:
+    """A plain function ``(unfinished requests per replica, arrival number) -> replica index`` as a router."""
+
+    def __init__(self, choose: Callable[[Sequence[int], int], int]):
+        self.choose = choose
+        self.name = getattr(choose, "__name__", "custom")
+        self.turn = 0
+
+    def route(self, request: Request, replicas: Sequence[ReplicaView]) -> int:
+        index = self.choose([replica.unfinished for replica in replicas], self.turn)
+        self.turn += 1
+        return index
+
+
+def router_from_function(choose: Callable[[Sequence[int], int], int]) -> FunctionRouter:
+    """Wrap a routing function of your own so the fleet can call it."""
+    return FunctionRouter(choose)
+
+
+ROUTERS: dict[str, type] = {"round_robin": RoundRobin, "least_loaded": LeastLoaded}
+
+
+def make_router(router: str | Router | Callable[[Sequence[int], int], int]) -> Router:
+    """A router from its name, your own :class:`~labkit.engine.interfaces.Router` object, or a function."""
+    if isinstance(router, str):
+        if router not in ROUTERS:
+            raise ValueError(
+                f"unknown router {router!r}; use one of {sorted(ROUTERS)}, pass an object with route(request, "
+                "replicas) and a name, or a function (loads, n) -> replica index"
+            )
+        return ROUTERS[router]()
+    if hasattr(router, "route"):
+        require(router, "routing")
+        return router  # type: ignore[return-value]  # it has route and name, as require checked
+    if callable(router):
+        return router_from_function(router)
+    raise TypeError(f"a router is a name, an object with route(request, replicas), or a function; got {router!r}")
+
+
+@dataclass
+class Replica:
+    """One engine of the fleet and what the fleet keeps about it."""
+
+    core: EngineCore
+    execute: Executor
+    step_end: float = 0.0  # when its step in flight ends; it takes its next step then
+    live: list[RequestRecord] = field(default_factory=list)  # routed there and not finished
+
+
+class Fleet:
+    """Engines behind one router, on whatever clock the caller moves."""
+
+    def __init__(self, engines: Sequence[tuple[EngineCore, Executor]], router: Router):
+        if not engines:
+            raise ValueError("a fleet needs at least one replica")
+        self.replicas = [Replica(core, execute) for core, execute in engines]
+        self.router = router
+        self.replica_of: dict[str, int] = {}  # request id -> the replica it was sent to, in order of arrival
+
+    def views(self, request: Request, now: float) -> list[ReplicaView]:
+        """Every replica as the router sees it at ``now``, for ``request``."""
+        for replica in self.replicas:  # a request is unfinished until its finish time has come
+            replica.live[:] = [r for r in replica.live if r.finish_time is None or r.finish_time > now]
+        return [
+            ReplicaView(index, len(replica.live), replica.core.cached_tokens(request))
+            for index, replica in enumerate(self.replicas)
+        ]
+
+    def route(self, request: Request, now: float) -> int:
+        """Send ``request`` (arriving at ``now``) to the replica the router picks; return its index."""
+        index = self.router.route(request, self.views(request, now))
+        if not (isinstance(index, int) and 0 <= index < len(self.replicas)):
+            raise ValueError(
+                f"router {self.router.name!r} chose replica {index!r}; choose 0 to {len(self.replicas) - 1}"
+            )
+        replica = self.replicas[index]
+        replica.core.add(request)
+        replica.live.append(request.record)
+        self.replica_of[request.request_id] = index
+        return index
+
+    def has_unfinished(self) -> bool:
+        return any(replica.core.has_unfinished() for replica in self.replicas)
+
+    def next_step_end(self) -> float | None:
+        """The earliest end of a busy replica's step (the simulator's next event), or None if all are idle."""
+        ends = [replica.step_end for replica in self.replicas if replica.core.has_unfinished()]
+        return min(ends) if ends else None
+
+    def step(self, now: float) -> list[StepOutcome]:
+        """Every replica with work whose step has ended by ``now`` takes its next step; their outcomes."""
+        outcomes = []
+        for replica in self.replicas:
+            if replica.core.has_unfinished() and replica.step_end <= now:
+                outcome = replica.core.step(now, replica.execute)
+                replica.step_end = now if outcome.record is None else outcome.record.end
+                outcomes.append(outcome)
+        return outcomes
