@@ -7,7 +7,7 @@ from __future__ import annotations
 def model_facts(model, bandwidth: float) -> dict:
     """The numbers `labkit info` prints, as a dict."""
     from labkit.engine.config import EngineConfig
-    from labkit.kv.paged import kv_pool_size
+    from labkit.kv.pool_sizing import kv_pool_size
 
     cfg = model.config
     weight_bytes = model.weight_bytes()

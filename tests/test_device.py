@@ -85,7 +85,7 @@ def test_available_memory_counts_the_page_cache_the_os_would_drop(tmp_path):
 
 
 def test_the_kv_pool_says_how_it_was_sized():
-    from labkit.kv.paged import CPU_KV_CACHE_CAP_BYTES, kv_pool_size
+    from labkit.kv.pool_sizing import CPU_KV_CACHE_CAP_BYTES, kv_pool_size
 
     cpu = torch.device("cpu")
     blocks, why = kv_pool_size(1000, 16, cpu, 0.5, max_useful_tokens=160)

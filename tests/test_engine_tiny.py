@@ -14,7 +14,7 @@ from labkit.device import default_device
 from labkit.engine import LLM
 from labkit.engine.reference import compare_to_solo, is_near_tie_divergence, solo_greedy
 from labkit.kv.block_allocator import FreeListBlockAllocator
-from labkit.kv.paged import paged_attention
+from labkit.kv.paged_attention import paged_attention
 from labkit.models import tiny_model
 from labkit.sampling import SamplingParams
 

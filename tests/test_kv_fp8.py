@@ -17,18 +17,10 @@ from labkit.engine import LLM
 from labkit.engine.config import KV_CACHE_DTYPES, EngineConfig
 from labkit.kv.attention import attention, causal_mask
 from labkit.kv.block_allocator import FreeListBlockAllocator
-from labkit.kv.paged import (
-    FP8_MAX,
-    KV_CACHE_STORAGE,
-    PagedBatch,
-    PagedKVCache,
-    SequenceSlice,
-    compact_batch,
-    dequantize_fp8,
-    kv_storage_dtype,
-    paged_attention,
-    quantize_fp8,
-)
+from labkit.kv.fp8 import FP8_MAX, KV_CACHE_STORAGE, dequantize_fp8, kv_storage_dtype, quantize_fp8
+from labkit.kv.paged_attention import paged_attention
+from labkit.kv.paged_batch import PagedBatch, SequenceSlice, compact_batch
+from labkit.kv.paged_cache import PagedKVCache
 from labkit.labs.lab5 import engine_attention
 from labkit.models import tiny_model
 from labkit.sampling import SamplingParams
@@ -215,7 +207,7 @@ def test_the_default_model_on_an_fp8_cache_mostly_agrees_with_the_fp32_cache(def
 
 @pytest.mark.parametrize(("dtype", "ratio"), [(torch.float32, 4), (torch.bfloat16, 2)])
 def test_the_same_memory_holds_more_blocks_in_fp8(monkeypatch, dtype, ratio):
-    monkeypatch.setattr("labkit.kv.paged.available_ram_bytes", lambda: 8 * 1024**2)
+    monkeypatch.setattr("labkit.kv.pool_sizing.available_ram_bytes", lambda: 8 * 1024**2)
     model = tiny_model(dtype=dtype)
     sizes = {}
     for kv in KV_CACHE_DTYPES:

@@ -68,7 +68,7 @@ def test_labkit_plan_and_help_answer_without_torch(argv):
 
 
 def package_of(module: str) -> str:
-    """The top-level part of labkit a module belongs to: ``labkit.kv.paged`` -> ``labkit.kv``."""
+    """The top-level part of labkit a module belongs to: ``labkit.kv.paged_cache`` -> ``labkit.kv``."""
     return ".".join(module.split(".")[:2])
 
 

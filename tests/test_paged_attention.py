@@ -7,7 +7,10 @@ import torch
 
 from labkit.kv.attention import attention, causal_mask
 from labkit.kv.block_allocator import FreeListBlockAllocator
-from labkit.kv.paged import PagedBatch, PagedKVCache, SequenceSlice, group_rows, num_blocks_for_memory, paged_attention
+from labkit.kv.paged_attention import paged_attention
+from labkit.kv.paged_batch import PagedBatch, SequenceSlice, group_rows
+from labkit.kv.paged_cache import PagedKVCache
+from labkit.kv.pool_sizing import num_blocks_for_memory
 
 HEADS, KV_HEADS, DIM, BLOCK = 6, 2, 8, 4
 

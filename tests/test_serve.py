@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from labkit.engine import LLM
 from labkit.engine.scheduler import ChunkedPrefill
-from labkit.kv.paged import paged_attention
+from labkit.kv.paged_attention import paged_attention
 from labkit.models import default_model, tiny_model
 from labkit.models.tokens import encode_prompt
 from labkit.sampling import SamplingParams

@@ -6,10 +6,10 @@ import pytest
 
 from labkit.capacity import LESSON_LLAMA_8B, SALE_GPU, plan
 from labkit.capacity_parallel import LLAMA_3_1_70B, tensor_split
-from labkit.metrics import summarize
-from labkit.sim import CostModel, simulate_fleet
 from labkit.engine.fleet import LeastLoaded, RoundRobin
 from labkit.engine.interfaces import ReplicaView
+from labkit.metrics import summarize
+from labkit.sim import CostModel, simulate_fleet
 from labkit.sim.simulator import blocks_that_fit, simulate
 from labkit.slo import Promise, from_summary, highest_rate
 from labkit.workloads import replay_workload, sale_workload, synthetic_workload
@@ -70,6 +70,7 @@ def test_round_robin_sends_each_request_to_the_next_replica_in_turn():
     workload = sale_workload(30, rate=50.0, seed=3)
     run = simulate_fleet(workload, COST, replicas=4, router="round_robin", num_blocks=BLOCKS)
     assert list(run.replica_of.values()) == [i % 4 for i in range(30)]
+
     def views(loads):
         return [ReplicaView(index, load, cached_tokens=0) for index, load in enumerate(loads)]
 

@@ -36,7 +36,7 @@ from labkit.trace import Trace
 _COUNTS = ("max_num_seqs", "block_size")  # whole numbers >= 1
 _OPTIONAL_COUNTS = ("max_model_len", "max_num_batched_tokens", "num_blocks", "trace_window")  # ... or None
 _SWITCHES = ("enable_chunked_prefill", "enable_prefix_caching")  # True, False or None
-# vLLM's kv_cache_dtype values that labkit stores: the model's dtype, or float8_e4m3fn (labkit.kv.paged)
+# vLLM's kv_cache_dtype values that labkit stores: the model's dtype, or float8_e4m3fn (labkit.kv.fp8)
 KV_CACHE_DTYPES = ("auto", "fp8")
 
 

@@ -28,7 +28,10 @@ from labkit.engine.core import Batch
 from labkit.engine.interfaces import BlockAllocator, Proposer, SchedulerPolicy, VictimChooser
 from labkit.engine.request import CompletionOutput, Request, RequestOutput
 from labkit.engine.runner import ModelRunner
-from labkit.kv.paged import AttentionFn, PagedKVCache, kv_pool_size, kv_storage_dtype, paged_attention
+from labkit.kv.fp8 import kv_storage_dtype
+from labkit.kv.paged_attention import AttentionFn, paged_attention
+from labkit.kv.paged_cache import PagedKVCache
+from labkit.kv.pool_sizing import kv_pool_size
 from labkit.models.tokens import Prompt, encode_prompt
 from labkit.sampling import SamplingParams
 from labkit.spec import parse_speculative_config
@@ -45,10 +48,11 @@ class LLM:
     arguments (``LLM(max_num_seqs=8, num_blocks=64)``) or as a ``config`` (the two combine, the
     keywords win); ``llm.config`` is the resolved one. ``max_model_len`` (default: the model's
     context) caps prompt plus output. ``num_blocks`` sizes the KV pool directly; otherwise
-    ``gpu_memory_utilization`` does (see :func:`labkit.kv.paged.kv_pool_size`; ``describe()["kv_pool"]`` says why).
+    ``gpu_memory_utilization`` does (see :func:`labkit.kv.pool_sizing.kv_pool_size`;
+    ``describe()["kv_pool"]`` says why).
     ``trace_window`` keeps only that many recent steps in ``llm.trace`` (a long-running server's).
     ``kv_cache_dtype="fp8"`` stores the KV pool as float8_e4m3fn, 1 byte per value, so the same memory
-    holds twice the tokens of a 16-bit pool (see :class:`labkit.kv.paged.PagedKVCache`: scale 1.0,
+    holds twice the tokens of a 16-bit pool (see :class:`labkit.kv.paged_cache.PagedKVCache`: scale 1.0,
     and attention still receives the model's dtype); "auto", the default, stores the model's dtype.
 
     The parts are plain arguments, so a lab can plug in a learner's own. ``policy`` is "static",

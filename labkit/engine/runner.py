@@ -3,7 +3,7 @@
 The scheduler said "request r computes n new tokens". The runner flattens all of them into
 one batch of T tokens (prefill chunks and decodes of different lengths side by side), tells
 the paged cache where each new token's K/V goes and which blocks each sequence reads (a
-:class:`~labkit.kv.paged.PagedBatch` handed to attention as an argument), runs
+:class:`~labkit.kv.paged_batch.PagedBatch` handed to attention as an argument), runs
 ``model.forward`` once, and samples a token for each request the engine core named as a
 sampler (its missing tokens are now all computed: the end of a prompt, or a decode).
 
@@ -21,7 +21,8 @@ import torch
 from labkit.engine.core import Batch
 from labkit.engine.interfaces import BlockAllocator
 from labkit.engine.request import Request
-from labkit.kv.paged import PagedBatch, PagedKVCache, SequenceSlice
+from labkit.kv.paged_batch import PagedBatch, SequenceSlice
+from labkit.kv.paged_cache import PagedKVCache
 from labkit.sampling import filtered_probabilities, make_generator, process_logits, sample, token_logprob
 from labkit.spec import SpeculativeConfig, one_hot_probs
 

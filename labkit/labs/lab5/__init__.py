@@ -19,7 +19,7 @@ from labkit.grading.checks import Exercise, register
 from labkit.grading.compare import compare_tensors
 from labkit.grading.result import Mismatch
 from labkit.kv.attention import attention, causal_mask
-from labkit.kv.paged import PagedBatch
+from labkit.kv.paged_batch import PagedBatch
 from labkit.labs.common.engine_runs import compare_with_solo, random_requests, run_failure, serve, solo_oracle
 from labkit.labs.common.learner_errors import diagnosed, raised_mismatch, raised_record
 from labkit.labs.common.shared import rng, torch_generator

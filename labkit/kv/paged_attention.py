@@ -1,0 +1,77 @@
+"""Attention over the paged pools: every query row reads its sequence's keys and values through its block table.
+
+Plain PyTorch, so it runs on CPU and CUDA alike. The step's :class:`~labkit.kv.paged_batch.PagedBatch`
+already holds the slots, padded tables and masks; what is left per layer is reading. The
+single-token (decode) rows are read in their few groups of similar length: each group is one
+``index_select`` gather into a buffer reused across layers, padded to its longest member, and
+one ``scaled_dot_product_attention`` call with the query heads grouped under their KV head.
+Each longer (prefill) row gathers its own blocks and calls :func:`~labkit.kv.attention.attention`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from labkit.kv.attention import attention
+from labkit.kv.paged_batch import DecodeGroup, PagedBatch
+
+# attention_fn(layer, q [T,Hq,D], k_pool, v_pool, batch) -> [T,Hq,D]
+AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, PagedBatch], torch.Tensor]
+
+
+def paged_attention(
+    layer: int, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch
+) -> torch.Tensor:
+    """Attention for every query row, reading each sequence's keys and values through its block table."""
+    if batch.num_decodes == q.shape[0]:  # a pure decode step: nothing else to do
+        return _decode_attention(q, k_pool, v_pool, batch)
+    out = torch.empty_like(q)
+    if batch.num_decodes:
+        out[: batch.num_decodes] = _decode_attention(q[: batch.num_decodes], k_pool, v_pool, batch)
+    prefills = zip(batch.sequences[batch.num_decodes :], batch.prefill_blocks, batch.prefill_masks)
+    for seq, blocks, mask in prefills:
+        keys = k_pool.index_select(0, blocks).flatten(0, 1)[: seq.context_len]
+        values = v_pool.index_select(0, blocks).flatten(0, 1)[: seq.context_len]
+        rows = slice(seq.start, seq.start + seq.num_query)
+        out[rows] = attention(q[rows], keys, values, mask)
+    return out
+
+
+def _decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
+    """All one-token rows: per group, gather the padded block tables, mask the padding, one SDPA call."""
+    if len(batch.decode_groups) == 1:
+        return _group_attention(q, k_pool, v_pool, batch.decode_groups[0], batch.scratch)
+    out = torch.empty_like(q)
+    for group in batch.decode_groups:
+        out[group.start : group.stop] = _group_attention(
+            q[group.start : group.stop], k_pool, v_pool, group, batch.scratch
+        )
+    return out
+
+
+def _group_attention(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, group: DecodeGroup, scratch: dict
+) -> torch.Tensor:
+    """One group of decode rows: gather their blocks into reused buffers, then one SDPA call."""
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, kv_heads, _ = k_pool.shape
+    group_size = num_heads // kv_heads
+    keys = torch.index_select(k_pool, 0, group.blocks, out=_buffer(scratch, "k", k_pool, group.blocks.numel()))
+    values = torch.index_select(v_pool, 0, group.blocks, out=_buffer(scratch, "v", v_pool, group.blocks.numel()))
+    # [seqs, tokens, kv_heads, D] -> [seqs, kv_heads, tokens, D]; queries [seqs, kv_heads, group, D]
+    keys = keys.view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
+    values = values.view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
+    grouped = q.reshape(num_seqs, kv_heads, group_size, head_dim)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=group.mask)
+    return out.reshape(num_seqs, num_heads, head_dim)
+
+
+def _buffer(scratch: dict, name: str, pool: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """The first ``num_blocks`` blocks of a gather buffer kept across layers (grown when too small)."""
+    buffer = scratch.get(name)
+    if buffer is None or buffer.shape[0] < num_blocks or buffer.dtype != pool.dtype:
+        buffer = scratch[name] = pool.new_empty((num_blocks, *pool.shape[1:]))
+    return buffer[:num_blocks]
