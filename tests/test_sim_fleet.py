@@ -5,7 +5,7 @@ from dataclasses import asdict
 import pytest
 
 from labkit.capacity import LESSON_LLAMA_8B, SALE_GPU, plan
-from labkit.capacity_parallel import LLAMA_3_1_70B, tensor_split
+from labkit.capacity.parallel import LLAMA_3_1_70B, tensor_split
 from labkit.metrics import summarize
 from labkit.sim import CostModel, simulate_fleet
 from labkit.sim.fleet import least_loaded, round_robin
