@@ -19,7 +19,7 @@ from labkit.capacity import (
     size_fleet,
     with_precision,
 )
-from labkit.capacity_parallel import LLAMA_3_1_70B, tensor_split
+from labkit.capacity.parallel import LLAMA_3_1_70B, tensor_split
 from labkit.cli import main
 from labkit.sim import CostModel, Hardware
 from labkit.sim.hardware import PRESETS

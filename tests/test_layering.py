@@ -25,6 +25,7 @@ PLAIN_PYTHON = [
     "labkit.sim.simulator",
     "labkit.sim.calibrate",
     "labkit.capacity",
+    "labkit.capacity.parallel",
     "labkit.metrics",
     "labkit.workloads",
     "labkit.trace",

@@ -5,7 +5,7 @@ from dataclasses import asdict
 import pytest
 
 from labkit.capacity import LESSON_LLAMA_8B, SALE_GPU, plan
-from labkit.capacity_parallel import LLAMA_3_1_70B, tensor_split
+from labkit.capacity.parallel import LLAMA_3_1_70B, tensor_split
 from labkit.engine.fleet import LeastLoaded, RoundRobin
 from labkit.engine.interfaces import ReplicaView
 from labkit.metrics import summarize

@@ -25,7 +25,7 @@ sends them in clumps, several in a row to the replica whose requests just finish
 prefills queue behind each other: a higher p99 TTFT.
 
 Tensor parallelism inside a replica: give the cost model of one GPU's shard and its all-reduce
-time per token, both from :func:`labkit.capacity_parallel.tensor_split`::
+time per token, both from :func:`labkit.capacity.parallel.tensor_split`::
 
     split = tensor_split(SALE_GPU, LLAMA_3_1_70B, 4)
     cost = CostModel.from_parts(SALE_GPU, split.shard, overhead_s=0.003)

@@ -103,7 +103,7 @@ def simulated_core(
 
     One replica of :func:`labkit.sim.fleet.simulate_fleet` is one of these. ``allreduce_s_per_token``
     adds a tensor-parallel replica's all-reduces to every pass (seconds per token it computes,
-    :func:`labkit.capacity_parallel.tensor_split`'s figure); 0 on one GPU.
+    :func:`labkit.capacity.parallel.tensor_split`'s figure); 0 on one GPU.
     """
     requested = engine_config(config, **settings)
     if requested.num_blocks is None:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit.capacity import SALE_70B_EXAMPLE, SALE_EXAMPLE, sale_load, size_fleet, with_precision
-from labkit.capacity_parallel import LLAMA_3_1_70B
+from labkit.capacity.parallel import LLAMA_3_1_70B
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.labs.common.learner_errors import diagnosed

@@ -1,0 +1,332 @@
+"""The planner's arithmetic: how many conversations fit, how long a step takes, what the promise costs.
+
+Memory decides how many conversations fit (one subtraction, one division); the cost
+model decides how long a decode step and a prefill take; the rest is bookkeeping:
+GPU time per request, the request ceiling, tokens per second, the price, and the load
+that keeps a promise about time per token. Every number is a model output, not a
+measurement: it shows which resource binds, then a benchmark has the last word.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from labkit.capacity.parallel import LLAMA_3_1_70B, TensorSplit, does_not_fit, tensor_split
+from labkit.capacity.report import render_plan
+from labkit.sim.cost_model import MODELS, CostModel, ModelSpec, conversations_that_fit, get_model
+from labkit.sim.hardware import Hardware, get_hardware
+
+# Bytes per weight of each storage scheme, scales included: int8 keeps one fp16 scale per row
+# (negligible), 4-bit adds an fp16 scale and a zero per 128 weights (0.5 + 3/128, seed 000's
+# "about 0.52"); labkit.models.quant stores them so.
+WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.52}
+# Bytes per cached key or value: vLLM's --kv-cache-dtype fp8 halves the 16-bit cache.
+KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+
+
+# The planner's models: the simulator's presets and the one that needs several GPUs.
+PLANNER_MODELS: dict[str, ModelSpec] = {**MODELS, "llama-3.1-70b": LLAMA_3_1_70B}
+
+
+def planner_model(name: str | ModelSpec) -> ModelSpec:
+    """A model of :data:`PLANNER_MODELS` by name (``"llama-3.1-70b"``), or a ModelSpec passed through."""
+    if isinstance(name, str) and name.lower() in PLANNER_MODELS:
+        return PLANNER_MODELS[name.lower()]
+    if isinstance(name, str):
+        raise ValueError(
+            f"unknown model {name!r}; use one of {sorted(PLANNER_MODELS)} "
+            "or build a ModelSpec(name, parameters, layers, kv_heads, head_dim)"
+        )
+    return get_model(name)
+
+
+def with_precision(model: ModelSpec | str, weights: str | None = None, kv: str | None = None) -> ModelSpec:
+    """``model`` with weights stored as ``weights`` (bf16, int8, int4) and its KV cache as ``kv`` (fp16, fp8)."""
+    model = planner_model(model)
+    changes, labels = {}, []
+    for what, value, table, field_name in (
+        ("weights", weights, WEIGHT_BYTES, "bytes_per_param"),
+        ("kv", kv, KV_BYTES, "kv_bytes_per_value"),
+    ):
+        if value is None:
+            continue
+        if value not in table:
+            raise ValueError(f"unknown {what} precision {value!r}; use one of {sorted(table)}")
+        changes[field_name] = table[value]
+        labels.append(f"{what} {value}")
+    if not changes:
+        return model
+    return replace(model, name=f"{model.name} ({', '.join(labels)})", **changes)
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """Everything :func:`plan` works out; ``str()`` gives the table (:mod:`labkit.capacity.report`).
+
+    Memory figures are per GPU, times and rates per replica (``tensor_parallel`` GPUs that
+    share one copy of the model); the ``fleet_`` properties add up the ``replicas``.
+    """
+
+    hardware: Hardware
+    model: ModelSpec
+    prompt_len: int
+    answer_len: int
+    memory_fraction: float
+    gpu_memory_bytes: float
+    tensor_parallel: int  # GPUs per replica, each holding 1/N of the weights and of the KV heads
+    replicas: int
+    hidden_size: int | None  # the width of what the all-reduces add up; None on one GPU
+    # Part 1: how many conversations fit
+    weight_bytes_per_gpu: float
+    kv_bytes_per_token_per_gpu: float
+    kv_budget_bytes: float  # memory x fraction - weights, per GPU
+    kv_bytes_per_conversation: float  # (prompt + answer) x KV bytes per token, per GPU
+    conversations: int  # per replica
+    # Part 2: how fast, and how much
+    single_stream_tokens_per_s: float  # bandwidth / weight bytes
+    critical_batch: float  # tokens per pass where arithmetic time = weight-read time
+    mean_context: float  # prompt + answer / 2: the average sequence in a full batch
+    decode_memory_s: float
+    decode_compute_s: float
+    overhead_s: float
+    decode_allreduce_s: float  # the GPUs of a replica adding up their partial results; 0 on one GPU
+    decode_step_s: float
+    prefill_s: float
+    decode_s_per_request: float  # answer x step / conversations
+    gpu_s_per_request: float
+    request_ceiling_per_s: float
+    tokens_per_s: float  # output tokens at the ceiling
+    cost_per_million_tokens: float | None
+    price_per_gpu_hour: float | None
+    # Part 3: the promise to users
+    decode_share: float  # fraction of GPU time that decode steps get
+    token_interval_s: float  # what a user sees between tokens at the ceiling
+    promise_s: float | None
+    promise_load_per_s: float | None
+    promise_in_flight: float | None
+
+    def to_dict(self) -> dict:
+        """Every figure of the plan, the derived ones too, as plain data (what ``labkit plan --json`` prints)."""
+        return {
+            **asdict(self),
+            **{
+                name: getattr(self, name)
+                for name in (
+                    "kv_read_bytes",
+                    "speedup_over_single_stream",
+                    "promise_capacity_cost",
+                    "gpus",
+                    "fleet_request_ceiling_per_s",
+                    "fleet_tokens_per_s",
+                    "fleet_promise_load_per_s",
+                )
+            },
+        }
+
+    @property
+    def kv_read_bytes(self) -> float:
+        """KV cache a full decode step reads: conversations x mean context x KV bytes per token."""
+        return self.conversations * self.mean_context * self.model.kv_bytes_per_token
+
+    @property
+    def kv_read_bytes_per_gpu(self) -> float:
+        """The share of :attr:`kv_read_bytes` that each GPU of a replica reads."""
+        return self.conversations * self.mean_context * self.kv_bytes_per_token_per_gpu
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor_parallel * self.replicas
+
+    @property
+    def fleet_request_ceiling_per_s(self) -> float:
+        return self.replicas * self.request_ceiling_per_s
+
+    @property
+    def fleet_tokens_per_s(self) -> float:
+        return self.replicas * self.tokens_per_s
+
+    @property
+    def fleet_promise_load_per_s(self) -> float | None:
+        return None if self.promise_load_per_s is None else self.replicas * self.promise_load_per_s
+
+    @property
+    def speedup_over_single_stream(self) -> float:
+        return self.tokens_per_s / self.single_stream_tokens_per_s
+
+    @property
+    def promise_capacity_cost(self) -> float | None:
+        """Fraction of the request ceiling given up to keep the promise."""
+        if self.promise_load_per_s is None:
+            return None
+        return 1 - self.promise_load_per_s / self.request_ceiling_per_s
+
+    @property
+    def carried_load_per_s(self) -> float:
+        """Requests/s one replica carries: the load within the promise, or the request ceiling without one."""
+        return self.request_ceiling_per_s if self.promise_load_per_s is None else self.promise_load_per_s
+
+    def __str__(self) -> str:
+        return render_plan(self)
+
+
+def load_within_promise(
+    cost: CostModel,
+    prefill_s: float,
+    answer_len: int,
+    mean_context: float,
+    promise_s: float,
+    allreduce_s_per_token: float = 0.0,
+) -> tuple[float, float]:
+    """Requests/s, and conversations in flight, at which users get a token every ``promise_s``.
+
+    The fixed point. At a load of λ requests/s, prefills take the share λ·p of GPU time
+    (p = prefill seconds per request), so decode steps get 1 − λ·p of it and a user waits
+    τ = t(B) / (1 − λ·p) between tokens, where t(B) is a decode step with B sequences on
+    board. Each conversation decodes for L tokens, i.e. L·τ seconds, so by Little's law
+    B = λ·L·τ. Keeping the promise exactly (τ = T) gives B = λ·L·T and
+
+        t(λ·L·T) = T · (1 − λ·p).
+
+    With t(B) = max(m₀ + m₁·B, c₁·B) + o — m₀ = weights / bandwidth, m₁ = mean context ×
+    KV bytes per token / bandwidth, c₁ = 2·parameters / rate, o = overhead — a maximum
+    stays under a bound only if both of its terms do, and each term is a line in λ:
+
+        memory:      m₀ + o + m₁·L·T·λ ≤ T − T·p·λ   ⇒   λ ≤ (T − m₀ − o) / (L·T·m₁ + T·p)
+        arithmetic:       o + c₁·L·T·λ ≤ T − T·p·λ   ⇒   λ ≤ (T − o) / (L·T·c₁ + T·p)
+
+    The load is the smaller bound; the conversations in flight are B = λ·L·T. (The caller
+    caps both by memory: if B exceeds the conversations that fit, memory binds first.)
+    Split over GPUs, a step also spends a·B on all-reduces (a = ``allreduce_s_per_token``),
+    after the maximum: it adds a to both m₁ and c₁.
+    """
+    if not promise_s > 0:
+        raise ValueError(f"promise_s must be positive, got {promise_s!r}; for 50 ms between tokens pass 0.050")
+    weight_read_s = cost.weight_bytes / cost.bandwidth
+    if promise_s <= weight_read_s + cost.overhead_s:
+        raise ValueError(
+            f"no load keeps a promise of {promise_s * 1e3:.1f} ms per token: a decode step already "
+            f"takes {(weight_read_s + cost.overhead_s) * 1e3:.1f} ms to read the weights; promise "
+            "more, or use more bandwidth or fewer bytes per parameter"
+        )
+    kv_s_per_sequence = mean_context * cost.kv_bytes_per_token / cost.bandwidth + allreduce_s_per_token
+    compute_s_per_sequence = cost.flops_per_token / cost.flops + allreduce_s_per_token
+    memory_bound = (promise_s - weight_read_s - cost.overhead_s) / (
+        answer_len * promise_s * kv_s_per_sequence + promise_s * prefill_s
+    )
+    compute_bound = (promise_s - cost.overhead_s) / (
+        answer_len * promise_s * compute_s_per_sequence + promise_s * prefill_s
+    )
+    load = min(memory_bound, compute_bound)
+    return load, load * answer_len * promise_s
+
+
+def plan(
+    hardware: Hardware | str,
+    model: ModelSpec | str,
+    prompt_len: int,
+    answer_len: int,
+    *,
+    memory_fraction: float = 0.9,
+    gpu_memory_bytes: float | None = None,
+    overhead_s: float = 0.0,
+    promise_s: float | None = None,
+    price_per_gpu_hour: float | None = None,
+    tensor_parallel: int = 1,
+    replicas: int = 1,
+    hidden_size: int | None = None,
+) -> CapacityPlan:
+    """Plan GPUs serving conversations of ``prompt_len`` + ``answer_len`` tokens: one, or a fleet.
+
+    ``hardware`` and ``model`` are presets or their names; ``gpu_memory_bytes`` overrides the
+    card's memory. Times are in seconds (``promise_s=0.050`` for a token every 50 ms); the
+    price is per GPU-hour. The batch is assumed full: every conversation that fits is on
+    board, the average one halfway through its answer. See :func:`load_within_promise` for
+    the algebra of the promise. ``plan(**SALE_EXAMPLE)`` is the lesson's worked example.
+
+    ``tensor_parallel=N`` splits each replica over N GPUs of a node (weights, KV heads and
+    arithmetic N ways, plus the all-reduces of :mod:`labkit.capacity.parallel`, which need the
+    card's ``interconnect_bandwidth`` and the model's ``hidden_size``); ``replicas=R`` runs R
+    such copies behind a router, so the fleet serves R times one replica.
+    """
+    hardware, model = get_hardware(hardware), planner_model(model)
+    for name, value in (("prompt_len", prompt_len), ("answer_len", answer_len)):
+        if not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"{name} must be a whole number of tokens, 1 or more; got {value!r}")
+    if not (isinstance(replicas, int) and replicas >= 1):
+        raise ValueError(f"replicas must be a whole number, 1 or more; got {replicas!r}")
+    if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
+        raise ValueError(f"price_per_gpu_hour must be zero or more, got {price_per_gpu_hour!r}")
+    gpu_memory = hardware.memory_bytes if gpu_memory_bytes is None else gpu_memory_bytes
+    split = tensor_split(hardware, model, tensor_parallel, hidden_size)
+    shard, allreduce_s = split.shard, split.allreduce_s_per_token  # what one GPU holds; talk per token
+    cost = CostModel.from_parts(hardware, shard, overhead_s)
+    conversations = _conversations_that_fit(gpu_memory, memory_fraction, model, split, prompt_len + answer_len)
+
+    mean_context = prompt_len + answer_len / 2
+    step = cost.pass_breakdown(conversations, conversations * mean_context)
+    decode_allreduce_s = allreduce_s * conversations
+    decode_step_s = step.total_s + decode_allreduce_s
+    prefill_s = cost.prefill_time(prompt_len) + allreduce_s * prompt_len
+    decode_s_per_request = answer_len * decode_step_s / conversations
+    gpu_s_per_request = prefill_s + decode_s_per_request
+    ceiling = 1 / gpu_s_per_request
+    tokens_per_s = ceiling * answer_len
+    decode_share = decode_s_per_request / gpu_s_per_request
+    price = None if price_per_gpu_hour is None else price_per_gpu_hour * tensor_parallel
+
+    promise_load = in_flight = None
+    if promise_s is not None:
+        promise_load, in_flight = load_within_promise(
+            cost, prefill_s, answer_len, mean_context, promise_s, allreduce_s_per_token=allreduce_s
+        )
+        if in_flight >= conversations:  # the promise does not bind before memory does
+            promise_load, in_flight = ceiling, float(conversations)
+
+    return CapacityPlan(
+        hardware=hardware,
+        model=model,
+        prompt_len=prompt_len,
+        answer_len=answer_len,
+        memory_fraction=memory_fraction,
+        gpu_memory_bytes=gpu_memory,
+        tensor_parallel=tensor_parallel,
+        replicas=replicas,
+        hidden_size=split.hidden_size,
+        weight_bytes_per_gpu=shard.weight_bytes,
+        kv_bytes_per_token_per_gpu=shard.kv_bytes_per_token,
+        kv_budget_bytes=gpu_memory * memory_fraction - shard.weight_bytes,
+        kv_bytes_per_conversation=(prompt_len + answer_len) * shard.kv_bytes_per_token,
+        conversations=conversations,
+        single_stream_tokens_per_s=cost.single_stream_bound,
+        critical_batch=cost.critical_batch,
+        mean_context=mean_context,
+        decode_memory_s=step.memory_s,
+        decode_compute_s=step.compute_s,
+        overhead_s=overhead_s,
+        decode_allreduce_s=decode_allreduce_s,
+        decode_step_s=decode_step_s,
+        prefill_s=prefill_s,
+        decode_s_per_request=decode_s_per_request,
+        gpu_s_per_request=gpu_s_per_request,
+        request_ceiling_per_s=ceiling,
+        tokens_per_s=tokens_per_s,
+        cost_per_million_tokens=None if price is None else price / 3600 / tokens_per_s * 1e6,
+        price_per_gpu_hour=price_per_gpu_hour,
+        decode_share=decode_share,
+        token_interval_s=decode_step_s / decode_share,
+        promise_s=promise_s,
+        promise_load_per_s=promise_load,
+        promise_in_flight=in_flight,
+    )
+
+
+def _conversations_that_fit(
+    gpu_memory: float, memory_fraction: float, model: ModelSpec, split: TensorSplit, tokens: int
+) -> int:
+    """Conversations per replica: as many as fit on each of its GPUs, or an error that names the fix."""
+    if 0 < memory_fraction <= 1 and split.shard.weight_bytes >= gpu_memory * memory_fraction:
+        raise ValueError(does_not_fit(gpu_memory, memory_fraction, model, split, tokens))
+    conversations = conversations_that_fit(gpu_memory, memory_fraction, split.shard, tokens)  # checks the inputs
+    if conversations < 1:
+        raise ValueError(does_not_fit(gpu_memory, memory_fraction, model, split, tokens))
+    return conversations
