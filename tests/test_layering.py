@@ -122,3 +122,61 @@ def test_no_import_cycle_between_packages():
 def test_lower_layers_import_nothing_from_the_layers_built_on_them(layer, must_not_import):
     imported = import_graph().get(layer, set())
     assert not imported & must_not_import, f"{layer} imports {sorted(imported & must_not_import)}"
+
+
+def private_reads(source: str, defined: set[str]) -> list[str]:
+    """``x._name`` reads in ``source`` of a private name that ``defined`` (the names the labs define) lacks.
+
+    ``self._x`` and ``cls._x`` are the module's own; a module imported from outside labkit (``sys._getframe``)
+    is the interpreter's, not another package's internals.
+    """
+    tree = ast.parse(source)
+    outside = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if not alias.name.startswith("labkit")
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value.id if isinstance(node.value, ast.Name) else None
+            if owner not in {"self", "cls", *outside} and node.attr not in defined:
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("labkit."):
+            if not node.module.startswith("labkit.labs"):
+                found += [f"line {node.lineno}: {a.name} from {node.module}" for a in node.names if a.name[0] == "_"]
+    return found
+
+
+def names_defined_in(folder: Path) -> set[str]:
+    """Every function, class, attribute and variable name that the modules under ``folder`` define."""
+    names = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute | ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr if isinstance(node, ast.Attribute) else node.id)
+    return names
+
+
+def test_no_lab_module_reads_a_private_attribute_of_another_package():
+    """A lab's check uses what the engine offers in public (``pool_state()``), so the engine can change inside."""
+    labs = PACKAGE / "labs"
+    defined = names_defined_in(labs)
+    found = {
+        str(path.relative_to(PACKAGE)): reads
+        for path in sorted(labs.rglob("*.py"))
+        if (reads := private_reads(path.read_text(), defined))
+    }
+    assert not found, f"private reads of other packages (add a public read-out there): {found}"
+
+
+def test_the_private_read_check_sees_one():
+    """The check above flags what lab 7's check once did, and passes what is allowed."""
+    assert private_reads("def f(blocks):\n    return blocks._refs\n", set()) == ["line 2: blocks._refs"]
+    assert private_reads("from labkit.kv.prefix_cache import _x\n", set()) == ["line 1: _x from labkit.kv.prefix_cache"]
+    allowed = "import sys\nclass A:\n    def f(self):\n        return self._y, sys._getframe(0), b._mine\n"
+    assert private_reads(allowed, {"_mine"}) == []

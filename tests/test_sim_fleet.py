@@ -7,7 +7,8 @@ import pytest
 from labkit.capacity import LESSON_LLAMA_8B, SALE_GPU, plan
 from labkit.capacity.parallel import LLAMA_3_1_70B, tensor_split
 from labkit.engine.fleet import LeastLoaded, RoundRobin
-from labkit.engine.interfaces import ReplicaView
+from labkit.engine.interfaces import MissingPartError, ReplicaView
+from labkit.engine.scheduler import make_policy
 from labkit.metrics import summarize
 from labkit.sim import CostModel, simulate_fleet
 from labkit.sim.simulator import blocks_that_fit, simulate
@@ -184,3 +185,60 @@ def test_a_router_of_your_own_sees_each_replicas_unfinished_requests():
     )
     assert seen == [[0, 0, 0], [0, 0, 1], [0, 0, 2]] and run.router == "always_last"
     assert run.replica_summaries()[:2] == [None, None]
+
+
+class Remembering:
+    """A policy that follows the protocol without subclassing labkit's, and keeps state: whom it scheduled."""
+
+    name = "remembering"
+    chunked = False
+
+    def __init__(self):
+        self.inner = make_policy("continuous")
+        self.seen: set[str] = set()
+
+    def schedule(self, state):
+        self.seen |= {request.request_id for request in [*state.running, *state.waiting]}
+        return self.inner.schedule(state)
+
+
+def test_a_duck_typed_policy_is_copied_for_every_replica_so_none_shares_its_state():
+    policy = Remembering()
+    run = simulate_fleet(skewed(8), COST, policy, replicas=2, router="round_robin", num_blocks=BLOCKS)
+    first = {request_id for request_id, replica in run.replica_of.items() if replica == 0}
+    assert policy.seen == first  # the object given serves replica 0; replica 1 planned with a copy of it
+
+
+class Recording:
+    """A router of your own: always replica 0, noting what it was shown."""
+
+    name = "recording"
+
+    def __init__(self):
+        self.shown: list[list[ReplicaView]] = []
+
+    def route(self, request, replicas):
+        self.shown.append(list(replicas))
+        return 0
+
+
+def test_a_router_sees_how_much_of_each_prompt_every_replica_has_cached():
+    # Three 64-token prompts sharing a 48-token system prompt, each arriving after the one before has finished.
+    workload = replay_workload([0.0, 1.0, 2.0], [64] * 3, [2] * 3).with_shared_prefix(48)
+    router = Recording()
+    simulate_fleet(workload, COST, replicas=2, router=router, num_blocks=BLOCKS, block_size=16)
+    cached = [[view.cached_tokens for view in views] for views in router.shown]
+    assert cached == [[0, 0], [48, 0], [48, 0]]  # replica 0 holds the three shared blocks once it served one
+    assert [[view.unfinished for view in views] for views in router.shown] == [[0, 0]] * 3
+    off = Recording()
+    simulate_fleet(workload, COST, replicas=2, router=off, num_blocks=BLOCKS, enable_prefix_caching=False)
+    assert [[view.cached_tokens for view in views] for views in off.shown] == [[0, 0]] * 3
+
+
+def test_a_router_without_a_name_is_refused_with_what_it_lacks():
+    class Nameless:
+        def route(self, request, replicas):
+            return 0
+
+    with pytest.raises(MissingPartError, match="routing needs the router to have name"):
+        simulate_fleet(skewed(4), COST, replicas=2, router=Nameless(), num_blocks=BLOCKS)

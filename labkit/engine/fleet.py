@@ -5,8 +5,8 @@ clock, the model on the wall clock). A request is routed the moment it arrives: 
 (:class:`~labkit.engine.interfaces.Router`) sees, for every replica, how many requests it has
 unfinished and how many tokens of this request's prompt its prefix cache holds, and picks one. Then
 every replica whose step in flight has ended takes its next step. The clock belongs to the caller:
-:func:`labkit.sim.fleet.simulate_fleet` moves it event by event, :func:`labkit.engine.llm.serve_fleet` reads
-the wall clock. With one replica the fleet is exactly that replica's engine.
+:func:`labkit.sim.fleet.simulate_fleet` moves it event by event, :func:`generate_on_fleet` reads the wall
+clock. With one replica the fleet is exactly that replica's engine.
 
 Routers here are a few lines each over that view: :class:`RoundRobin` and :class:`LeastLoaded`, or a function
 ``(loads, n) -> replica index`` of your own through :func:`router_from_function`.
@@ -16,11 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from labkit.engine.core import EngineCore, Executor, StepOutcome
 from labkit.engine.interfaces import ReplicaView, Router, require
 from labkit.engine.request import Request
 from labkit.trace import RequestRecord
+
+if TYPE_CHECKING:
+    from labkit.engine.llm import LLM
+    from labkit.engine.request import RequestOutput
+    from labkit.models.tokens import Prompt
+    from labkit.sampling_params import SamplingParams
 
 
 class RoundRobin:
@@ -136,12 +143,39 @@ class Fleet:
         ends = [replica.step_end for replica in self.replicas if replica.core.has_unfinished()]
         return min(ends) if ends else None
 
-    def step(self, now: float) -> list[StepOutcome]:
-        """Every replica with work whose step has ended by ``now`` takes its next step; their outcomes."""
+    def step(self, now: float) -> list[tuple[int, StepOutcome]]:
+        """Every replica with work whose step has ended by ``now`` takes its next step: (its index, the outcome)."""
         outcomes = []
-        for replica in self.replicas:
+        for index, replica in enumerate(self.replicas):
             if replica.core.has_unfinished() and replica.step_end <= now:
                 outcome = replica.core.step(now, replica.execute)
                 replica.step_end = now if outcome.record is None else outcome.record.end
-                outcomes.append(outcome)
+                outcomes.append((index, outcome))
         return outcomes
+
+
+def generate_on_fleet(
+    llms: Sequence[LLM],
+    prompts: Sequence[Prompt],
+    sampling_params: SamplingParams | None = None,
+    router: str | Router | Callable[[Sequence[int], int], int] = "round_robin",
+) -> tuple[list[RequestOutput], list[int]]:
+    """Serve ``prompts``, all arriving now, on real engines (replicas of one model) behind ``router``, on the wall
+    clock: every prompt's output in the order given, and the replica that served it.
+
+    The replicas share this process and take turns on its cores (a step starts when the fleet offers the
+    replica its turn), so this shows where requests go and what each replica's cache holds, not the speed
+    of separate machines; ``labkit serve`` replicas behind a router are that.
+    """
+    fleet = Fleet([llm.as_replica() for llm in llms], make_router(router))
+    for llm in llms:
+        llm.start_run()
+    clock = llms[0]
+    for index, prompt in enumerate(prompts):
+        fleet.route(clock.request(prompt, sampling_params, request_id=str(index), arrival_time=0.0), clock.now())
+    finished: dict[str, RequestOutput] = {}
+    while fleet.has_unfinished():
+        for index, outcome in fleet.step(clock.now()):
+            finished.update((out.request_id, out) for out in llms[index].collect(outcome) if out.finished)
+    ids = [str(index) for index in range(len(prompts))]
+    return [finished[request_id] for request_id in ids], [fleet.replica_of[request_id] for request_id in ids]

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence, cast
 from tqdm.auto import tqdm
 
 from labkit.engine.config import EngineConfig, build_core, engine_config
-from labkit.engine.core import Batch
+from labkit.engine.core import Batch, EngineCore, Executor, StepOutcome
 from labkit.engine.interfaces import BlockAllocator, Proposer, SchedulerPolicy, VictimChooser
 from labkit.engine.request import CompletionOutput, Request, RequestOutput
 from labkit.engine.runner import ModelRunner
@@ -220,12 +220,25 @@ class LLM:
         return self._add(prompt, params, request_id, arrival_time)
 
     def _add(self, prompt, params, request_id=None, arrival_time=None, parent_id=None) -> str:
+        request = self.request(prompt, params, request_id, arrival_time, parent_id)
+        self.core.add(request)
+        return request.request_id
+
+    def request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+        parent_id: str | None = None,
+    ) -> Request:
+        """The engine's request for a prompt, checked and tokenized but not queued (a fleet routes it first)."""
+        params = params or SamplingParams()
         self._check_params(params)
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         token_ids = encode_prompt(self.model.tokenizer, prompt)
         arrival = self.now() if arrival_time is None else float(arrival_time)
-        self.core.add(Request(request_id, token_ids, params, arrival, prompt=prompt, parent_id=parent_id))
-        return request_id
+        return Request(request_id, token_ids, params, arrival, prompt=prompt, parent_id=parent_id)
 
     def _check_params(self, params: SamplingParams) -> None:
         """What only the engine can check: token ids within the vocabulary, and no extra that speculation lacks."""
@@ -266,9 +279,19 @@ class LLM:
         """
         start = self.now()
         outcome = self.core.step(start, self._execute)
-        self.last_step = outcome.record
         if outcome.record is None and self.core.next_arrival is not None:  # idle: wait for the next arrival
             time.sleep(min(max(self.core.next_arrival - start, 0.0), 0.05))
+        return self.collect(outcome)
+
+    def as_replica(self) -> tuple[EngineCore, Executor]:
+        """This engine's core and the executor that runs its steps on the model, for a :class:`~labkit.engine.fleet.Fleet`
+        (which then steps it; hand each :class:`StepOutcome` back to :meth:`collect`)."""
+        return self.core, self._execute
+
+    def collect(self, outcome: StepOutcome) -> list[RequestOutput]:
+        """After a step of this engine: note it, let finished requests' runner state go, and return an output for
+        every request that got a token or finished."""
+        self.last_step = outcome.record
         for request in outcome.progressed:
             if request.is_finished:
                 self.runner.release(request.request_id)

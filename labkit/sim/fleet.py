@@ -160,6 +160,6 @@ def simulate_fleet(
             now = min(events)
             for request in arrivals.due(now):
                 fleet.route(request, now)
-            for outcome in fleet.step(now):
+            for _, outcome in fleet.step(now):
                 bar.update(len(outcome.rejected) + sum(request.is_finished for request in outcome.progressed))
     return FleetRun([replica.core.trace for replica in fleet.replicas], fleet.replica_of, chosen.name)
