@@ -209,3 +209,10 @@ def test_merge_on_the_command_line_names_the_problem(tmp_path, three_shards, cap
     assert "needs the shards' output folders" in capsys.readouterr().out
     assert main(["grade", str(FIXTURES / "empty.ipynb"), "--out", str(tmp_path), "--shard", "3/2"]) == 2
     assert "--shard 3/2: write K/N" in capsys.readouterr().out
+
+
+def test_only_the_bare_word_merge_is_the_subcommand(tmp_path, capsys):
+    """`./merge` and `merge/NAME.ipynb` are submissions to grade (here refused for the shard), not a merge."""
+    for first in ("./merge", "merge/lab2.ipynb"):
+        assert main(["grade", first, "--out", str(tmp_path), "--shard", "3/2"]) == 2
+        assert "--shard 3/2: write K/N" in capsys.readouterr().out

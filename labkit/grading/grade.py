@@ -26,9 +26,30 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from labkit.grading.cgroups import cgroup_support
 from labkit.grading.checks import exercises_for_lab
+
+if TYPE_CHECKING:
+    from labkit.grading.shards import Shard
+
+
+SUBCOMMANDS = ("merge", "gradebook")  # the first positional, written bare as one of these, names that subcommand
+
+
+class GradeUsageError(Exception):
+    """A misused `labkit grade` (a bad option, a refused merge, no sandbox for a class): `run` prints
+    `error: MESSAGE` and exits 2."""
+
+
+class _Submissions(argparse.Action):
+    """The positionals, as paths; `task` is the subcommand their first one names when written bare (`merge`,
+    `gradebook`; `./merge` is a notebook of that name), else "grade"."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.task = values[0] if values[0] in SUBCOMMANDS else "grade"
+        setattr(namespace, self.dest, [Path(value) for value in values])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "submissions",
         nargs="+",
-        type=Path,
+        action=_Submissions,
         help="notebooks to grade (or: merge SHARD_DIR ...; or: gradebook REPORT_DIR)",
     )
     parser.add_argument("--out", required=True, type=Path, help="folder for the reports (created if needed)")
@@ -93,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _refuse_without_sandbox(count: int, problem: str) -> str:
     return (
-        f"error: cannot grade {count} submissions together: no sandbox can be made here ({problem}).\n"
+        f"cannot grade {count} submissions together: no sandbox can be made here ({problem}).\n"
         "Without one, each notebook's code runs with the grader's rights and can read, copy or rewrite the\n"
         "other submissions, their results and the reports.\n"
         "Fix: install bubblewrap (apt-get install bubblewrap) on a machine that allows user namespaces or\n"
@@ -106,13 +127,13 @@ def _merge(args: argparse.Namespace) -> int:
 
     folders = args.submissions[1:]
     if not folders:
-        print("error: labkit grade merge needs the shards' output folders: labkit grade merge DIR1 DIR2 ... --out DIR")
-        return 2
+        raise GradeUsageError(
+            "labkit grade merge needs the shards' output folders: labkit grade merge DIR1 DIR2 ... --out DIR"
+        )
     try:
         manifest, digest = merge_shards(folders, args.out)
     except MergeError as error:
-        print(f"error: {error}")
-        return 2
+        raise GradeUsageError(str(error)) from None
     print(
         f"merged {len(folders)} shards into {args.out}/ (class table: grades.csv); sha256 of {manifest.name}: {digest}"
     )
@@ -123,65 +144,67 @@ def _gradebook(args: argparse.Namespace) -> int:
     from labkit.grading.gradebook import write_gradebook
 
     if len(args.submissions) != 2 or args.roster is None:
-        print("error: write it labkit grade gradebook REPORT_DIR --roster ROSTER.csv --out DIR")
-        return 2
+        raise GradeUsageError("write it labkit grade gradebook REPORT_DIR --roster ROSTER.csv --out DIR")
     try:
         book = write_gradebook(args.submissions[1], args.roster, args.out, args.assignment, args.missing_zero)
     except (ValueError, OSError) as error:
-        print(f"error: {error}")
-        return 2
+        raise GradeUsageError(str(error)) from None
     for learner in book.absent:
         print(f"0 points, no graded submission: {learner.student} ({learner.id}, roster row {learner.row})")
     print(f"gradebook for {len(book.feedback)} learners in {book.csv_path}; their feedback in {args.out}/feedback/")
     return 0
 
 
-def run(args: argparse.Namespace) -> int:
-    """Grade (or merge shards), write the reports, print one line per submission."""
-    try:  # here rather than at the top, so `labkit --help` works without the [labs] extra
-        from labkit.grading.grader import GradeSettings, SetupError, class_summary, grade_submissions
-        from labkit.grading.reports import write_reports
-        from labkit.grading.sandbox import sandbox_problem
-        from labkit.grading.shards import parse_shard, run_info, shard_of
-        from labkit.grading.submissions import submission_names
+def _require_labs_extra() -> None:
+    """Import the grader, here rather than at the top, so `labkit --help` works without the [labs] extra."""
+    try:
+        import labkit.grading.grader  # noqa: F401  (its imports are the extra's)
     except ImportError as error:
-        print(f"error: labkit grade needs {error.name}; install it with: pip install 'labkit[labs]'")
-        return 2
-    if args.submissions[0] == Path("merge"):
-        return _merge(args)
-    if args.submissions[0] == Path("gradebook"):
-        return _gradebook(args)
+        raise GradeUsageError(f"labkit grade needs {error.name}; install it with: pip install 'labkit[labs]'") from None
+
+
+def _check_options(args: argparse.Namespace) -> Shard:
+    """The shard to grade, once every grading option is known to be usable."""
+    from labkit.grading.shards import parse_shard
+
     try:
         shard = parse_shard(args.shard)
     except ValueError as error:
-        print(f"error: {error}")
-        return 2
+        raise GradeUsageError(str(error)) from None
     if args.cell_timeout <= 0 or args.total_timeout <= 0:
-        print("error: --cell-timeout and --total-timeout must be positive numbers of seconds")
-        return 2
+        raise GradeUsageError("--cell-timeout and --total-timeout must be positive numbers of seconds")
     if args.jobs < 1:
-        print("error: --jobs must be at least 1")
-        return 2
+        raise GradeUsageError("--jobs must be at least 1")
     if args.lab:
         try:
             exercises_for_lab(args.lab)
         except ValueError as error:
-            print(f"error: --lab {args.lab}: {error}")
-            return 2
+            raise GradeUsageError(f"--lab {args.lab}: {error}") from None
     if not 0 <= args.hint_penalty <= 1:
-        print("error: --hint-penalty must be between 0 (hints only reported) and 1 (a hint costs all the points)")
-        return 2
+        raise GradeUsageError(
+            "--hint-penalty must be between 0 (hints only reported) and 1 (a hint costs all the points)"
+        )
     if args.memory_gb < 0:
-        print("error: --memory-gb must be 0 (no limit) or a positive number of GiB")
-        return 2
+        raise GradeUsageError("--memory-gb must be 0 (no limit) or a positive number of GiB")
+    return shard
+
+
+def _grade(args: argparse.Namespace) -> int:
+    """Grade this shard's submissions, write the reports, print one line per submission."""
+    from labkit.grading.grader import GradeSettings, SetupError, class_summary, grade_submissions
+    from labkit.grading.reports import write_reports
+    from labkit.grading.sandbox import sandbox_problem
+    from labkit.grading.shards import run_info, shard_of
+    from labkit.grading.submissions import submission_names
+
+    shard = _check_options(args)
     class_names = submission_names(args.submissions)  # of the whole class, so no name depends on the shard
     mine = [i for i, name in enumerate(class_names) if shard_of(name, shard.count) == shard.index]
     paths, names = [args.submissions[i] for i in mine], [class_names[i] for i in mine]
     use_sandbox = not args.no_sandbox
     if use_sandbox and (problem := sandbox_problem()):
         if len(paths) > 1:
-            print(_refuse_without_sandbox(len(paths), problem))
-            return 2
+            raise GradeUsageError(_refuse_without_sandbox(len(paths), problem))
         print(f"note: grading the one submission without a sandbox: {problem}")
         use_sandbox = False
     # The folder of the `labkit` script comes first on sys.path; nothing should be imported from there.
@@ -202,8 +225,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         grades = grade_submissions(paths, settings, seed=args.seed, jobs=args.jobs, names=names) if paths else []
     except SetupError as error:
-        print(f"error: {error}")
-        return 2
+        raise GradeUsageError(str(error)) from None
     # Only now, with every kernel and every process they started gone, are the reports written.
     for grade in grades:
         outcome = grade.error or ", ".join(f"{result.exercise} {result.label}" for result in grade.results)
@@ -212,3 +234,13 @@ def run(args: argparse.Namespace) -> int:
     manifest, digest = write_reports(grades, args.out, run_info(settings, args.seed, shard, class_names, names))
     print(f"reports in {args.out}/ (class table: grades.csv); sha256 of {manifest.name}: {digest}")
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Grade (or merge shards, or write a gradebook), as the first positional says; 2 if misused."""
+    try:
+        _require_labs_extra()
+        return {"grade": _grade, "merge": _merge, "gradebook": _gradebook}[args.task](args)
+    except GradeUsageError as error:
+        print(f"error: {error}")
+        return 2

@@ -14,6 +14,8 @@ connection lost, or a write to it failing) has its request aborted, which frees 
 before the next step; one that only half-closed is answered (see :mod:`~labkit.serve.guard`). While the server drains (see :mod:`~labkit.serve.server`), new requests get 503.
 An :class:`Answer` dresses each reply: the echoed prompt first (completions' ``echo``), and each
 event's tokens' logprobs in the request kind's shape (:mod:`~labkit.serve.logprobs`).
+``build_app`` wires each route to its handler; what the handlers share (the worker, the model, the
+settings) is a :class:`Served` in ``app.state.served``.
 """
 
 from __future__ import annotations
@@ -63,14 +65,40 @@ def build_app(
     tokenizer = worker.tokenizer
     if tokenizer is None:
         raise ValueError("labkit serve needs a model with a tokenizer (text in, text out); this one has none")
-    vocab_size = worker.vocab_size
-    created = int(time.time())
+    # Starlette types a handler as taking any Exception; each of these is called only with its own kind
+    handlers: dict[Any, Callable[..., Awaitable[Response]]] = {APIError: _api_error, HTTPException: _http_error}
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/completions", complete, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        exception_handlers=handlers,
+        lifespan=_lifespan,
+    )
+    app.state.served = Served(worker, model_name, tokenizer, api_key, read_timeout, int(time.time()))
+    return app
 
-    def authorize(request: Request) -> None:
-        if api_key is None:
+
+@dataclass(frozen=True)
+class Served:
+    """What the routes share (``app.state.served``): the engine worker, the model and the server's settings."""
+
+    worker: EngineWorker
+    model_name: str
+    tokenizer: Any  # never None: build_app refuses a model without one
+    api_key: str | None
+    read_timeout: float  # seconds a request body has to arrive
+    created: int  # when the server started: the model's ``created`` in /v1/models
+
+    def authorize(self, request: Request) -> None:
+        """401 unless the request carries the API key (if the server has one)."""
+        if self.api_key is None:
             return
         given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
             raise APIError(
                 401,
                 "Incorrect or missing API key: send the header 'Authorization: Bearer <key>' "
@@ -79,7 +107,9 @@ def build_app(
                 code="invalid_api_key",
             )
 
-    def prompt_ids(parsed: CompletionRequest) -> list[int]:
+    def prompt_ids(self, parsed: CompletionRequest) -> list[int]:
+        """The prompt's token ids: given ones checked against the vocabulary, text or messages tokenized."""
+        vocab_size = self.worker.vocab_size
         if isinstance(parsed.prompt, list) and isinstance(parsed.prompt[0], int):
             if max(parsed.prompt) >= vocab_size:
                 raise APIError(
@@ -90,97 +120,105 @@ def build_app(
                 )
             return list(parsed.prompt)
         try:
-            return encode_prompt(tokenizer, parsed.prompt)
+            return encode_prompt(self.tokenizer, parsed.prompt)
         except Exception as err:  # the chat template may refuse a conversation (say, two system messages)
             raise APIError(400, f"The prompt could not be tokenized: {err}", param="messages") from None
 
-    def prepare(parsed: CompletionRequest) -> tuple[list[int], str]:
+    def prepare(self, parsed: CompletionRequest) -> tuple[list[int], str]:
         """The prompt's token ids, and the text to echo before the answer ("" without ``echo``)."""
-        ids = prompt_ids(parsed)
+        ids = self.prompt_ids(parsed)
         if not parsed.echo:
             return ids, ""
-        return ids, parsed.prompt if isinstance(parsed.prompt, str) else tokenizer.decode(ids)
+        return ids, parsed.prompt if isinstance(parsed.prompt, str) else self.tokenizer.decode(ids)
 
-    async def completions(request: Request, kind: str) -> Response:
-        if worker.draining:
-            raise shutting_down()
-        authorize(request)
-        parsed = parse_request(await read_json(request, read_timeout), kind)
-        if parsed.model not in (None, model_name):
-            raise APIError(
-                404,
-                f"The model `{parsed.model}` does not exist; this server serves `{model_name}` (see GET /v1/models).",
-                param="model",
-                code="model_not_found",
-            )
-        ids, echo = await asyncio.to_thread(prepare, parsed)  # a long prompt's chat template and tokenizer take time
-        params = parsed.sampling_params(len(ids), worker.context_limit)
-        if parsed.logit_bias and max(parsed.logit_bias) >= vocab_size:
-            raise APIError(
-                400,
-                f"logit_bias names token id {max(parsed.logit_bias)}, but the vocabulary has {vocab_size} "
-                f"(ids 0 to {vocab_size - 1}).",
-                param="logit_bias",
-            )
-        answer = Answer(
-            params.stop_token_ids, echo, None if params.logprobs is None else Logprobs(tokenizer, kind, len(echo))
+
+def _served(request: Request) -> Served:
+    return request.app.state.served
+
+
+async def chat(request: Request) -> Response:
+    """``POST /v1/chat/completions``."""
+    return await _completions(request, CHAT)
+
+
+async def complete(request: Request) -> Response:
+    """``POST /v1/completions``."""
+    return await _completions(request, COMPLETION)
+
+
+async def _completions(request: Request, kind: str) -> Response:
+    """Check, tokenize and submit one request of ``kind``; answer whole, or stream it as server-sent events."""
+    served = _served(request)
+    worker, tokenizer, vocab_size = served.worker, served.tokenizer, served.worker.vocab_size
+    if worker.draining:
+        raise shutting_down()
+    served.authorize(request)
+    parsed = parse_request(await read_json(request, served.read_timeout), kind)
+    if parsed.model not in (None, served.model_name):
+        raise APIError(
+            404,
+            f"The model `{parsed.model}` does not exist; this server serves `{served.model_name}` (see GET /v1/models).",
+            param="model",
+            code="model_not_found",
         )
-        request_id = f"{'chatcmpl' if kind == CHAT else 'cmpl'}-{uuid.uuid4().hex}"  # vLLM's and OpenAI's ids
-        handle = worker.submit(
-            ids, params, TextStream(tokenizer, parsed.stop, parsed.stream, params.min_tokens), request_id
+    ids, echo = await asyncio.to_thread(served.prepare, parsed)  # a long prompt's chat template and tokenizer take time
+    params = parsed.sampling_params(len(ids), worker.context_limit)
+    if parsed.logit_bias and max(parsed.logit_bias) >= vocab_size:
+        raise APIError(
+            400,
+            f"logit_bias names token id {max(parsed.logit_bias)}, but the vocabulary has {vocab_size} "
+            f"(ids 0 to {vocab_size - 1}).",
+            param="logit_bias",
         )
-        reply = Reply.new(handle.request_id, kind, model_name)
-        watcher = asyncio.create_task(_close_on_disconnect(request, handle))
-        if parsed.stream:
-            return StreamingResponse(
-                _events(handle, reply, answer, parsed.include_usage, watcher),
-                media_type="text/event-stream",
-            )
-        try:
-            return JSONResponse(await _whole(handle, reply, answer))
-        finally:
-            watcher.cancel()
-            handle.close()
-
-    async def chat(request: Request) -> Response:
-        return await completions(request, CHAT)
-
-    async def complete(request: Request) -> Response:
-        return await completions(request, COMPLETION)
-
-    async def models(request: Request) -> Response:
-        authorize(request)
-        return JSONResponse(model_list(model_name, worker.context_limit, created))
-
-    async def health(request: Request) -> Response:
-        if worker.draining:
-            return JSONResponse(shutting_down().body(), 503)
-        if worker.healthy:
-            return Response(status_code=200)
-        return JSONResponse(APIError(503, f"The engine is not running: {worker.error or 'stopped'}").body(), 503)
-
-    async def metrics(request: Request) -> Response:
-        return Response(worker.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    @asynccontextmanager
-    async def lifespan(app):
-        worker.start()
-        yield
-        await asyncio.to_thread(worker.stop)  # every request still in the engine is aborted, its blocks freed
-
-    # Starlette types a handler as taking any Exception; each of these is called only with its own kind
-    handlers: dict[Any, Callable[..., Awaitable[Response]]] = {APIError: _api_error, HTTPException: _http_error}
-    return Starlette(
-        routes=[
-            Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/v1/completions", complete, methods=["POST"]),
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/health", health, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
-        ],
-        exception_handlers=handlers,
-        lifespan=lifespan,
+    answer = Answer(
+        params.stop_token_ids, echo, None if params.logprobs is None else Logprobs(tokenizer, kind, len(echo))
     )
+    request_id = f"{'chatcmpl' if kind == CHAT else 'cmpl'}-{uuid.uuid4().hex}"  # vLLM's and OpenAI's ids
+    handle = worker.submit(
+        ids, params, TextStream(tokenizer, parsed.stop, parsed.stream, params.min_tokens), request_id
+    )
+    reply = Reply.new(handle.request_id, kind, served.model_name)
+    watcher = asyncio.create_task(_close_on_disconnect(request, handle))
+    if parsed.stream:
+        return StreamingResponse(
+            _events(handle, reply, answer, parsed.include_usage, watcher),
+            media_type="text/event-stream",
+        )
+    try:
+        return JSONResponse(await _whole(handle, reply, answer))
+    finally:
+        watcher.cancel()
+        handle.close()
+
+
+async def models(request: Request) -> Response:
+    """``GET /v1/models``: the one model served."""
+    served = _served(request)
+    served.authorize(request)
+    return JSONResponse(model_list(served.model_name, served.worker.context_limit, served.created))
+
+
+async def health(request: Request) -> Response:
+    """``GET /health``: 200 while the engine loop runs; 503 with the reason while draining or once it stopped."""
+    worker = _served(request).worker
+    if worker.draining:
+        return JSONResponse(shutting_down().body(), 503)
+    if worker.healthy:
+        return Response(status_code=200)
+    return JSONResponse(APIError(503, f"The engine is not running: {worker.error or 'stopped'}").body(), 503)
+
+
+async def metrics(request: Request) -> Response:
+    """``GET /metrics``: Prometheus's text format."""
+    return Response(_served(request).worker.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@asynccontextmanager
+async def _lifespan(app: Starlette) -> AsyncIterator[None]:
+    worker = app.state.served.worker
+    worker.start()
+    yield
+    await asyncio.to_thread(worker.stop)  # every request still in the engine is aborted, its blocks freed
 
 
 async def read_json(request: Request, timeout_s: float = 10.0) -> object:
