@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from labkit.device import synchronize
-from labkit.sampling import SamplingParams
+from labkit.sampling_params import SamplingParams
 
 
 @dataclass

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from labkit.device import synchronize
-from labkit.sampling import SamplingParams
+from labkit.sampling_params import SamplingParams
 
 BATCHES = (1, 8, 32, 64)
 PARTS = ("linear layers", "attention", "norms, RoPE and the rest", "sampling, scheduler and Python")

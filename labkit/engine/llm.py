@@ -25,15 +25,15 @@ from tqdm.auto import tqdm
 
 from labkit.engine.config import EngineConfig, build_core, engine_config
 from labkit.engine.core import Batch, EngineCore, Executor, StepOutcome
-from labkit.engine.interfaces import BlockAllocator, Proposer, SchedulerPolicy, VictimChooser
+from labkit.engine.interfaces import Attention, BlockAllocator, Proposer, SchedulerPolicy, VictimChooser
 from labkit.engine.request import CompletionOutput, Request, RequestOutput
 from labkit.engine.runner import ModelRunner
 from labkit.kv.fp8 import kv_storage_dtype
-from labkit.kv.paged_attention import AttentionFn, paged_attention
+from labkit.kv.paged_attention import paged_attention
 from labkit.kv.paged_cache import PagedKVCache
 from labkit.kv.pool_sizing import kv_pool_size
 from labkit.models.tokens import Prompt, encode_prompt
-from labkit.sampling import SamplingParams
+from labkit.sampling_params import SamplingParams
 from labkit.spec import parse_speculative_config
 from labkit.spec.config import SpeculativeConfig
 from labkit.spec.proposers import DraftModelProposer, NgramProposer
@@ -83,7 +83,7 @@ class LLM:
         config: EngineConfig | None = None,
         policy: str | SchedulerPolicy | None = None,
         block_allocator: type | BlockAllocator | None = None,
-        attention: AttentionFn = paged_attention,
+        attention: Attention = paged_attention,
         clock: Callable[[], float] = time.perf_counter,
         choose_victim: VictimChooser | None = None,
         **settings: Any,

@@ -10,16 +10,11 @@ Each longer (prefill) row gathers its own blocks and calls :func:`~labkit.kv.att
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 
 from labkit.kv.attention import attention
 from labkit.kv.paged_batch import DecodeGroup, PagedBatch
-
-# attention_fn(layer, q [T,Hq,D], k_pool, v_pool, batch) -> [T,Hq,D]
-AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, PagedBatch], torch.Tensor]
 
 
 def paged_attention(

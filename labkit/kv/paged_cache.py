@@ -16,10 +16,12 @@ pool of their own, with a batch whose block tables are renumbered to match
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from labkit.kv.fp8 import dequantize_fp8, kv_storage_dtype, quantize_fp8
-from labkit.kv.paged_attention import AttentionFn, paged_attention
+from labkit.kv.paged_attention import paged_attention
 from labkit.kv.paged_batch import PagedBatch, compact_batch
 
 
@@ -56,7 +58,7 @@ class PagedKVCache:
         head_dim: int,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
-        attention_fn: AttentionFn = paged_attention,
+        attention_fn: Callable[..., torch.Tensor] = paged_attention,  # see labkit.engine.interfaces.Attention
         kv_cache_dtype: str = "auto",
     ):
         self.dtype, self.kv_cache_dtype = dtype, kv_cache_dtype

@@ -21,7 +21,7 @@ from labkit.engine.scheduler import policy_from_function as policy_from_function
 from labkit.grading.attempt import describe_exception
 from labkit.grading.result import Mismatch
 from labkit.labs.common.shared import rng, small_model
-from labkit.sampling import SamplingParams
+from labkit.sampling_params import SamplingParams
 
 MAX_STEPS = 2000  # a run that needs more has a scheduler that stopped making progress
 

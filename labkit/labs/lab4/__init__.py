@@ -38,7 +38,7 @@ from labkit.labs.common.learner_errors import diagnosed, noting_errors, raised_m
 from labkit.labs.common.shared import rng
 from labkit.labs.hints import register_hints
 from labkit.metrics import summarize
-from labkit.sampling import SamplingParams
+from labkit.sampling_params import SamplingParams
 from labkit.trace import RequestRecord, Trace
 
 # The lesson's ten replies (tokens each) and its five seats: 84 steps static, 58 continuous.

@@ -38,7 +38,7 @@ from labkit.labs.lab8.sampling import (
     frequencies,
     total_variation,
 )
-from labkit.sampling import SamplingParams
+from labkit.sampling_params import SamplingParams
 
 # --- lab8.propose_ngram -----------------------------------------------------------------------
 

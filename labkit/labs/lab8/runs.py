@@ -17,7 +17,7 @@ from labkit.engine.reference import SoloRun, solo_greedy
 from labkit.grading.attempt import describe_exception
 from labkit.labs.common.engine_runs import MAX_STEPS, CheckRequest, TickClock
 from labkit.labs.common.shared import course_model, rng
-from labkit.sampling import SamplingParams
+from labkit.sampling_params import SamplingParams
 
 # Texts that repeat themselves: the course model continues each by repeating more of it.
 REPETITIVE_TEXTS = (

@@ -30,7 +30,7 @@ from labkit.labs.common.engine_runs import ObservedPolicy, TickClock
 from labkit.labs.common.learner_errors import noting_errors
 from labkit.labs.common.shared import course_model, rng, small_model
 from labkit.models.tokens import encode_prompt
-from labkit.sampling import SamplingParams
+from labkit.sampling_params import SamplingParams
 from labkit.serve.server import ServerThread
 
 MAX_TURNS = 200  # a loop that needs more is not making progress
