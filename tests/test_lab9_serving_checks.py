@@ -376,7 +376,7 @@ def test_the_solved_sweep_passes_however_busy_the_machine_is(request):
 
 
 def test_a_blank_sweep_is_not_done_before_any_server_starts(monkeypatch):
-    from labkit.labs.common import serve_capacity
+    from labkit.labs.lab9 import capacity as serve_capacity
 
     def no_server():
         raise AssertionError("a server was started for a blank exercise")
