@@ -4,6 +4,8 @@ PY    := $(VENV)/bin/python
 # PyTorch, installed only when the environment has no torch yet: the CPU build without a GPU
 # (scripts/install_torch.sh says which it got; the README says how to get a CUDA build).
 TORCH ?= torch==2.13.0
+# Triton for a CPU build of torch (its interpreter runs lab 11's kernels); a CUDA build brings its own.
+TRITON ?= triton==3.8.0
 STAMP := $(VENV)/.labkit-installed
 
 # The suite shares the machine's cores: two pytest-xdist workers (each module stays on one worker,
@@ -20,7 +22,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml scripts/uv-overrides.txt
 	test -x $(PY) || python3 -m venv $(VENV_ARGS) $(VENV)
 	$(PY) -m pip install -q --upgrade pip uv
-	scripts/install_torch.sh $(PY) "$(TORCH)"
+	scripts/install_torch.sh $(PY) "$(TORCH)" "$(TRITON)"
 	# uv installs the rest: the versions pip would pick (the torch already here is kept), in seconds, not minutes.
 	# --compile-bytecode, as pip does: without .pyc files (uv writes none by default, and PYTHONDONTWRITEBYTECODE
 	# stops Python writing them) every process, each notebook kernel included, compiles transformers afresh.

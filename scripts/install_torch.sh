@@ -6,9 +6,11 @@
 # pip chooses the wheels (it reads this machine's pip configuration: mirrors, find-links, constraints);
 # uv, when the environment has it, installs exactly those, unpacking and byte-compiling on every core
 # (about 20 s instead of pip's 40 on 2 cores). Without uv, or if uv fails, pip installs them itself.
-#   usage: scripts/install_torch.sh PYTHON "torch==2.13.0"
+# With a CPU build of torch it also installs Triton (third argument), whose interpreter runs lab 11's kernels
+# on the CPU: the version tested with this torch. A CUDA build of torch brings its own Triton, which stays.
+#   usage: scripts/install_torch.sh PYTHON "torch==2.13.0" "triton==3.8.0"
 set -euo pipefail
-py="$1"; torch_spec="$2"
+py="$1"; torch_spec="$2"; triton_spec="${3:-}"
 cpu_index="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
 uv="$(dirname "$py")/uv"
 
@@ -37,3 +39,8 @@ if ! "$py" -c "import torch" 2>/dev/null; then
   fi
 fi
 "$py" -c "import torch; cuda = torch.version.cuda; print(f'torch {torch.__version__}:', f'CUDA {cuda} build' if cuda else 'CPU build')"
+if [ -n "$triton_spec" ] && "$py" -c "import sys, torch; sys.exit(bool(torch.version.cuda))" 2>/dev/null \
+  && ! "$py" -c "import triton" 2>/dev/null; then
+  echo "triton: a CPU build of torch; installing $triton_spec for its interpreter (lab 11's kernels)"
+  pip_install "$triton_spec"
+fi

@@ -30,6 +30,7 @@ PLAIN_PYTHON = [
     "labkit.workloads",
     "labkit.trace",
     "labkit.sampling_params",
+    "labkit.kernels.traffic",
 ]
 
 
@@ -116,6 +117,7 @@ def test_no_import_cycle_between_packages():
         ("labkit.engine", {"labkit.labs", "labkit.grading", "labkit.serve", "labkit.sim"}),
         ("labkit.kv", {"labkit.labs", "labkit.grading"}),
         ("labkit.spec", {"labkit.labs", "labkit.grading"}),
+        ("labkit.kernels", {"labkit.engine", "labkit.labs", "labkit.grading", "labkit.serve", "labkit.sim"}),
         ("labkit.workloads", {"labkit.serve", "labkit.sim", "labkit.engine"}),
     ],
 )

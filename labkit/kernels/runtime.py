@@ -1,0 +1,88 @@
+"""Triton, set up once for this machine: compiled on a GPU, run by its interpreter everywhere else.
+
+Triton's interpreter (``TRITON_INTERPRET=1``) runs a kernel's programs one after another on the CPU
+with NumPy, so a kernel written for a GPU can be checked for correctness on any laptop; it says
+nothing about speed. The switch is read when a kernel is decorated, so it is set here, before any
+kernel module of labkit's or a notebook's is defined. A canary (:func:`check_interpreter`) runs a
+kernel whose answer is known first, so an interpreter broken in this environment (some torch,
+triton and NumPy combinations have returned zeros) is named as such instead of failing a learner.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+import torch
+
+
+class TritonUnavailableError(RuntimeError):
+    """Triton cannot run kernels here: not installed, or its interpreter gives wrong answers."""
+
+
+def interpreted() -> bool:
+    """Whether kernels run in Triton's interpreter: always without CUDA, or when TRITON_INTERPRET=1 is set."""
+    return not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def load_triton() -> tuple[ModuleType, ModuleType]:
+    """``triton`` and ``triton.language``, with the interpreter switched on where there is no GPU."""
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError as err:
+        raise TritonUnavailableError(
+            f"Triton is not installed ({err}); install it with: pip install 'labkit[labs]' (or pip install triton)"
+        ) from None
+    return triton, tl
+
+
+triton, tl = load_triton()
+
+
+@triton.jit
+def _add_one(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offsets < n
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=inside) + 1.0, mask=inside)
+
+
+def launch(kernel, grid: tuple[int, ...], *args, **constants) -> None:
+    """``kernel[grid](*args, **constants)``, with an error raised by the kernel's own code reported as itself.
+
+    The interpreter wraps whatever a kernel raises (a blank's NotImplementedError, an IndexError) in its
+    InterpreterError; unwrapped, it points at the line of the kernel that raised it.
+    """
+    check_interpreter()
+    try:
+        kernel[grid](*args, **constants)
+    except Exception as error:
+        if type(error).__name__ == "InterpreterError" and error.__cause__ is not None:
+            raise error.__cause__ from None
+        raise
+
+
+_checked: list[bool] = []
+
+
+def check_interpreter() -> None:
+    """Run a two-program kernel with a known answer; raise :class:`TritonUnavailableError` if it is wrong.
+
+    Called before any kernel is checked, once per process.
+    """
+    if _checked:
+        return
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.arange(20, dtype=torch.float32, device=device)
+    out = torch.zeros_like(x)
+    _add_one[(2,)](x, out, 20, BLOCK=16)
+    if not torch.equal(out.cpu(), torch.arange(1, 21, dtype=torch.float32)):
+        mode = "interpreter" if interpreted() else "compiler"
+        raise TritonUnavailableError(
+            f"Triton's {mode} computed x + 1 wrongly here (got {out[:4].tolist()}... for 1, 2, 3, 4): this "
+            f"environment (triton {triton.__version__}, torch {torch.__version__}) is broken, not your kernel; "
+            "reinstall the versions labkit pins: pip install -e '.[labs]'"
+        )
+    _checked.append(True)

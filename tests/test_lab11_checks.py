@@ -1,0 +1,264 @@
+"""Lab 11's kernels and checks, under Triton's interpreter on the CPU (compiled on a GPU, where there is one).
+
+labkit's kernels equal the engine's PyTorch attention and leave its tokens unchanged; the canary names a broken
+interpreter; every check passes labkit's own answers and fails the typical wrong ones by name. The wrong kernels
+are labkit's, with one line changed, written to a file (Triton reads a kernel's source) and imported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from labkit.engine import LLM
+from labkit.grading import evaluate
+from labkit.grading.result import NOT_DONE
+from labkit.kernels import paged_decode, runtime
+from labkit.kernels.runtime import tl, triton
+from labkit.kernels.traffic import DecodeShape, decode_bytes, gather_bytes, kernel_bytes
+from labkit.kv.paged_attention import paged_attention
+from labkit.kv.paged_batch import PagedBatch, SequenceSlice
+from labkit.labs import lab11  # noqa: F401 (registers the checks)
+from labkit.models import tiny_model
+from labkit.sampling import SamplingParams
+
+pytestmark = [pytest.mark.lab11, pytest.mark.usefixtures("one_torch_thread")]
+
+SOURCE = Path(paged_decode.__file__).read_text()
+RIGHT = {
+    "paged_decode_kernel": paged_decode.paged_decode_kernel,
+    "split_kv_kernel": paged_decode.split_kv_kernel,
+    "merge_splits_kernel": paged_decode.merge_splits_kernel,
+}
+
+
+def kernels_with(tmp_path: Path, name: str, *changes: tuple[str, str]) -> dict:
+    """labkit's kernels with each ``(old, new)`` change made (every occurrence, which must exist), imported from a
+    file."""
+    source = SOURCE
+    for old, new in changes:
+        assert old in source, old
+        source = source.replace(old, new)
+    path = tmp_path / f"wrong_{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"wrong_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {key: getattr(module, key) for key in RIGHT}
+
+
+def test_the_canary_names_a_broken_interpreter(monkeypatch):
+    runtime.check_interpreter()  # this environment's is sound
+
+    @triton.jit
+    def forgets_to_add(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n), mask=offsets < n)
+
+    monkeypatch.setattr(runtime, "_add_one", forgets_to_add)
+    monkeypatch.setattr(runtime, "_checked", [])
+    with pytest.raises(runtime.TritonUnavailableError, match=r"computed x \+ 1 wrongly.*broken, not your kernel"):
+        runtime.check_interpreter()
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (6, 2), (9, 3)])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_labkits_kernels_equal_the_engines_attention_on_a_decode_batch(heads, kv_heads, num_splits):
+    generator = torch.Generator().manual_seed(heads + num_splits)
+    block_size, head_dim, pool = 16, 16, 30
+    k_pool = torch.randn(pool, block_size, kv_heads, head_dim, generator=generator)
+    v_pool = torch.randn(pool, block_size, kv_heads, head_dim, generator=generator)
+    tables = torch.randperm(pool, generator=generator)[:12].view(3, 4).tolist()
+    lengths = [64, 33, 1]  # decodes come longest first, as the runner sends them; 33 and 1 end mid-block
+    sequences = [SequenceSlice(i, 1, n, tables[i][: -(-n // block_size)]) for i, n in enumerate(lengths)]
+    batch = PagedBatch.build(sequences, block_size, torch.device("cpu"), torch.float32)
+    q = torch.randn(3, heads, head_dim, generator=generator)
+    expected = paged_attention(0, q, k_pool, v_pool, batch)
+
+    def split(q, k_pool, v_pool, block_tables, context_lens):
+        return paged_decode.paged_decode(q, k_pool, v_pool, block_tables, context_lens, num_splits=num_splits)
+
+    got = paged_decode.decode_attention(split)(0, q, k_pool, v_pool, batch)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_engine_with_labkits_kernel_gives_the_tokens_of_its_own_attention():
+    model = tiny_model("llama", seed=0)
+    prompts = [[3 + i, 5, 7, 11 + i] * (i + 1) for i in range(4)]  # 4 to 16 tokens: prompts and decodes in a step
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    dials = dict(num_blocks=64, block_size=16, max_num_seqs=4)
+    own = LLM(model, **dials).generate(prompts, params, use_tqdm=False)
+    kernel = LLM(model, attention=paged_decode.decode_attention(), **dials).generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in kernel] == [o.token_ids for o in own]
+
+
+def test_the_kernels_refuse_shapes_they_cannot_run():
+    q, pool = torch.zeros(1, 4, 12), torch.zeros(2, 16, 2, 12)
+    tables, lengths = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="power of two for head_dim, got 12"):
+        paged_decode.paged_decode(q, pool, pool, tables, lengths)
+    with pytest.raises(ValueError, match="multiple of the KV heads"):
+        paged_decode.paged_decode(torch.zeros(1, 3, 16), torch.zeros(2, 16, 2, 16), pool, tables, lengths)
+
+
+# --- the checks: right answers pass -------------------------------------------------------------------
+
+
+def labkit_decode_bytes(**case):
+    counts = decode_bytes(DecodeShape(**case))
+    return {"kernel": counts["kernel"], "gather": counts["gather"]}
+
+
+@pytest.mark.parametrize("exercise", ["lab11.paged_decode", "lab11.split_kv"])
+def test_labkits_kernels_pass_the_kernel_checks(exercise):
+    result = evaluate(exercise, namespace=RIGHT)
+    assert result.passed, result.message
+
+
+def test_labkits_byte_count_passes_and_a_blank_is_not_done():
+    assert evaluate("lab11.decode_bytes", labkit_decode_bytes).passed
+
+    def blank(**case):
+        raise NotImplementedError("Exercise lab11.decode_bytes: replace this line with your code")
+
+    assert evaluate("lab11.decode_bytes", blank).status == NOT_DONE
+
+
+def test_a_blank_kernel_is_not_done_not_failed(tmp_path):
+    body = SOURCE.split("    seq = tl.program_id(0)\n", 1)[1].split("\n\n\n", 1)[0]
+    blank = kernels_with(
+        tmp_path, "blank", (body, '    raise NotImplementedError("Exercise lab11.paged_decode: replace")')
+    )
+    assert evaluate("lab11.paged_decode", namespace=blank).status == NOT_DONE
+
+
+# --- the checks: typical wrong kernels fail, named ------------------------------------------------------
+
+WRONG_KERNELS = {
+    "no_rescale": (
+        [
+            ("running_sum = running_sum * rescale +", "running_sum = running_sum +"),
+            ("acc = acc * rescale[:, None] +", "acc = acc +"),
+        ],
+        "multiply both by exp(old_max - new_max)",
+    ),
+    "no_max": (
+        [
+            (
+                "new_max = tl.maximum(running_max, tl.max(scores, axis=1))",
+                "new_max = tl.zeros([GROUP_PAD], dtype=tl.float32)",
+            )
+        ],
+        "exp(score) overflowed",
+    ),
+    "unmasked_tail": (
+        [("visible = index * BLOCK_SIZE + slots < context_len", "visible = slots >= 0")],
+        "past the context were read as tokens",
+    ),
+    "wrong_kv_head": (
+        [("heads = kv_head * GROUP + in_group", "heads = in_group * NUM_KV_HEADS + kv_head")],
+        "read the wrong KV head",
+    ),
+    "block_as_token": (
+        [("tl.load(block_tables_ptr + seq * max_blocks_per_seq + index)", "(index + 0 * context_len)")],
+        "position in the table was used as the block itself",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", WRONG_KERNELS)
+def test_a_typical_wrong_decode_kernel_fails_with_its_mistake_named(tmp_path, name):
+    changes, named = WRONG_KERNELS[name]
+    result = evaluate("lab11.paged_decode", namespace=kernels_with(tmp_path, name, *changes))
+    assert not result.passed and named in result.message, result.message
+
+
+def test_splits_merged_without_rescaling_fail_with_the_mistake_named(tmp_path):
+    wrong = kernels_with(
+        tmp_path,
+        "merge",
+        (
+            'worth = tl.where(maxes == float("-inf"), 0.0, tl.exp(maxes - overall))',
+            'worth = tl.where(maxes == float("-inf"), 0.0, 1.0)',
+        ),
+    )
+    result = evaluate("lab11.split_kv", namespace=wrong)
+    assert not result.passed and "scale split s by exp(max_s - overall_max)" in result.message, result.message
+
+
+def test_a_split_that_runs_past_the_context_fails(tmp_path):
+    wrong = kernels_with(
+        tmp_path,
+        "past",
+        (
+            "last = tl.minimum(first + blocks_per_split, tl.cdiv(context_len, BLOCK_SIZE))",
+            "last = first + blocks_per_split",
+        ),
+    )
+    result = evaluate("lab11.split_kv", namespace=wrong)
+    assert not result.passed and "split" in result.message, result.message
+
+
+# --- the byte count -------------------------------------------------------------------------------------
+
+
+def test_the_byte_counts_follow_the_two_paths_reads():
+    shape = DecodeShape([40, 16], block_size=16, num_heads=4, num_kv_heads=2, head_dim=8, dtype_bytes=2)
+    token = 2 * 8 * 2  # one token's keys, both KV heads
+    tables = 2 * ((3 + 1) + (1 + 1)) * 4  # per sequence: 2 KV-head programs read its table entries and its length
+    assert kernel_bytes(shape) == 2 * (40 + 16) * token + 2 * 4 * 8 * 2 + tables
+    read, written = gather_bytes(shape)  # both padded to 3 blocks of 16
+    assert written == 2 * (2 * 3 * 16 * token)
+    assert read == 2 * (2 * 3 * 16 * token) * 2 + 2 * 3 * 8 + 2 * 4 * 8 * 2
+
+
+def byte_count(kv_heads_read=None, whole_blocks=False, reads=2, padded=True):
+    """A learner's decode_bytes, right by default, with one of the typical mistakes when asked."""
+
+    def count(context_lens, block_size, num_heads, num_kv_heads, head_dim, dtype_bytes=2):
+        heads = num_heads if kv_heads_read else num_kv_heads
+        width = max(-(-n // block_size) for n in context_lens)
+        kernel = gather = 0
+        for n in context_lens:
+            blocks = -(-n // block_size)
+            tokens = blocks * block_size if whole_blocks else n
+            kernel += 2 * tokens * heads * head_dim * dtype_bytes + num_heads * head_dim * dtype_bytes
+            kernel += num_kv_heads * (blocks + 1) * 4
+            used = width if padded else blocks
+            gather += reads * 2 * used * block_size * num_kv_heads * head_dim * dtype_bytes
+            gather += width * 8 + num_heads * head_dim * dtype_bytes
+        return {"kernel": kernel, "gather": gather}
+
+    return count
+
+
+@pytest.mark.parametrize(
+    "mistake, named",
+    [
+        (dict(kv_heads_read=True), "counted per query head"),
+        (dict(whole_blocks=True), "counted in whole blocks"),
+        (dict(reads=1), "copy was counted once"),
+        (dict(padded=False), "counted without padding"),
+    ],
+)
+def test_typical_wrong_byte_counts_fail_with_the_mistake_named(mistake, named):
+    assert evaluate("lab11.decode_bytes", byte_count()).passed  # the helper itself counts right
+    result = evaluate("lab11.decode_bytes", byte_count(**mistake))
+    assert not result.passed and named in result.message, result.message
+
+
+def test_a_byte_count_that_is_not_a_dict_is_told_what_to_return():
+    result = evaluate("lab11.decode_bytes", lambda **case: 12)
+    assert not result.passed and "Return a dict" in result.message, result.message
+
+
+def test_achieved_bandwidth_is_bytes_over_seconds():
+    from labkit.kernels.traffic import achieved_bandwidth
+
+    assert math.isclose(achieved_bandwidth(3_350_000_000, 0.001), 3.35e12)
+    with pytest.raises(ValueError, match="seconds must be positive"):
+        achieved_bandwidth(1, 0)
