@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU check, one run of a few minutes: the correctness tests on CUDA, labkit bench in bf16, then the
-# quantized schemes (bytes, step time at batch 1, 8, 64, quality) on the default model and, if given,
-# on a local Hugging Face checkpoint.
+# GPU check, one run of a few minutes: the correctness tests on CUDA, labkit bench in bf16, the quantized
+# schemes (bytes, step time at batch 1, 8, 64, quality) on the default model and, if given, on a local Hugging
+# Face checkpoint, then lab 11's Triton kernels compiled (time, bytes and bandwidth against gather+SDPA and
+# contiguous SDPA; the engine's tokens with the kernel).
 # Usage (on a machine with a CUDA GPU, after `make setup`):  bash scripts/gpu_check.sh [OUT_DIR] [CHECKPOINT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,3 +23,7 @@ if [ -n "${2:-}" ]; then
   LABKIT_DEVICE=cuda $PY scripts/quant_bench.py --model "$2" --out "$out/quant_checkpoint.json" \
     2>&1 | tee "$out/quant_checkpoint.txt"
 fi
+# The paged decode kernel compiled (lab 11): its tests on CUDA, then one layer's decode step at batch 1/8/64 and
+# contexts 512/4k/32k, SmolLM2's and Llama-3.1-8B's shapes.
+LABKIT_DEVICE=cuda $PY -m pytest -q tests/test_lab11_checks.py 2>&1 | tee "$out/kernel_tests.txt"
+$PY scripts/kernel_bench.py --out "$out/kernel_bench.json" 2>&1 | tee "$out/kernel_bench.txt"

@@ -151,7 +151,9 @@ def merge_splits_kernel(
     dims = tl.arange(0, HEAD_DIM)
     maxes = tl.load(max_ptr + row * NUM_SPLITS + splits, mask=present, other=float("-inf"))
     sums = tl.load(sum_ptr + row * NUM_SPLITS + splits, mask=present, other=0.0)
-    accs = tl.load(acc_ptr + (row * NUM_SPLITS + splits)[:, None] * HEAD_DIM + dims[None, :], mask=present[:, None])
+    accs = tl.load(
+        acc_ptr + (row * NUM_SPLITS + splits)[:, None] * HEAD_DIM + dims[None, :], mask=present[:, None], other=0.0
+    )
     overall = tl.max(maxes, axis=0)
     worth = tl.where(maxes == float("-inf"), 0.0, tl.exp(maxes - overall))  # an empty split is worth nothing
     total = tl.sum(sums * worth, axis=0)
