@@ -89,6 +89,34 @@ def page_text(path: Path) -> str:
     return path.read_text(encoding="utf-8")
 
 
+# How an author's notes read, not a book: sources are cited by title in the references, as any book does.
+AUTHORING_NOTES = (
+    "source article",
+    "source lesson",
+    "did not survive",
+    "reconstructed them",
+    "this course draws on",
+    "the post's",
+    "this course was written on",
+    "seed 000",
+    "seed 001",
+    "seed 002",
+)
+
+
+def test_no_authoring_notes_reach_the_reader() -> None:
+    """Neither the chapters nor the figures' data (labkit's presets, shown in widgets) speak of the course's sources
+    as its authors would among themselves."""
+    places = sorted((REPO / "book").glob("*.md")) + sorted((REPO / "labkit" / "capacity").glob("*.py"))
+    found = [
+        f"{path.relative_to(REPO)}: {note!r}"
+        for path in places
+        for note in AUTHORING_NOTES
+        if note in path.read_text(encoding="utf-8").lower()
+    ]
+    assert not found, "say it as a book would, citing the source by title:\n" + "\n".join(found)
+
+
 def test_no_eight_word_run_from_the_sources() -> None:
     """Neither the book nor the labs copy a run of eight words from the source lessons."""
     if not SOURCES.is_dir():

@@ -17,7 +17,7 @@ from labkit.sim.cost_model import MODELS, CostModel, ModelSpec, conversations_th
 from labkit.sim.hardware import Hardware, get_hardware
 
 # Bytes per weight of each storage scheme, scales included: int8 keeps one fp16 scale per row
-# (negligible), 4-bit adds an fp16 scale and a zero per 128 weights (0.5 + 3/128, seed 000's
+# (negligible), 4-bit adds an fp16 scale and a zero per 128 weights (0.5 + 3/128, the sale lesson's
 # "about 0.52"); labkit.models.quant stores them so.
 WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.52}
 # Bytes per cached key or value: vLLM's --kv-cache-dtype fp8 halves the 16-bit cache.

@@ -22,7 +22,7 @@ SALE_GPU = Hardware(
     80 * GB,
     2 * TB,
     150 * TFLOPS,
-    "reconstructed from seed 000: 2 TB/s is quoted; 150 TFLOP/s gives both its critical batch of 75 "
+    "from the lesson Serving many users at once: 2 TB/s is quoted; 150 TFLOP/s gives both its critical batch of 75 "
     "and its 35.0 ms arithmetic term; about half the A100's 312 TFLOP/s peak, a rate kernels reach; "
     "NVLink as the A100's, 300 GB/s each way",
     interconnect_bandwidth=300 * GB,
@@ -38,7 +38,7 @@ SALE_EXAMPLE: dict = dict(
     promise_s=0.050,
     price_per_gpu_hour=2.0,
 )
-"""The festival-sale plan of seed 000 ("Capacity planning, by hand"), rebuilt from its quotes.
+"""The festival-sale plan of the lesson Serving many users at once ("Capacity planning, by hand"), rebuilt from its quotes.
 
 Inputs and the quotes that pin them: 80 GB card at 90% (72 GB, less 16 GB of weights,
 leaves 56 GB); 1,000-token prompt and 300-token answer (1,300 tokens x 128 KiB per
@@ -69,17 +69,17 @@ def sale_load(multiple: float = 10.0) -> float:
 
 
 FRIENDS_GPU = Hardware(
-    "the post's 24 GB card (close to an RTX 4090)",
+    "a 24 GB card close to an RTX 4090",
     24 * GB,
     1 * TB,
     165 * TFLOPS,
-    "seed 002: 'about 1 TB/s of memory bandwidth and 165 TFLOPS'",
+    "the article What Happens Inside an LLM Server When 10 People Send a Prompt: 1 TB/s, 165 TFLOP/s",
 )
 
 FRIENDS_EXAMPLE: dict = dict(
     hardware=FRIENDS_GPU, model=LESSON_LLAMA_8B, prompt_len=6144, answer_len=2048, memory_fraction=0.85
 )
-"""Seed 002's Llama 3.1 8B on a 24 GB card, friends chatting at 8K tokens each.
+"""The ten friends' Llama 3.1 8B (What Happens Inside an LLM Server When 10 People Send a Prompt) on a 24 GB card, friends chatting at 8K tokens each.
 
 Quoted: 16 GB of weights; 128 KiB of KV per token, about 1 GB for an 8K chat; four friends
 at 8K fit and ten do not; about 60 tokens/s for one person (62.5); a 2,000-token prompt is

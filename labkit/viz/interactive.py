@@ -162,7 +162,8 @@ def kv_capacity_figure():
     here.data = {x: [tokens.value], y: [fit]};
     const left = g.memory_bytes * share - m.parameters * m.bytes_per_param;
     answer.text = left <= 0 ? shown(0, 'No conversation fits', 'conversations') + ': the weights alone fill that memory.'
-      : shown(fit, fmt(fit), 'conversations') + ` conversations fit: ${fmt(left / 1e9, 1)} GB left for KV caches, `
+      : shown(fit, fmt(fit), 'conversations') + ` ${fit === 1 ? 'conversation fits' : 'conversations fit'}: `
+        + `${fmt(left / 1e9, 1)} GB left for KV caches, `
         + `${fmt(tokens.value * kvBytesPerToken(m) / 1e6)} MB each (${fmt(kvBytesPerToken(m) / 1024)} KiB a token).`;
     """
     widgets = [model, gpu, tokens, fraction, weights, kv]
@@ -217,9 +218,9 @@ def step_time_figure():
     answer.text = `${fmt(batch.value)} sequences: memory term ` + shown(now.memory * 1e3, fmt(now.memory * 1e3, 2), 'memory')
       + ' ms, arithmetic term ' + shown(now.compute * 1e3, fmt(now.compute * 1e3, 2), 'compute')
       + ` ms, so the pass is ${now.memory >= now.compute ? 'memory' : 'arithmetic'}-bound. Critical batch (dashed): `
-      + shown(star, fmt(star), 'critical') + ' tokens. With this context decode turns arithmetic-bound '
-      + (cross === Infinity ? shown('Infinity', 'never', 'crossover')
-         : 'beyond ' + shown(cross, fmt(cross), 'crossover') + ' sequences') + '.';
+      + shown(star, fmt(star), 'critical') + ' tokens. With this context decode '
+      + (cross === Infinity ? shown('Infinity', 'never', 'crossover') + ' turns arithmetic-bound.'
+         : 'turns arithmetic-bound beyond ' + shown(cross, fmt(cross), 'crossover') + ' sequences.');
     """
     args = dict(
         model=model,
