@@ -50,7 +50,7 @@ book: model
 # not all 87 of them under the spin loops, and runs one worker per such file, so the spin loops take their share
 # of the cores from three workers rather than two (with both: 147 -> 126 s in CI).
 BUSY ?= 2
-TIMING_FILES := $(shell grep -l "pytest.mark.timing" tests/test_*.py)
+TIMING_FILES := $(shell grep -l "pytest.mark.timing" tests/test_*.py 2>/dev/null)
 TIMING_WORKERS ?= $(words $(TIMING_FILES))
 TIMING_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(TIMING_WORKERS) --dist loadgroup)
 TIMING_TESTS = $(PY) -m pytest $(TIMING_XDIST) -m timing --busy $(BUSY) $(if $(filter tests/%,$(PYTEST_ARGS)),,$(TIMING_FILES)) \

@@ -15,12 +15,15 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 import yaml
 from browser_helpers import ARTIFACTS, CHROMIUM_FLAGS, chromium
+
+from labkit.labs.manifest import LABS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
 from quiz import QuizError, read_quiz  # noqa: E402  (the book's own extension, not a package)
@@ -311,16 +314,25 @@ def test_every_chapter_page_has_its_check_with_every_explanation(html: Path) -> 
 
 
 def test_a_reader_finds_the_code_the_setup_and_the_glossary(html: Path) -> None:
+    """The code comes with the book (course.zip, the learner's kit); a repository is linked only once one is set."""
     url = repository_url()
     start = (html / "book" / "get_started.html").read_text(encoding="utf-8")
-    assert f'href="{url}"' in start, f"get_started.html does not link to the repository {url} (_config.yml)"
+    assert f'href="{url or "../course.zip"}"' in start, "get_started.html does not link to the code"
     shown = re.sub(r"<[^>]+>", "", start)  # the text a reader sees: highlighting splits `make test` into spans
-    for command in ("make test", "make labs", "labkit.hint"):
+    for command in ("make labs", "labkit.hint", "built on"):
         assert command in shown, f"get_started.html does not mention `{command}`"
     for doc in chapter_docs():
-        assert url in (html / f"{doc}.html").read_text(encoding="utf-8"), (
-            f"{doc}.html: no repository link in the header"
-        )
+        page = (html / f"{doc}.html").read_text(encoding="utf-8")
+        assert ("repository-button" in page) == bool(url), f"{doc}.html: a repository button only where one is set"
+    with zipfile.ZipFile(html / "course.zip") as kit:
+        names = set(kit.namelist())
+    wanted = ["labs/README.md", "labkit/__init__.py", "Makefile", "README.md", "book/intro.md", "_toc.yml"]
+    wanted += [f"labs/{lab.notebook}" for lab in LABS]
+    assert {f"serving-many-users/{name}" for name in wanted} <= names, "course.zip lacks part of the learner's kit"
+    kept_back = [name for name in names if "/labs/source/" in name or "/tests/" in name]
+    assert not kept_back, f"course.zip holds the solutions or the tests: {kept_back[:3]}"
+    intro = re.sub(r"<[^>]+>", "", (html / "book" / "intro.html").read_text(encoding="utf-8"))
+    assert re.search(r"built on \d{4}-\d\d-\d\d from (commit \w+|a copy outside git)", intro), "intro: no build date"
 
     index = (html / "genindex.html").read_text(encoding="utf-8")
     for term in ("TTFT", "TPOT", "ITL", "E2EL", "goodput", "SLO", "block", "preemption", "critical batch"):

@@ -1,0 +1,95 @@
+"""The way to the code, written once: a download of the course built with the book, or a repository a fork names.
+
+Why: the book must never show a link that leads nowhere. Every build puts ``course.zip`` at the root of the
+HTML: the learner's kit (``labkit``, the learner notebooks and ``labs/README.md``, the book's sources, the
+Makefile and README; not the tests or the solved notebooks), so a reader has the code whether or not it is
+published anywhere. A fork that publishes its repository sets ``repository.url`` in _config.yml; only then do
+the header's repository button and the Get started page link to it. The MyST substitutions:
+
+- ``{{ code_link }}``: the repository's address if one is set, else the download;
+- ``{{ download }}``: the download;
+- ``{{ build_info }}``: the build's date and the commit it was built from.
+"""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+import tempfile
+import zipfile
+from pathlib import Path
+
+from sphinx.application import Sphinx
+from sphinx.config import Config
+
+ROOT = Path(__file__).resolve().parents[2]
+ARCHIVE = "course.zip"
+FOLDER = "serving-many-users"  # the folder the archive unpacks into
+# What a learner needs to run the course; the tests and labs/source (the solutions) stay with instructors.
+KIT = (
+    "labkit",
+    "labs",
+    "book",
+    "scripts",
+    "Makefile",
+    "README.md",
+    "pyproject.toml",
+    "environment.yml",
+    "_config.yml",
+    "_toc.yml",
+)
+LEFT_OUT = ("labs/source/",)
+
+
+def commit() -> str | None:
+    """The short commit the book is built from, or None outside a git checkout."""
+    try:
+        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        return None
+    return found.stdout.strip() or None
+
+
+def kit_files() -> list[Path]:
+    """The files of the learner's kit: tracked by git where there is a checkout, else every file of KIT."""
+    listed = subprocess.run(["git", "ls-files", "--", *KIT], cwd=ROOT, capture_output=True, text=True)
+    if listed.returncode == 0 and listed.stdout.strip():
+        names = listed.stdout.split("\n")
+    else:
+        names = [str(p.relative_to(ROOT)) for name in KIT for p in [ROOT / name, *(ROOT / name).rglob("*")]]
+    files = sorted({ROOT / name for name in names if name and not name.startswith(LEFT_OUT)})
+    return [path for path in files if path.is_file() and "__pycache__" not in path.parts]
+
+
+def write_archive(folder: Path) -> Path:
+    """``course.zip`` in ``folder``, its files under one top folder."""
+    archive = folder / ARCHIVE
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
+        for path in kit_files():
+            zipped.write(path, f"{FOLDER}/{path.relative_to(ROOT)}")
+    return archive
+
+
+def set_up(app: Sphinx, config: Config) -> None:
+    """Build the archive beside the HTML, point the substitutions at it, and hide an unset repository's button."""
+    extra = Path(tempfile.mkdtemp(prefix="course-download-"))
+    write_archive(extra)
+    config.html_extra_path = [*config.html_extra_path, str(extra)]
+    theme = dict(config.html_theme_options or {})
+    url = theme.get("repository_url", "")
+    config.html_theme_options = {**theme, "use_repository_button": bool(url)}
+    # Pages sit one folder down (book/, labs/), the archive at the root of the HTML.
+    download = f'<a href="../{ARCHIVE}" download>{ARCHIVE}</a>'
+    built = datetime.date.today().isoformat()
+    sha = commit()
+    config.myst_substitutions = {
+        **config.myst_substitutions,
+        "download": download,
+        "code_link": f"[{url}]({url})" if url else download,
+        "build_info": f"built on {built} from commit `{sha}`" if sha else f"built on {built} from a copy outside git",
+    }
+
+
+def setup(app: Sphinx) -> dict[str, bool]:
+    app.connect("config-inited", set_up)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
