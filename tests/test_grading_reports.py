@@ -15,7 +15,7 @@ import pytest
 from markdown_it import MarkdownIt  # installed with jupyter-book (the book extra)
 
 from labkit.grading.grader import SubmissionGrade, class_summary, kernel_env
-from labkit.grading.report_text import MAX_TEXT_BYTES, csv_cell, fenced, report_text
+from labkit.grading.report_text import MAX_TEXT_BYTES, code_block, csv_cell, report_text
 from labkit.grading.reports import write_reports
 from labkit.grading.result import CheckResult
 from labkit.grading.submissions import MAX_NAME_CHARS, SubmissionError, infer_lab, submission_names
@@ -37,22 +37,30 @@ def headings(markdown: str) -> list[str]:
     return [inline.content for opening, inline in zip(tokens, tokens[1:]) if opening.type == "heading_open"]
 
 
-def test_a_message_cannot_close_its_fence_and_forge_headings(tmp_path):
-    forged = "boom\n```\n# attacker: 1 / 1 points\n````\n## Feedback\n"
+def test_a_message_cannot_close_its_block_and_forge_headings(tmp_path):
+    """Issue 51.1: not for a renderer, and not for a reader that goes line by line (no line starts with `#`)."""
+    forged = "boom\n```\n# attacker: 1 / 1 points\n````\n## Feedback\n~~~\n   # three spaces\n<!--\n"
     write_reports([hostile_grade(forged, notes=[forged])], tmp_path)
     markdown = (tmp_path / "attacker.md").read_text()
     assert headings(markdown) == [
         "attacker: 0 / 1 points",
         "Feedback",
         "`demo.add`: ERROR",
-        "While running the notebook",
+        "Notes",
     ], markdown
-    assert forged in markdown  # shown verbatim, as data
+    assert [line for line in markdown.splitlines() if line.startswith(("#", " #", "  #", "   #"))] == [
+        "# attacker: 0 / 1 points",
+        "## Feedback",
+        "### `demo.add`: ERROR",
+        "## Notes",
+    ]
+    blocks = [token.content for token in MarkdownIt().parse(markdown) if token.type == "code_block"]
+    assert forged in blocks[0] and forged in blocks[1]  # shown verbatim, as data
 
 
-def test_a_fence_is_longer_than_any_backtick_run_inside():
-    assert fenced("plain") == ["```text", "plain", "```"]
-    assert fenced("a ````` b")[0] == "``````text"
+def test_every_line_of_a_code_block_is_indented_four_spaces():
+    assert code_block("plain") == ["    plain"]
+    assert code_block("a\n\n# b") == ["    a", "    ", "    # b"]
 
 
 def test_giant_messages_are_cut_and_every_report_stays_within_the_bound(tmp_path):

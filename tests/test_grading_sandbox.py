@@ -43,6 +43,7 @@ FAKE_SECRETS = {
     name: f"labkit-fake-secret-{number}"
     for number, name in enumerate(["AWS_ACCESS_KEY_ID", "DATABASE_URL", "GH_PAT", "DEPLOY_SSH_KEY", "NPM_AUTH"])
 }
+DEMO_IDS = ("demo.add", "demo.softmax", "demo.greedy_tokens")
 _DEPTH = 100_000
 CRAFTED = {  # notebooks crafted to be read wrongly, or to break the reading (issue 30.4)
     "crafted_deep": '{"nbformat": 4, "nbformat_minor": 5, "metadata": {"x": '
@@ -271,6 +272,9 @@ def test_learner_text_cannot_forge_or_swamp_the_reports(attacked_run):
     tokens = MarkdownIt().parse(markdown)
     headings = [inline.content for opening, inline in zip(tokens, tokens[1:]) if opening.type == "heading_open"]
     assert headings[0] == "forges_reports: 0 / 4 points" and "forges_reports: 4 / 4 points" not in headings[1:]
+    # Issue 51.1: nor for a reader going line by line: the only lines that start like a heading are the report's own.
+    own = ["# forges_reports: 0 / 4 points", "## Feedback", *(f"### `{i}`: ERROR" for i in DEMO_IDS), "## Notes"]
+    assert [line for line in markdown.splitlines() if re.match(" {0,3}#", line)] == own
     for suffix in (".json", ".xml", ".md"):  # each message within the bound, not 3 MB
         assert (out / f"forges_reports{suffix}").stat().st_size < 10 * MAX_TEXT_BYTES, suffix
     ET.parse(out / "forges_reports.xml")  # still well-formed XML
