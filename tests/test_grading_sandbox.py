@@ -294,6 +294,17 @@ def test_hint_counts_are_said_to_be_self_reported_when_they_cost_points(attacked
     assert "## Notes" in markdown and "the hint counts are self-reported" in markdown
 
 
+def test_a_submission_that_calls_labkits_answers_scores_nothing_for_them(attacked_run):
+    """Issue 51.3: each exercise's reference fails while that exercise is checked; the honest control keeps 4."""
+    report = attack_failed(attacked_run, "calls_reference")
+    for exercise in report["exercises"]:
+        assert exercise["status"] == "error", exercise
+        name = exercise["id"].replace("demo.", "demo.course_")
+        assert (
+            f"{exercise['id']}: your code called labkit.grading.exercises.{name}, the reference" in exercise["message"]
+        )
+
+
 def test_learner_text_cannot_forge_or_swamp_the_reports(attacked_run):
     attack_failed(attacked_run, "forges_reports")
     out = attacked_run["out"]
