@@ -87,9 +87,9 @@ def answers_blocked(exercise: Exercise, functions: tuple[Any, ...]) -> Iterator[
     namespaces = [space for space in map(_namespace_of, functions) if space is not None]
     swapped: list[tuple[MutableMapping[str, Any], str, Any]] = []
     called: list[str] = []
+    originals = [(dotted, reference(dotted)) for dotted in exercise.answers]  # a bad name fails before any swap
     stubs: dict[int, Callable[..., Any]] = {}
-    for dotted in exercise.answers:
-        original = reference(dotted)
+    for dotted, original in originals:
         stub = stubs[id(original)] = _stub(exercise.id, dotted, called)
         for place in _places(dotted.rpartition(".")[0], namespaces):
             for key, value in list(place.items()):
