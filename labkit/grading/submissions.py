@@ -87,15 +87,11 @@ def reserved(stem: str) -> bool:
 
 
 def rename_note(path: Path, name: str) -> str | None:
-    """What a submission's report says when it is not named after its file: the file and why, so that the
-    learner and the instructor find it (None when it is named after its file)."""
-    if name == path.stem:
+    """What a submission's report says when its file's name is the grader's own (None otherwise): where its
+    reports are, so that the learner and the instructor do not take the run's file for them."""
+    if not reserved(path.stem):
         return None
-    if reserved(path.stem):
-        why = f"the grader writes {', '.join(RUN_FILES)} itself, whatever the class hands in"
-    else:
-        why = "report names are unique, safe file names"
-    return f"handed in as {path.name!r}; its reports are named {name}: {why}"
+    return f"handed in as {path.name!r}; its reports are named {name}: the grader writes {', '.join(RUN_FILES)} itself"
 
 
 def submission_names(paths: Sequence[Path]) -> list[str]:
