@@ -6,6 +6,7 @@ in-process tests cover both; the hostile run (test_grading_sandbox.py) grades su
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import types
 
@@ -14,6 +15,7 @@ import torch
 
 import labkit.grading.exercises.demo as demo
 from labkit.grading.answers import ReferenceAnswerCalled, reference
+from labkit.grading.attempt import attempt_exercise
 from labkit.grading.checks import exercises_for_lab, get_exercise
 from labkit.grading.feedback import evaluate
 from labkit.grading.result import ERROR, PASS
@@ -128,3 +130,20 @@ def test_a_lab_exercise_fails_on_its_reference_and_passes_on_the_same_code_writt
         result = evaluate(exercise_id, *functions)
         assert result.status == ERROR and f"your code called {dotted}, the reference answer" in result.message
         assert reference(dotted) is not None and "refuse" not in reference(dotted).__name__  # put back
+
+
+def test_the_reference_is_put_back_even_when_the_run_is_interrupted():
+    """A cell interrupted mid-check (KeyboardInterrupt passes every `except Exception`) leaves labkit whole."""
+
+    original = course_add  # a local: out of the block's reach (module names are swapped, not closures)
+    seen = []
+
+    def interrupted(functions, inputs):
+        seen.extend([demo.course_add is original, globals()["course_add"] is original])
+        raise KeyboardInterrupt
+
+    exercise = dataclasses.replace(get_exercise("demo.add"), run=interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        attempt_exercise(exercise, (calls_bound_early,), seed=0)
+    assert seen == [False, False]  # stubs while it ran
+    assert demo.course_add is original and globals()["course_add"] is original
