@@ -115,19 +115,13 @@ def test_each_learner_gets_status_points_first_difference_and_hint_tier(tmp_path
             "",
             "## `demo.add`",
             "",
-            "```text",
-            "First difference: sum at row 0, column 1: expected 0.5, got 1.5",
-            "```",
-            "",
-            "```text",
-            "Hint: Add the two tensors element by element.",
-            "```",
+            "    First difference: sum at row 0, column 1: expected 0.5, got 1.5",
+            "    ",
+            "    Hint: Add the two tensors element by element.",
             "",
             "## `demo.softmax`",
             "",
-            "```text",
-            "NOT DONE demo.softmax: write your code ...",
-            "```",
+            "    NOT DONE demo.softmax: write your code ...",
             "",
         ]
     )
@@ -138,7 +132,7 @@ def test_each_learner_gets_status_points_first_difference_and_hint_tier(tmp_path
     )
     assert "## `demo" not in alice  # nothing to explain where everything passed
     carol = book.feedback["1003"].read_text()
-    assert "could not be graded:\n\n```text\ncarol.ipynb is not a readable Jupyter notebook" in carol
+    assert "could not be graded:\n\n    carol.ipynb is not a readable Jupyter notebook" in carol
 
 
 @pytest.mark.parametrize(

@@ -15,10 +15,11 @@ import pytest
 from markdown_it import MarkdownIt  # installed with jupyter-book (the book extra)
 
 from labkit.grading.grader import SubmissionGrade, class_summary, kernel_env
-from labkit.grading.report_text import MAX_TEXT_BYTES, csv_cell, fenced, report_text
+from labkit.grading.hint_counts import self_reported
+from labkit.grading.report_text import MAX_TEXT_BYTES, code_block, csv_cell, report_text
 from labkit.grading.reports import write_reports
 from labkit.grading.result import CheckResult
-from labkit.grading.submissions import MAX_NAME_CHARS, SubmissionError, infer_lab, submission_names
+from labkit.grading.submissions import MAX_NAME_CHARS, SubmissionError, infer_lab, rename_note, submission_names
 
 
 def hostile_grade(message: str, name: str = "attacker", notes: list[str] | None = None) -> SubmissionGrade:
@@ -37,22 +38,30 @@ def headings(markdown: str) -> list[str]:
     return [inline.content for opening, inline in zip(tokens, tokens[1:]) if opening.type == "heading_open"]
 
 
-def test_a_message_cannot_close_its_fence_and_forge_headings(tmp_path):
-    forged = "boom\n```\n# attacker: 1 / 1 points\n````\n## Feedback\n"
+def test_a_message_cannot_close_its_block_and_forge_headings(tmp_path):
+    """Issue 51.1: not for a renderer, and not for a reader that goes line by line (no line starts with `#`)."""
+    forged = "boom\n```\n# attacker: 1 / 1 points\n````\n## Feedback\n~~~\n   # three spaces\n<!--\n"
     write_reports([hostile_grade(forged, notes=[forged])], tmp_path)
     markdown = (tmp_path / "attacker.md").read_text()
     assert headings(markdown) == [
         "attacker: 0 / 1 points",
         "Feedback",
         "`demo.add`: ERROR",
-        "While running the notebook",
+        "Notes",
     ], markdown
-    assert forged in markdown  # shown verbatim, as data
+    assert [line for line in markdown.splitlines() if line.startswith(("#", " #", "  #", "   #"))] == [
+        "# attacker: 0 / 1 points",
+        "## Feedback",
+        "### `demo.add`: ERROR",
+        "## Notes",
+    ]
+    blocks = [token.content for token in MarkdownIt().parse(markdown) if token.type == "code_block"]
+    assert forged in blocks[0] and forged in blocks[1]  # shown verbatim, as data
 
 
-def test_a_fence_is_longer_than_any_backtick_run_inside():
-    assert fenced("plain") == ["```text", "plain", "```"]
-    assert fenced("a ````` b")[0] == "``````text"
+def test_every_line_of_a_code_block_is_indented_four_spaces():
+    assert code_block("plain") == ["    plain"]
+    assert code_block("a\n\n# b") == ["    a", "    ", "    # b"]
 
 
 def test_giant_messages_are_cut_and_every_report_stays_within_the_bound(tmp_path):
@@ -109,6 +118,31 @@ def test_a_submission_called_checksums_keeps_its_report_and_the_manifest_its_nam
     files = json.loads(manifest.read_text())["files"]
     assert manifest.name == "checksums.json" and "checksums.json" not in files
     assert json.loads((tmp_path / f"{name}.json").read_text())["submission"] == name
+
+
+def test_a_submission_named_like_a_run_file_in_full_is_renamed_and_told_so(tmp_path):
+    """Issue 51.2: `grades.csv.ipynb` would give `grades.csv.md`; the rename is said in its report and the summary."""
+    paths = [tmp_path / name for name in ("grades.csv.ipynb", "RUN.ipynb", "alice.ipynb")]
+    names = submission_names(paths)
+    assert names == ["grades.csv_submission", "RUN_submission", "alice"]
+    notes = [rename_note(path, name) for path, name in zip(paths, names)]
+    assert notes[0] == (
+        "handed in as 'grades.csv.ipynb'; its reports are named grades.csv_submission: the grader writes "
+        "checksums.json, grades.csv, run.json itself"
+    )
+    assert notes[2] is None and rename_note(tmp_path / "a" / "lab2.ipynb", "a__lab2") is None  # only reserved names
+    grades = [hostile_grade("x", name=name) for name in names]
+    for grade, path in zip(grades, paths):
+        grade.path = str(path)
+    summary = class_summary(grades)
+    assert summary.endswith("itself: 'grades.csv.ipynb' as grades.csv_submission, 'RUN.ipynb' as RUN_submission")
+
+
+def test_the_summary_says_hint_counts_are_self_reported_when_they_cost_points():
+    """Issue 51.4: the counts come from the learner's kernel, which no grader can audit."""
+    assert "self-reported" not in class_summary([honest_grade()])
+    assert class_summary([honest_grade()], 0.1).endswith(self_reported(0.1))
+    assert "--hint-penalty 0.1: the hint counts are self-reported" in self_reported(0.1)
 
 
 def test_a_lab_named_in_metadata_must_look_like_a_lab_id():

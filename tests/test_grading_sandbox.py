@@ -43,6 +43,8 @@ FAKE_SECRETS = {
     name: f"labkit-fake-secret-{number}"
     for number, name in enumerate(["AWS_ACCESS_KEY_ID", "DATABASE_URL", "GH_PAT", "DEPLOY_SSH_KEY", "NPM_AUTH"])
 }
+DEMO_IDS = ("demo.add", "demo.softmax", "demo.greedy_tokens")
+RESERVED = ("GRADES", "run", "Checksums.JSON")  # the other files a run writes, in other cases
 _DEPTH = 100_000
 CRAFTED = {  # notebooks crafted to be read wrongly, or to break the reading (issue 30.4)
     "crafted_deep": '{"nbformat": 4, "nbformat_minor": 5, "metadata": {"x": '
@@ -162,6 +164,10 @@ def attacked_run(tmp_path_factory):
         path = folder / f"{name}.ipynb"
         nbformat.write(attacking_notebook(name, placeholders), path)
         paths.append(path)
+    for stem in RESERVED:  # the checksums attack again, under each name of the grader's own files
+        path = folder / f"{stem}.ipynb"
+        nbformat.write(attacking_notebook("checksums", placeholders), path)
+        paths.append(path)
     for name, text in CRAFTED.items():
         path = folder / f"{name}.ipynb"
         path.write_text(text)
@@ -174,6 +180,7 @@ def attacked_run(tmp_path_factory):
             patch.setenv(name, value)
         code = main(
             ["grade", *map(str, paths), "--out", str(out), "--lab", "demo", "--cell-timeout", "30", "--jobs", "3"]
+            + ["--hint-penalty", "0.5"]
         )
     time.sleep(1)  # time for a surviving process to do its damage
     left_on_disk = sorted(path.name for path in sandbox.sandboxes_root().iterdir())
@@ -264,6 +271,40 @@ def test_a_submission_named_like_a_run_report_cannot_take_its_place(attacked_run
     assert "checksums.json" not in manifest["files"] and "checksums_submission.json" in manifest["files"]
 
 
+@pytest.mark.parametrize("stem", RESERVED)
+def test_a_submission_named_like_any_file_the_grader_writes_gets_its_own_report(attacked_run, stem):
+    """Issue 51.2: renamed, and the rename said in its report and in the class summary."""
+    report = attack_failed(attacked_run, stem)
+    assert report["submission"] != stem and report["status"] == "graded" and len(report["exercises"]) == 3
+    assert f"handed in as '{stem}.ipynb'; its reports are named {report['submission']}" in report["notes"][0]
+    assert f"'{stem}.ipynb' as {report['submission']}" in attacked_run["printed"]
+    for suffix in (".json", ".xml", ".md"):
+        assert (attacked_run["out"] / f"{report['submission']}{suffix}").is_file()
+    run = json.loads((attacked_run["out"] / "run.json").read_text())
+    assert report["submission"] in run["graded"]
+
+
+def test_hint_counts_are_said_to_be_self_reported_when_they_cost_points(attacked_run):
+    """Issue 51.4: no grader can count what the learner's kernel hid, so every report and the summary say whose word they are."""
+    attack_failed(attacked_run, "hides_hints")
+    for report in attacked_run["reports"].values():
+        assert any("the hint counts are self-reported" in note for note in report["notes"]), report["submission"]
+    assert "--hint-penalty 0.5: the hint counts are self-reported" in attacked_run["printed"]
+    markdown = (attacked_run["out"] / "honest.md").read_text()
+    assert "## Notes" in markdown and "the hint counts are self-reported" in markdown
+
+
+def test_a_submission_that_calls_labkits_answers_scores_nothing_for_them(attacked_run):
+    """Issue 51.3: each exercise's reference fails while that exercise is checked; the honest control keeps 4."""
+    report = attack_failed(attacked_run, "calls_reference")
+    for exercise in report["exercises"]:
+        assert exercise["status"] == "error", exercise
+        name = exercise["id"].replace("demo.", "demo.course_")
+        assert (
+            f"{exercise['id']}: your code called labkit.grading.exercises.{name}, the reference" in exercise["message"]
+        )
+
+
 def test_learner_text_cannot_forge_or_swamp_the_reports(attacked_run):
     attack_failed(attacked_run, "forges_reports")
     out = attacked_run["out"]
@@ -271,6 +312,9 @@ def test_learner_text_cannot_forge_or_swamp_the_reports(attacked_run):
     tokens = MarkdownIt().parse(markdown)
     headings = [inline.content for opening, inline in zip(tokens, tokens[1:]) if opening.type == "heading_open"]
     assert headings[0] == "forges_reports: 0 / 4 points" and "forges_reports: 4 / 4 points" not in headings[1:]
+    # Issue 51.1: nor for a reader going line by line: the only lines that start like a heading are the report's own.
+    own = ["# forges_reports: 0 / 4 points", "## Feedback", *(f"### `{i}`: ERROR" for i in DEMO_IDS), "## Notes"]
+    assert [line for line in markdown.splitlines() if re.match(" {0,3}#", line)] == own
     for suffix in (".json", ".xml", ".md"):  # each message within the bound, not 3 MB
         assert (out / f"forges_reports{suffix}").stat().st_size < 10 * MAX_TEXT_BYTES, suffix
     ET.parse(out / "forges_reports.xml")  # still well-formed XML

@@ -167,7 +167,7 @@ def test_attention_without_scaling_wrong_head_pairing_and_transposed_output_fail
 
     def tiled_heads(q, k, v, mask):
         group = q.shape[1] // k.shape[1]
-        return labkit_attention(q, k.repeat(1, group, 1), v.repeat(1, group, 1), mask)
+        return lab1["attention"](q, k.repeat(1, group, 1), v.repeat(1, group, 1), mask)
 
     def heads_first(q, k, v, mask):
         return lab1["attention"](q, k, v, mask).transpose(0, 1)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from labkit.grading.answers import answers_blocked
 from labkit.grading.checks import Exercise
 from labkit.grading.result import ERROR, MISSING, NOT_DONE
 
@@ -102,8 +103,15 @@ def attempt_in_namespace(exercise: Exercise, namespace: Mapping[str, Any], seed:
 
 
 def attempt_exercise(exercise: Exercise, functions: tuple[Callable[..., Any], ...], seed: int) -> Attempt:
-    """Build the inputs from the seed, run the learner's functions on them, and capture the outcome."""
+    """Build the inputs from the seed, run the learner's functions on them, and capture the outcome;
+    a call to labkit's own answer to the exercise fails it, even where their code caught the error."""
     inputs = exercise.make_inputs(seed)
+    with answers_blocked(exercise, functions) as (functions, called):
+        attempt = _run(exercise, functions, inputs)
+    return Attempt(ERROR, called[0]) if called else attempt
+
+
+def _run(exercise: Exercise, functions: tuple[Callable[..., Any], ...], inputs: Any) -> Attempt:
     try:
         outputs = exercise.run(functions, inputs)
     except NotImplementedError:

@@ -45,6 +45,9 @@ class Exercise:
     - `builds_on`: ids of earlier exercises whose functions this one's calls by name; it is graded
       with the course's own in their place (see `labkit.labs.common.pieces`), and a notebook cell
       that runs the learner's whole chain waits for all of them (`labkit.labs.common.gate`).
+    - `answers`: dotted names of labkit's callables that solve this exercise
+      (``"labkit.kv.attention.causal_mask"``): while `run` calls the learner's code they are out of
+      its reach, and calling one fails the exercise (`labkit.grading.answers`).
     """
 
     id: str
@@ -58,6 +61,7 @@ class Exercise:
     run: Callable[[Sequence[Callable[..., Any]], Any], Any] = call_first_function
     measured_once: bool = False
     builds_on: tuple[str, ...] = ()
+    answers: tuple[str, ...] = ()
 
     @property
     def lab(self) -> str:

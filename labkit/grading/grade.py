@@ -230,7 +230,7 @@ def _grade(args: argparse.Namespace) -> int:
     for grade in grades:
         outcome = grade.error or ", ".join(f"{result.exercise} {result.label}" for result in grade.results)
         print(f"{grade.name}: {grade.score:g} / {grade.max_score:g}  ({outcome})")
-    print(class_summary(grades))
+    print(class_summary(grades, settings.hint_penalty))
     manifest, digest = write_reports(grades, args.out, run_info(settings, args.seed, shard, class_names, names))
     print(f"reports in {args.out}/ (class table: grades.csv); sha256 of {manifest.name}: {digest}")
     return 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit.grading.report_text import csv_cell, fenced
+from labkit.grading.report_text import code_block, csv_cell
 from labkit.grading.result import PASS, STATUS_LABELS
 from labkit.grading.roster import Learner, RosterError, match_roster, read_roster
 from labkit.grading.shards import read_shard
@@ -85,7 +85,7 @@ def learner_feedback(learner: Learner, assignment: str, report: dict[str, Any] |
         return "\n".join([title, "", "No submission of yours was graded: **0 points**.", ""])
     lines = [title, "", f"**{_points(report['score'])} / {_points(report['max_score'])} points**", ""]
     if report.get("error"):
-        lines += ["Your notebook could not be graded:", "", *fenced(report["error"]), ""]
+        lines += ["Your notebook could not be graded:", "", *code_block(report["error"]), ""]
     with_hints = any("hints_shown" in entry for entry in report["exercises"])
     lines += ["| Exercise | Result | Points |" + (" Hint tier reached |" if with_hints else "")]
     lines += ["|---|---|---|" + ("---|" if with_hints else "")]
@@ -96,9 +96,8 @@ def learner_feedback(learner: Learner, assignment: str, report: dict[str, Any] |
     for entry in report["exercises"]:
         if entry["status"] == PASS:
             continue
-        lines += ["", f"## `{entry['id']}`", "", *fenced(_first_difference(entry["message"]))]
-        if hint := _hint_line(entry["message"]):
-            lines += ["", *fenced(hint)]
+        shown = [_first_difference(entry["message"]), _hint_line(entry["message"])]
+        lines += ["", f"## `{entry['id']}`", "", *code_block("\n\n".join(filter(None, shown)))]
     return "\n".join(lines) + "\n"
 
 

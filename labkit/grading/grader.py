@@ -38,13 +38,21 @@ from labkit.cache import CACHE_ENV, cache_root
 from labkit.grading import cgroups, sandbox
 from labkit.grading import kernel_session as ks
 from labkit.grading.checks import Exercise, exercises_for_lab, lab_module
-from labkit.grading.hint_counts import read_hint_counts, weigh_hints
+from labkit.grading.hint_counts import read_hint_counts, self_reported, weigh_hints
 from labkit.grading.judge import expected_outputs, verdict
 from labkit.grading.judge_process import judge_result, start_judges
 from labkit.grading.kernel_side import attempt_code, hint_counts_code
 from labkit.grading.report_text import report_lines, report_text
 from labkit.grading.result import CRASHED, ERROR, NOT_RUN, TIMEOUT, CheckResult
-from labkit.grading.submissions import SubmissionError, code_cells, infer_lab, read_notebook, submission_names
+from labkit.grading.submissions import (
+    SubmissionError,
+    code_cells,
+    infer_lab,
+    read_notebook,
+    rename_note,
+    reserved,
+    submission_names,
+)
 from labkit.models.default_model import ModelCacheError, contents_verified
 
 # The only variables of the grader's environment a kernel gets: what programs, locale, labkit, the
@@ -84,7 +92,7 @@ class SubmissionGrade:
     lab: str | None = None
     seed: int | None = None  # this submission's own secret seed
     results: list[CheckResult] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what went wrong while running the notebook
+    notes: list[str] = field(default_factory=list)  # what else it must know: a rename, cells that failed, ...
     error: str | None = None  # set when the submission could not be graded at all
     elapsed_s: float = 0.0
 
@@ -242,6 +250,9 @@ class Grader:
         """Grade one submission (`slot` numbers its sandbox user); a file that cannot be graded gives
         an entry with `error` set."""
         grade = SubmissionGrade(name=name, path=str(path), lab=self.settings.lab, seed=self.seed_for(name))
+        grade.notes += filter(None, [rename_note(path, name)])
+        if self.settings.hint_penalty:
+            grade.notes.append(self_reported(self.settings.hint_penalty))
         started = time.monotonic()
         try:
             notebook = read_notebook(path)
@@ -388,11 +399,18 @@ def grade_submissions(
         return list(tqdm(running, total=len(jobs_list), desc="grading", unit="notebook", disable=None))
 
 
-def class_summary(grades: Sequence[SubmissionGrade]) -> str:
-    """One line for the end of a run: how many submissions were graded and how many could not be."""
+def class_summary(grades: Sequence[SubmissionGrade], hint_penalty: float = 0.0) -> str:
+    """The end of a run: how many submissions were graded and how many could not be; which were renamed
+    (a learner looks for their report under their file's name); whose word the hint counts are, when they cost."""
     refused = [grade.name for grade in grades if grade.status == NOT_GRADED]
     line = f"{len(grades) - len(refused)} of {len(grades)} submissions graded"
     if refused:
         shown = ", ".join(refused[:10]) + (f" and {len(refused) - 10} more" if len(refused) > 10 else "")
         line += f"; {len(refused)} could not be (0 points; the reason is in each one's report): {shown}"
+    renamed = [grade for grade in grades if reserved(Path(grade.path).stem)]
+    if renamed:
+        shown = ", ".join(f"{Path(grade.path).name!r} as {grade.name}" for grade in renamed)
+        line += f"\nrenamed, since the grader writes files of those names itself: {shown}"
+    if hint_penalty:
+        line += "\n" + self_reported(hint_penalty)
     return line

@@ -37,6 +37,15 @@ def hints_shown() -> dict[str, int]:
     return dict(_shown)
 
 
+def self_reported(penalty: float) -> str:
+    """What the reports and the class summary say whenever hints cost points: whose word the counts are."""
+    return (
+        f"--hint-penalty {penalty:g}: the hint counts are self-reported. The learner's own kernel counted "
+        "them, and no grader can see what happened on the learner's machine: a hint cell deleted or a "
+        "counter cleared before handing in counts as no hint."
+    )
+
+
 def read_hint_counts(path: Path) -> dict[str, int]:
     """Exercise id -> hints shown, from the file the kernel wrote; anything malformed counts as none.
 

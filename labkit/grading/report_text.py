@@ -3,8 +3,10 @@
 A submission controls much of what its reports say: its exception messages, what its cells
 raised, even its file name. Every such text goes through `report_text` before any report holds
 it (at most `MAX_TEXT_BYTES`, with the cut stated; characters that XML cannot hold or UTF-8
-cannot encode shown as escapes), then through the format's own guard: `fenced` for Markdown (a
-fence longer than any run of backticks inside, so the text cannot close it and forge headings),
+cannot encode shown as escapes), then through the format's own guard: `code_block` for Markdown (every line indented four
+spaces, so no line of it can start markup: not for a CommonMark renderer, which shows it as code,
+nor for anything that reads the file line by line, such as `grep '^#'` or a page that concatenates
+reports),
 `csv_cell` for a spreadsheet (OWASP's rule against CSV injection: a cell a spreadsheet would read
 as a formula is quoted with a leading apostrophe). JSON and XML writers escape the rest.
 """
@@ -41,11 +43,14 @@ def report_lines(lines: list[str], limit: int = MAX_TEXT_BYTES) -> list[str]:
     return kept
 
 
-def fenced(text: str, info: str = "text") -> list[str]:
-    """Markdown lines showing `text` verbatim in a code block that nothing inside it can close."""
-    longest = max((len(run) for run in re.findall("`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return [fence + info, text, fence]
+def code_block(text: str) -> list[str]:
+    """Markdown lines showing `text` verbatim as an indented code block; put a blank line before it.
+
+    A fence could be closed by a line of the text, and a fenced line still starts with `#` for any
+    reader that is not a renderer. An indented code block ends only at a line indented less than
+    four spaces, and every line of this one is indented four: the text can neither end it nor start
+    a line of the file."""
+    return ["    " + line for line in text.split("\n")]
 
 
 def csv_cell(value: str) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit.grading.grader import SubmissionGrade
-from labkit.grading.report_text import csv_cell, fenced
+from labkit.grading.report_text import code_block, csv_cell
 from labkit.grading.result import CheckResult
 
 RUN_FILE = "run.json"
@@ -67,7 +67,7 @@ def to_markdown(grade: SubmissionGrade) -> str:
     """A summary a learner or instructor can read: the score, a table, then each message."""
     lines = [f"# {grade.name}: {_points(grade.score)} / {_points(grade.max_score)} points", ""]
     if grade.error:
-        lines += ["**Not graded:**", "", *fenced(grade.error), ""]
+        lines += ["**Not graded:**", "", *code_block(grade.error), ""]
     if grade.results:
         lines += [f"Lab `{grade.lab}`; the grader's inputs came from seed {grade.seed}.", ""]
         lines += ["| Exercise | Result | Points | Hints shown |", "|---|---|---|---|"]
@@ -78,9 +78,9 @@ def to_markdown(grade: SubmissionGrade) -> str:
         ]
         lines += ["", "## Feedback", ""]
         for result in grade.results:
-            lines += [f"### `{result.exercise}`: {result.label}", "", *fenced(result.message), ""]
+            lines += [f"### `{result.exercise}`: {result.label}", "", *code_block(result.message), ""]
     if grade.notes:
-        lines += ["## While running the notebook", "", *fenced("\n".join(grade.notes)), ""]
+        lines += ["## Notes", "", *code_block("\n".join(grade.notes)), ""]
     return "\n".join(lines)
 
 

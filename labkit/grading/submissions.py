@@ -19,7 +19,9 @@ import nbformat
 from labkit.grading.checks import lab_of
 from labkit.grading.learner_notebook import EXERCISE_TAG
 
-RUN_REPORT_STEMS = frozenset({"checksums", "grades", "run"})  # the run's own reports (reports.py)
+RUN_FILES = ("checksums.json", "grades.csv", "run.json")  # the run's own reports (reports.py)
+# A report may not be named like one of them, nor like its file name in full (no `grades.csv.md` either).
+RUN_REPORT_STEMS = frozenset(name for file in RUN_FILES for name in (file, file.partition(".")[0]))
 _LAB_ID = re.compile(r"[A-Za-z0-9_]{1,40}")
 MAX_NAME_CHARS = 100  # of a report's name, leaving room for its suffix under any file system's limit
 
@@ -79,6 +81,19 @@ def _file_stem(stem: str) -> str:
     return name
 
 
+def reserved(stem: str) -> bool:
+    """Whether reports named after `stem` would be, or pass for, the run's own files (`RUN_REPORT_STEMS`)."""
+    return _file_stem(stem).casefold() in RUN_REPORT_STEMS
+
+
+def rename_note(path: Path, name: str) -> str | None:
+    """What a submission's report says when its file's name is the grader's own (None otherwise): where its
+    reports are, so that the learner and the instructor do not take the run's file for them."""
+    if not reserved(path.stem):
+        return None
+    return f"handed in as {path.name!r}; its reports are named {name}: the grader writes {', '.join(RUN_FILES)} itself"
+
+
 def submission_names(paths: Sequence[Path]) -> list[str]:
     """Unique, safe names for report files, whatever the submissions are called: the file stem, or the
     path below the common folder when stems repeat; a run's own report (`RUN_REPORT_STEMS`) or a
@@ -91,7 +106,7 @@ def submission_names(paths: Sequence[Path]) -> list[str]:
     taken = set(RUN_REPORT_STEMS)
     for stem in stems:
         name = _file_stem(stem)
-        if name.casefold() in RUN_REPORT_STEMS:
+        if reserved(name):
             name += "_submission"
         while name.casefold() in taken:  # the same file given twice, or a name that differs only in case
             name += "_again"

@@ -33,12 +33,27 @@ def _logits_for_steps(seed: int) -> tuple[torch.Tensor]:
     return (torch.randn(6, 50, generator=_generator(seed)),)
 
 
+# The course's answers. The oracles use them, and each exercise names its own in `answers`, so a
+# learner's function that calls one fails instead of passing (labkit.grading.answers).
+def course_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a + b
+
+
+def course_softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, dim=-1)
+
+
+def course_greedy_tokens(logits: torch.Tensor) -> list[int]:
+    return logits.argmax(dim=-1).tolist()
+
+
 register(
     Exercise(
         id="demo.add",
         functions=("add",),
         make_inputs=_two_matrices,
-        oracle=lambda inputs: inputs[0] + inputs[1],
+        oracle=lambda inputs: course_add(*inputs),
+        answers=("labkit.grading.exercises.demo.course_add",),
         compare=lambda expected, got: compare_tensors(expected, got, dims=("row", "column"), what="sum"),
         tested="add(a, b) on two random (3, 4) tensors gives their elementwise sum",
         hint="Add the two tensors element by element and return a tensor of the same shape.",
@@ -50,7 +65,8 @@ register(
         id="demo.softmax",
         functions=("softmax",),
         make_inputs=_large_scores,
-        oracle=lambda inputs: torch.softmax(inputs[0], dim=-1),
+        oracle=lambda inputs: course_softmax(*inputs),
+        answers=("labkit.grading.exercises.demo.course_softmax",),
         compare=lambda expected, got: compare_tensors(expected, got, dims=("row", "column"), what="probability"),
         tested="softmax(x) over the last axis of a (4, 7) tensor of large scores matches torch.softmax",
         hint=(
@@ -66,7 +82,8 @@ register(
         id="demo.greedy_tokens",
         functions=("greedy_tokens",),
         make_inputs=_logits_for_steps,
-        oracle=lambda inputs: inputs[0].argmax(dim=-1).tolist(),
+        oracle=lambda inputs: course_greedy_tokens(*inputs),
+        answers=("labkit.grading.exercises.demo.course_greedy_tokens",),
         compare=lambda expected, got: compare_tokens(expected, got),
         tested="greedy_tokens(logits) picks the highest-scoring token id at each of 6 steps",
         hint="Take the argmax over the vocabulary axis (the last one) at every step and return a list of ints.",

@@ -95,6 +95,7 @@ MASK = register(
         Exercise(
             id="lab1.causal_mask",
             functions=("causal_mask",),
+            answers=("labkit.kv.attention.causal_mask",),
             make_inputs=_mask_sizes,
             run=lambda functions, inputs: [functions[0](n) for n in inputs[0]],
             oracle=_mask_oracle,
@@ -157,6 +158,7 @@ ATTENTION = register(
         Exercise(
             id="lab1.attention",
             functions=("attention",),
+            answers=("labkit.kv.attention.attention",),
             make_inputs=_attention_inputs,
             run=lambda functions, inputs: [functions[0](*case) for case in inputs[0]],
             oracle=_attention_oracle,

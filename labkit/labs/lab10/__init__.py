@@ -290,6 +290,7 @@ register(
         Exercise(
             id="lab10.int8",
             functions=("quantize_int8", "dequantize_int8"),
+            answers=("labkit.models.quant.quantize_int8", "labkit.models.quant.dequantize_int8"),
             make_inputs=int8_cases,
             run=_run_int8,
             oracle=_int8_oracle,
@@ -475,6 +476,7 @@ register(
         Exercise(
             id="lab10.int4",
             functions=("quantize_int4", "dequantize_int4"),
+            answers=("labkit.models.quant.quantize_int4", "labkit.models.quant.dequantize_int4"),
             make_inputs=int4_cases,
             run=_run_int4,
             oracle=_int4_oracle,

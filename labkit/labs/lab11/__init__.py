@@ -362,6 +362,7 @@ register(
         Exercise(
             id="lab11.decode_bytes",
             functions=("decode_bytes",),
+            answers=("labkit.kernels.traffic.decode_bytes",),
             make_inputs=bytes_cases,
             run=lambda functions, cases: [functions[0](**case) for case in cases],
             oracle=_bytes_oracle,

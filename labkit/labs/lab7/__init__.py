@@ -137,6 +137,7 @@ register(
         Exercise(
             id="lab7.block_hashes",
             functions=("block_hashes",),
+            answers=("labkit.kv.prefix_cache.block_hashes",),
             make_inputs=lambda seed: {"cases": _hash_cases(seed), "requests": chat_requests(seed)},
             run=lambda functions, inputs: {
                 "hashes": [list(functions[0](list(tokens), size)) for tokens, size in inputs["cases"]],
@@ -225,6 +226,7 @@ register(
         Exercise(
             id="lab7.cached_prefix",
             functions=("cached_prefix",),
+            answers=("labkit.kv.prefix_cache.longest_cached_prefix",),
             make_inputs=lambda seed: {"cases": _prefix_cases(seed), "requests": chat_requests(seed)},
             run=_run_prefix,
             oracle=lambda inputs: {
@@ -356,6 +358,7 @@ register(
         Exercise(
             id="lab7.lru_free",
             functions=("release_block", "pick_block"),
+            answers=("labkit.kv.prefix_cache.release_block", "labkit.kv.prefix_cache.pick_block"),
             make_inputs=lambda seed: {"calls": pool_script(seed, BLOCK_SIZE), "requests": chat_requests(seed)},
             run=_run_lru,
             oracle=lambda inputs: {

@@ -165,6 +165,7 @@ register(
         Exercise(
             id="lab8.propose_ngram",
             functions=("propose_ngram",),
+            answers=("labkit.spec.ngram.propose_ngram",),
             make_inputs=ngram_cases,
             run=_run_ngram,
             oracle=_ngram_oracle,
@@ -279,6 +280,7 @@ register(
         Exercise(
             id="lab8.accept_greedy",
             functions=("accept_greedy",),
+            answers=("labkit.spec.accept.accept_greedy",),
             make_inputs=lambda seed: {"cases": greedy_cases(seed), "requests": engine_requests(seed), "seed": seed},
             run=_run_greedy,
             oracle=_greedy_oracle,
@@ -410,6 +412,7 @@ register(
         Exercise(
             id="lab8.rollback",
             functions=("rollback",),
+            answers=("labkit.spec.rollback.rollback",),
             make_inputs=lambda seed: {"cases": rollback_cases(seed), "requests": engine_requests(seed), "seed": seed},
             run=_run_rollback,
             oracle=_rollback_oracle,
@@ -606,6 +609,7 @@ register(
         Exercise(
             id="lab8.accept_sampling",
             functions=("accept_sampling",),
+            answers=("labkit.spec.accept.accept_sampling",),
             make_inputs=sampling_cases,
             run=_run_sampling,
             oracle=_sampling_oracle,

@@ -1,0 +1,103 @@
+"""While the learner's code runs for an exercise, labkit's own answer to that exercise is out of reach.
+
+labkit holds the course's reference implementations (`labkit.kv.attention.causal_mask`, ...), and a
+lab legitimately imports much of labkit. nbgrader and otter let a notebook call the reference and
+pass. Here an exercise names the callables that solve it (`Exercise.answers`, dotted names), and for
+as long as its `run` calls the learner's functions, each is swapped for a stub that fails the
+exercise with a message saying why, then put back. The grader's kernel and `labkit.check` both go
+through `attempt_exercise`, so a learner meets this in the notebook before handing it in. Every
+other part of labkit keeps working, and the oracle, which runs outside `run`, uses the real one.
+
+Where the stub stands in, by identity with the reference:
+- the attribute of the module that defines it, and of any labkit package that re-exports it
+  (`labkit.kv.attention.causal_mask`, `import labkit.kv.attention as a; a.causal_mask(...)`);
+- the globals of the learner's functions, i.e. the notebook's names (`from labkit.kv.attention
+  import causal_mask` binds early, so that binding is swapped too), and a learner's function that
+  is the reference itself.
+
+Not covered: a reference reached through another labkit module's own import of it (labkit's
+internal code must keep calling it), or kept in a closure, a default argument, a container or a
+`functools.partial`, or dug out of `gc`. This stops the shortcut that needs no effort; reading
+the exercise cells remains the check against one that does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from typing import Any
+
+from labkit.grading.checks import Exercise
+
+# labkit's own code that runs inside `run` (the checks and the grader) keeps its references.
+_CHECKING_PACKAGES = ("labkit.labs", "labkit.grading")
+
+
+class ReferenceAnswerCalled(RuntimeError):
+    """The learner's code called labkit's answer to the exercise being checked."""
+
+
+def reference(dotted: str) -> Any:
+    """The object a dotted name such as `labkit.kv.attention.causal_mask` names (its module imported)."""
+    module_name, _, attribute = dotted.rpartition(".")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def _stub(exercise_id: str, dotted: str, called: list[str]) -> Callable[..., Any]:
+    message = (
+        f"{exercise_id}: your code called {dotted}, the reference answer to this exercise; write your own "
+        "(labkit's answer is out of reach while this exercise is checked)"
+    )
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        called.append(message)
+        raise ReferenceAnswerCalled(message)
+
+    return refuse
+
+
+def _places(defining: str, namespaces: Sequence[MutableMapping[str, Any]]) -> list[MutableMapping[str, Any]]:
+    """Where the learner can reach a reference defined in module `defining`: that module, labkit's
+    packages (re-exports) and the learner's own namespaces."""
+    packages = [
+        vars(module)
+        for name, module in list(sys.modules.items())
+        if (name == "labkit" or name.startswith("labkit."))
+        and hasattr(module, "__path__")
+        and not name.startswith(_CHECKING_PACKAGES)
+    ]
+    return [vars(sys.modules[defining]), *packages, *namespaces]
+
+
+def _namespace_of(function: Any) -> MutableMapping[str, Any] | None:
+    """The globals `function` reads names from: its own, or for a class, its module's."""
+    if isinstance(function, type):
+        module = sys.modules.get(function.__module__)
+        return vars(module) if module is not None else None
+    return getattr(function, "__globals__", None)
+
+
+@contextlib.contextmanager
+def answers_blocked(exercise: Exercise, functions: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], list[str]]]:
+    """Inside: `exercise.answers` are stubs wherever the learner's `functions` can reach them. Yields the
+    functions to call (a learner's function that is a reference, replaced) and the list of messages of the
+    stubs called, so that catching the error does not hide the call. Everything is put back on leaving."""
+    namespaces = [space for space in map(_namespace_of, functions) if space is not None]
+    swapped: list[tuple[MutableMapping[str, Any], str, Any]] = []
+    called: list[str] = []
+    originals = [(dotted, reference(dotted)) for dotted in exercise.answers]  # a bad name fails before any swap
+    stubs: dict[int, Callable[..., Any]] = {}
+    for dotted, original in originals:
+        stub = stubs[id(original)] = _stub(exercise.id, dotted, called)
+        for place in _places(dotted.rpartition(".")[0], namespaces):
+            for key, value in list(place.items()):
+                if value is original:
+                    swapped.append((place, key, value))
+                    place[key] = stub
+    try:
+        yield tuple(stubs.get(id(function), function) for function in functions), called
+    finally:
+        for place, key, value in reversed(swapped):
+            place[key] = value
