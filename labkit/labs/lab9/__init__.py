@@ -505,10 +505,10 @@ register(
                 run=run_capacity,
                 oracle=capacity_oracle,
                 compare=judge_sweep,
-                tested="your sweep runs against a fresh labkit serve (4 seats) with a promise of 5x the TTFT and 3x the "
-                "TPOT one user alone sees there, and every load it sends is recorded: it must send the lab's LOAD to "
-                "that server, each rate once, up to the first that breaks the promise, and your rate must equal "
-                "labkit's rule applied to exactly those measurements; then the same again with the load tester "
+                tested="your sweep runs against a fresh labkit serve (4 seats) with a promise of 5x the TTFT and "
+                "3x the TPOT one user alone sees there, and every load it sends is recorded: it must send the lab's "
+                "LOAD to that server, each rate once, up to the first that breaks the promise, and your rate must "
+                "equal labkit's rule applied to exactly those measurements; then the same again with the load tester "
                 "answering from a stored sweep whose capacity is known, under another promise. Your find_capacity "
                 "runs with labkit's highest_rate in place of yours, which its own exercise checks",
                 hint="find_capacity(url, rates, promise) = highest_rate(a measure that loads url with LOAD, rates, "
