@@ -14,12 +14,15 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from lab_sources import is_exercise, solved_namespace, source_cells
 
 from labkit.bench.busy import busy_cores
 from labkit.engine.scheduler import SchedulerOutput
 from labkit.grading.checks import get_exercise
 from labkit.grading.feedback import evaluate
 from labkit.grading.result import FAIL, NOT_DONE, PASS, Mismatch, Note
+from labkit.labs.common.pieces import Piece, course_pieces
+from labkit.labs.lab9 import SEARCH
 from labkit.labs.lab9.admission import WRONG_RULES
 from labkit.labs.lab9.capacity import (
     EXAMPLE_PROMISE,
@@ -28,6 +31,8 @@ from labkit.labs.lab9.capacity import (
     REPLAY_SIGNS,
     capacity_inputs,
     capacity_oracle,
+    course_highest_rate,
+    judge_sweep,
     replay_sweep,
 )
 from labkit.serve import background
@@ -231,9 +236,7 @@ FAR = [*SWEEP, sent(8.0, 2500, 95), sent(16.0, 5000, 100)]
 
 
 def judged(rate, loads=SWEEP):
-    return get_exercise("lab9.find_capacity").compare(
-        EXPECTED, {"rate": rate, "promise": PROMISE, "url": URL, "loads": loads}
-    )
+    return judge_sweep(EXPECTED, {"rate": rate, "promise": PROMISE, "url": URL, "loads": loads})
 
 
 def test_labkits_rule_on_the_sweeps_own_measurements_passes():
@@ -305,7 +308,7 @@ def replayed(monkeypatch):
 
 def judged_with_replay(live_rate, live_loads, replay):
     got = {"rate": live_rate, "promise": PROMISE, "url": URL, "loads": live_loads, "replay": replay}
-    return get_exercise("lab9.find_capacity").compare(EXPECTED, got)
+    return judge_sweep(EXPECTED, got)
 
 
 def test_the_replayed_sweep_has_a_known_capacity_mid_grid(replayed):
@@ -387,3 +390,58 @@ def test_a_blank_sweep_is_not_done_before_any_server_starts(monkeypatch):
         raise NotImplementedError("Exercise lab9.find_capacity: replace this line with your code")
 
     assert evaluate("lab9.find_capacity", find_capacity).status == NOT_DONE
+
+
+# --- one mistake in highest_rate costs highest_rate's points only ----------------------------------
+# The typical wrong rules, each an edit of the solved highest_rate: a wrong rule used to fail find_capacity too,
+# because the sweep was judged through the learner's own rule.
+SEARCH_PIECE = Piece(SEARCH, course_highest_rate)
+WRONG_SEARCHES = {
+    "best of all rates": ("            break\n", "            continue\n"),
+    "the mean, not p99": ("np.percentile([r[metric] for r in requests], 99)", "np.mean([r[metric] for r in requests])"),
+    "the first failing rate": (
+        "        requests = measure(rate)\n",
+        "        requests = measure(rate)\n        best = rate\n",
+    ),
+    "TPOT only": ("in promise.items()", "in promise.items() if metric == 'tpot_ms'"),
+}
+
+
+def names_called(value) -> tuple[str, ...]:
+    code = getattr(value, "__code__", None)
+    return code.co_names if code is not None else ()
+
+
+def with_wrong_search(mistake: str) -> dict:
+    """A solved lab 9 namespace whose only mistake is ``mistake`` in highest_rate (defined in it, as a cell is)."""
+    namespace = solved_namespace("lab9")
+    cell = next(c.source for c in source_cells("lab9") if is_exercise(c) and c.source.startswith("def highest_rate("))
+    old, new = WRONG_SEARCHES[mistake]
+    assert old in cell, old
+    exec(cell.replace(old, new), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("mistake", list(WRONG_SEARCHES))
+def test_a_wrong_search_fails_its_own_check_and_the_sweep_is_judged_by_labkits_rule(replayed, mistake):
+    namespace = with_wrong_search(mistake)
+    assert evaluate("lab9.highest_rate", namespace=namespace).status == FAIL
+    with course_pieces(namespace["find_capacity"], [SEARCH_PIECE]):
+        assert namespace["highest_rate"] is course_highest_rate
+        verdict = judged_with_replay(2.0, SWEEP, replayed(namespace["find_capacity"]))
+    assert isinstance(verdict, Note), verdict
+    assert namespace["highest_rate"] is not course_highest_rate  # the learner's own is put back
+
+
+def test_a_lab9_notebook_whose_only_mistake_is_in_highest_rate_loses_exactly_one_exercise():
+    """Graded as the grader does, from the notebook's namespace: a real server for the sweep (about 20 s)."""
+    namespace = with_wrong_search("the mean, not p99")
+    callers = {name for name, value in namespace.items() if "highest_rate" in names_called(value)}
+    assert callers == {"find_capacity"}  # no other exercise of lab 9 calls it
+    results = {
+        exercise: evaluate(exercise, namespace=namespace) for exercise in ("lab9.highest_rate", "lab9.find_capacity")
+    }
+    lost = [exercise for exercise, result in results.items() if not result.passed]
+    assert lost == ["lab9.highest_rate"], results
+    sweep = results["lab9.find_capacity"].message
+    assert "your highest_rate (exercise 5) still fails its check" in sweep, sweep

@@ -56,11 +56,11 @@ def course_dequantize_int4(
     return dequantize_int4(Int4Weight(padded, scale, zero, columns, group_size))
 
 
-def course_round_trips() -> dict[str, RoundTrip]:
-    """The course's int8 and int4 (groups of 128) as weight -> the weight its codes stand for."""
+def course_round_trips(group_size: int = GROUP_SIZE) -> dict[str, RoundTrip]:
+    """The course's int8 and int4 (groups of ``group_size``) as weight -> the weight its codes stand for."""
     return {
         "int8": lambda w: course_dequantize_int8(*course_quantize_int8(w)),
-        "int4": lambda w: course_dequantize_int4(*course_quantize_int4(w)),
+        "int4": lambda w: course_dequantize_int4(*course_quantize_int4(w, group_size), group_size),
     }
 
 

@@ -30,6 +30,7 @@ from labkit.engine.reference import compare_to_solo, solo_greedy
 from labkit.grading.checks import Exercise, get_exercise, register
 from labkit.grading.result import Mismatch
 from labkit.labs.common.learner_errors import diagnosed, raised_mismatch
+from labkit.labs.common.pieces import Piece, on_its_own
 from labkit.labs.common.shared import small_model
 from labkit.labs.hints import register_hints
 from labkit.labs.lab4 import check_decisions
@@ -46,6 +47,7 @@ from labkit.labs.lab9.capacity import (
     SITUATIONS,
     capacity_inputs,
     capacity_oracle,
+    course_highest_rate,
     highest_rate_oracle,
     judge_sweep,
     replay,
@@ -470,47 +472,50 @@ def _known_search_error(record: dict[str, Any]) -> str | None:
     return None
 
 
-register(
-    diagnosed(
-        Exercise(
-            id="lab9.highest_rate",
-            functions=("highest_rate",),
-            make_inputs=sweep_situations,
-            run=_run_search,
-            oracle=_search_oracle,
-            compare=_compare_search,
-            tested="replayed load tests at six rates in five situations (a tail only the p99 sees, a lost request, "
-            "a rate passing again above a failure, a promise nothing keeps, a promise with a TTFT and a TPOT limit): "
-            "your answer equals labkit's rule and you measure no rate past the first that breaks the promise",
-            hint="Go up from the lowest rate; a rate keeps the promise if every request is ok and, for every metric "
-            "of the promise, the 99th percentile is within its limit; stop at the first that does not and return "
-            "the one before (or None).",
-            points=2.0,
-        ),
-        _known_search_error,
-    )
+SEARCH = diagnosed(
+    Exercise(
+        id="lab9.highest_rate",
+        functions=("highest_rate",),
+        make_inputs=sweep_situations,
+        run=_run_search,
+        oracle=_search_oracle,
+        compare=_compare_search,
+        tested="replayed load tests at six rates in five situations (a tail only the p99 sees, a lost request, "
+        "a rate passing again above a failure, a promise nothing keeps, a promise with a TTFT and a TPOT limit): "
+        "your answer equals labkit's rule and you measure no rate past the first that breaks the promise",
+        hint="Go up from the lowest rate; a rate keeps the promise if every request is ok and, for every metric "
+        "of the promise, the 99th percentile is within its limit; stop at the first that does not and return "
+        "the one before (or None).",
+        points=2.0,
+    ),
+    _known_search_error,
 )
+register(SEARCH)
 
 # --- lab9.find_capacity -----------------------------------------------------------------------
 
 
 register(
-    diagnosed(
-        Exercise(
-            id="lab9.find_capacity",
-            functions=("find_capacity",),
-            make_inputs=capacity_inputs,
-            run=run_capacity,
-            oracle=capacity_oracle,
-            compare=judge_sweep,
-            tested="your sweep runs against a fresh labkit serve (4 seats) with a promise of 5x the TTFT and 3x the "
-            "TPOT one user alone sees there, and every load it sends is recorded: it must send the lab's LOAD to "
-            "that server, each rate once, up to the first that breaks the promise, and your rate must equal "
-            "labkit's rule applied to exactly those measurements; then the same again with the load tester "
-            "answering from a stored sweep whose capacity is known, under another promise",
-            hint="find_capacity(url, rates, promise) = highest_rate(a measure that loads url with LOAD, rates, "
-            "promise).",
-        )
+    on_its_own(
+        diagnosed(
+            Exercise(
+                id="lab9.find_capacity",
+                functions=("find_capacity",),
+                make_inputs=capacity_inputs,
+                run=run_capacity,
+                oracle=capacity_oracle,
+                compare=judge_sweep,
+                tested="your sweep runs against a fresh labkit serve (4 seats) with a promise of 5x the TTFT and "
+                "3x the TPOT one user alone sees there, and every load it sends is recorded: it must send the lab's "
+                "LOAD to that server, each rate once, up to the first that breaks the promise, and your rate must "
+                "equal labkit's rule applied to exactly those measurements; then the same again with the load tester "
+                "answering from a stored sweep whose capacity is known, under another promise. Your find_capacity "
+                "runs with labkit's highest_rate in place of yours, which its own exercise checks",
+                hint="find_capacity(url, rates, promise) = highest_rate(a measure that loads url with LOAD, rates, "
+                "promise).",
+            )
+        ),
+        Piece(SEARCH, course_highest_rate),
     )
 )
 

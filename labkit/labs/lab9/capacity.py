@@ -11,6 +11,8 @@ equal it. So the verdict never depends on how fast or busy the machine is: a slo
 the learner's measurements and the rule's alike, because they are the same ones. Besides the
 rate it checks that the sweep measured at all, sent the lab's ``LOAD`` to the server it was
 given, measured each rate once, every rate up to the first that breaks the promise and none past.
+The learner's ``find_capacity`` runs with labkit's rule (:func:`course_highest_rate`) in place of
+their ``highest_rate``, which its own exercise judges: a wrong rule costs that exercise only.
 
 On a live server the right answer and some wrong ones can coincide (a sweep that ignores the
 promise it is given and uses another, or measures every rate, passes whenever that makes no
@@ -40,7 +42,7 @@ from labkit.serve import background
 from labkit.serve.background import measure, per_request
 from labkit.serve.loadtest import api_base, recording
 from labkit.serve.server import ServerThread
-from labkit.slo import Promise, from_requests, highest_rate
+from labkit.slo import Promise, from_requests, highest_rate, keeps
 from labkit.trace import RequestRecord, Trace
 from labkit.workloads import Workload
 
@@ -376,6 +378,17 @@ def highest_rate_oracle(runs: dict[float, list[dict]], rates: list[float], promi
     """labkit's answer (:func:`labkit.slo.highest_rate`) and the rates it had to measure."""
     best = highest_rate({rate: from_requests(runs[rate]) for rate in rates}, Promise.from_limits(promise))
     return {"rate": best, "measured": rates_needed(rates, best)}
+
+
+def course_highest_rate(measure, rates: list[float], promise: dict[str, float]) -> float | None:
+    """labkit's rule (:func:`labkit.slo.highest_rate`) called as the learner's ``highest_rate`` is: the
+    sweep's check runs the learner's ``find_capacity`` on it, so a wrong rule costs its own exercise only."""
+    limits, best = Promise.from_limits(promise), None
+    for rate in sorted(rates):
+        if not keeps(from_requests(measure(rate)), limits):
+            break
+        best = rate
+    return best
 
 
 def replay(runs: dict[float, list[dict]], measured: list[float]):
