@@ -160,3 +160,64 @@ def test_batching_slider_and_replies_give_the_schedulers_counts(html: Path, brow
         move()
         assert check() != before
     figure.close("book-browser-interactive-batching")
+
+
+# Every control of a figure, found through the widgets' shadow roots: its text and background colours, its edges.
+CONTROLS_JS = """() => {
+  const found = [];
+  const visit = (root) => {
+    for (const element of root.querySelectorAll('*')) {
+      if (element.matches('input.bk-input, select.bk-input')) {
+        const style = getComputedStyle(element), box = element.getBoundingClientRect();
+        found.push({color: style.color, background: style.backgroundColor, left: box.left, right: box.right});
+      }
+      if (element.shadowRoot) visit(element.shadowRoot);
+    }
+  };
+  visit(document);
+  return {controls: found, width: document.documentElement.clientWidth};
+}"""
+
+
+def luminance(css: str) -> float:
+    """WCAG relative luminance of an ``rgb(...)``/``rgba(...)`` colour."""
+    red, green, blue = (int(part) / 255 for part in css[css.index("(") + 1 : css.index(")")].split(",")[:3])
+    linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in (red, green, blue)]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+@pytest.mark.parametrize("chapter", ["kv_memory", "two_numbers", "batching"])
+def test_every_control_reads_in_either_colour_scheme_and_fits_a_phone(html: Path, browser, chapter, scheme) -> None:
+    tab = new_tab(browser, viewport={"width": 390, "height": 844}, color_scheme=scheme)
+    tab.goto((html / "book" / f"{chapter}.html").as_uri(), wait_until="load")
+    tab.locator("[data-name]").first.wait_for()
+    seen = tab.evaluate(CONTROLS_JS)
+    assert seen["controls"], f"{chapter}: no controls found"
+    for control in seen["controls"]:
+        light, dark = sorted((luminance(control["color"]), luminance(control["background"])), reverse=True)
+        contrast = (light + 0.05) / (dark + 0.05)
+        assert contrast >= 4.5, f"{chapter} ({scheme}): text {control['color']} on {control['background']}"
+        assert control["left"] >= 0 and control["right"] <= seen["width"], f"{chapter} ({scheme}): {control} off-screen"
+    screenshot(tab, f"book-browser-phone-{scheme}-{chapter}")
+    tab.close()
+
+
+def test_a_list_of_replies_too_long_or_not_whole_numbers_is_refused_and_the_charts_cleared(html: Path, browser) -> None:
+    figure = Figure(browser, html / "book" / "batching.html")
+    field = figure.tab.locator("input.bk-input[type=text]")
+    for typed, said in (
+        (", ".join(["5"] * 300), "at most 40 reply lengths"),
+        ("1e2, 3", "digits only"),
+        ("0x10, 3", "digits only"),
+    ):
+        field.fill(typed)
+        figure.tab.keyboard.press("Enter")
+        figure.tab.wait_for_function(
+            "said => Bokeh.documents[0].get_model_by_name('answer').text.includes(said)", arg=said
+        )
+        bars = figure.tab.evaluate(
+            "() => [...Bokeh.documents[0].all_models].filter(m => m.data && 'left' in m.data).map(m => m.data.left.length)"
+        )
+        assert bars and all(count == 0 for count in bars), f"{typed[:20]}...: the charts still show {bars} bars"
+    figure.close("book-browser-interactive-batching-refused")

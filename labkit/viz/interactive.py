@@ -19,7 +19,7 @@ from bokeh.document import Document
 from bokeh.embed import components
 from bokeh.events import DocumentReady
 from bokeh.layouts import column, row
-from bokeh.models import ColumnDataSource, CustomJS, Div, Range1d, Select, Slider, Span, TextInput
+from bokeh.models import ColumnDataSource, CustomJS, Div, InlineStyleSheet, Range1d, Select, Slider, Span, TextInput
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 from bokeh.resources import INLINE
@@ -92,6 +92,16 @@ function fmt(x, digits = 0) { return x.toLocaleString('en-US', {maximumFractionD
 """
 
 ANSWER_STYLE = {"font-size": "15px"}  # the figure's result line, as large as the chapter's prose
+# The figure sits on a light card in either colour scheme (the book's theme keeps outputs light), so its
+# controls are set to light colours too, explicitly: inherited, dark mode's light text fell on the inputs' white.
+THEMED_CONTROL = InlineStyleSheet(
+    css=".bk-input, select.bk-input { color: #1f2328; background-color: #fff; border-color: #c9ccd1; } "
+    "label, .bk-slider-title, .bk-input-group { color: #1f2328; }"
+)
+# Rows of controls wrap onto the next line on a narrow screen (a phone) instead of running off its side.
+WRAPPING_ROW = InlineStyleSheet(css=":host { flex-wrap: wrap; column-gap: 12px; }")
+CONTROL = dict(stylesheets=[THEMED_CONTROL], sizing_mode="stretch_width", min_width=240)
+MAX_REPLIES = 40  # the batching figure schedules at most this many replies: more would stall the page
 
 # The choices offered, each a labkit preset; the keys are what the page's selects hold.
 FIGURE_MODELS = {"llama-8b": LESSON_LLAMA_8B, "qwen3-8b": MODELS["qwen3-8b"], "smollm2-135m": MODELS["smollm2-135m"]}
@@ -107,6 +117,7 @@ def _constants() -> str:
         "WEIGHT_BYTES": WEIGHT_BYTES,
         "KV_BYTES": KV_BYTES,
         "PALETTE": list(Category10_10),
+        "MAX_REPLIES": MAX_REPLIES,
     }
     return "".join(f"const {name} = {json.dumps(value)};\n" for name, value in data.items())
 
@@ -123,7 +134,13 @@ def _wire(layout, widgets: list, args: dict, body: str):
 
 
 def _select(title: str, options: dict, value: str, name: str) -> Select:
-    return Select(title=title, value=value, options=[(key, item.name) for key, item in options.items()], name=name)
+    options = [(key, item.name) for key, item in options.items()]
+    return Select(title=title, value=value, options=options, name=name, **CONTROL)
+
+
+def _controls(*widgets) -> row:
+    """Controls side by side on a wide screen, one under another on a narrow one."""
+    return row(*widgets, stylesheets=[WRAPPING_ROW], sizing_mode="stretch_width")
 
 
 def _byte_options(table: dict) -> list:
@@ -134,10 +151,16 @@ def kv_capacity_figure():
     """How many conversations fit in a GPU's memory beside the weights, for a chosen model, GPU and context."""
     model = _select("model", FIGURE_MODELS, "llama-8b", "model")
     gpu = _select("GPU", FIGURE_GPUS, "friends-gpu", "gpu")
-    tokens = Slider(title="tokens per conversation", start=256, end=32768, step=256, value=8192, name="tokens")
-    fraction = Slider(title="share of memory vLLM may use", start=0.5, end=1.0, step=0.01, value=0.85, name="fraction")
-    weights = Select(title="bytes per weight", value="bf16", options=_byte_options(WEIGHT_BYTES), name="weights")
-    kv = Select(title="bytes per cached number", value="bf16", options=_byte_options(KV_BYTES), name="kv")
+    tokens = Slider(
+        title="tokens per conversation", start=256, end=32768, step=256, value=8192, name="tokens", **CONTROL
+    )
+    fraction = Slider(
+        title="share of memory vLLM may use", start=0.5, end=1.0, step=0.01, value=0.85, name="fraction", **CONTROL
+    )
+    weights = Select(
+        title="bytes per weight", value="bf16", options=_byte_options(WEIGHT_BYTES), name="weights", **CONTROL
+    )
+    kv = Select(title="bytes per cached number", value="bf16", options=_byte_options(KV_BYTES), name="kv", **CONTROL)
     answer = Div(text="", name="answer", styles=ANSWER_STYLE)
     curve, here = ColumnDataSource(data=dict(x=[], y=[])), ColumnDataSource(data=dict(x=[], y=[]))
     plot = figure(
@@ -179,7 +202,14 @@ def kv_capacity_figure():
         here=here,
         plot=plot,
     )
-    layout = column(row(model, gpu), row(weights, kv), row(tokens, fraction), answer, plot, sizing_mode="stretch_width")
+    layout = column(
+        _controls(model, gpu),
+        _controls(weights, kv),
+        _controls(tokens, fraction),
+        answer,
+        plot,
+        sizing_mode="stretch_width",
+    )
     return _wire(layout, widgets, args, body)
 
 
@@ -187,8 +217,10 @@ def step_time_figure():
     """A decode pass's memory and arithmetic terms against batch size, and where arithmetic takes over."""
     model = _select("model", FIGURE_MODELS, "llama-8b", "model")
     gpu = _select("GPU", FIGURE_GPUS, "sale-gpu", "gpu")
-    context = Slider(title="tokens of context per sequence", start=0, end=8192, step=50, value=1150, name="context")
-    batch = Slider(title="sequences in the pass", start=1, end=512, step=1, value=64, name="batch")
+    context = Slider(
+        title="tokens of context per sequence", start=0, end=8192, step=50, value=1150, name="context", **CONTROL
+    )
+    batch = Slider(title="sequences in the pass", start=1, end=512, step=1, value=64, name="batch", **CONTROL)
     answer = Div(text="", name="answer", styles=ANSWER_STYLE)
     terms, here = (
         ColumnDataSource(data=dict(b=[], memory=[], compute=[], step=[])),
@@ -233,14 +265,14 @@ def step_time_figure():
         critical=critical,
         plot=plot,
     )
-    layout = column(row(model, gpu), row(context, batch), answer, plot, sizing_mode="stretch_width")
+    layout = column(_controls(model, gpu), _controls(context, batch), answer, plot, sizing_mode="stretch_width")
     return _wire(layout, [model, gpu, context, batch], args, body)
 
 
 def batching_figure():
     """The same replies under static and continuous batching: seats over steps, padding hatched."""
-    seats = Slider(title="seats (sequences per batch)", start=1, end=10, step=1, value=5, name="seats")
-    replies = TextInput(title="reply lengths, in tokens", value=", ".join(map(str, REPLIES)), name="replies", width=300)
+    seats = Slider(title="seats (sequences per batch)", start=1, end=10, step=1, value=5, name="seats", **CONTROL)
+    replies = TextInput(title="reply lengths, in tokens", value=", ".join(map(str, REPLIES)), name="replies", **CONTROL)
     answer = Div(text="", name="answer", styles=ANSWER_STYLE)
     steps = Range1d(0, 90)
     plots, sources = [], []
@@ -271,9 +303,15 @@ def batching_figure():
         sources.append(source)
     plots[1].xaxis.axis_label = "decode step"
     body = """
-    const lengths = replies.value.split(/[\\s,]+/).filter(s => s).map(Number);
-    if (!lengths.length || !lengths.every(n => Number.isInteger(n) && n >= 1 && n <= 1000)) {
-      answer.text = 'Type whole numbers from 1 to 1000, separated by commas.';
+    const words = replies.value.split(/[\\s,]+/).filter(s => s);
+    const lengths = words.map(Number);
+    const problem = !words.length ? 'Type at least one reply length.'
+      : words.length > MAX_REPLIES ? `Type at most ${MAX_REPLIES} reply lengths (you typed ${words.length}).`
+      : !words.every(w => /^[0-9]+$/.test(w) && Number(w) >= 1 && Number(w) <= 1000)
+        ? 'Type whole numbers from 1 to 1000 (digits only), separated by commas.' : null;
+    if (problem) {  // no schedule for bad input: the charts are cleared, not left showing the previous one
+      sources.forEach(source => { source.data = {left: [], right: [], bottom: [], top: [], color: [], hatch: []}; });
+      answer.text = problem;
       return;
     }
     const runs = [staticBatching(lengths, seats.value), continuousBatching(lengths, seats.value)];
@@ -297,7 +335,7 @@ def batching_figure():
       + shown(runs[1].padded, runs[1].padded, 'continuous-padded') + ' padded.';
     """
     args = dict(seats=seats, replies=replies, answer=answer, steps=steps, plots=plots, sources=sources)
-    layout = column(row(seats, replies), answer, *plots, sizing_mode="stretch_width")
+    layout = column(_controls(seats, replies), answer, *plots, sizing_mode="stretch_width")
     return _wire(layout, [seats, replies], args, body)
 
 
