@@ -26,7 +26,7 @@ from browser_helpers import ARTIFACTS, CHROMIUM_FLAGS, chromium
 from labkit.labs.manifest import LABS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
-from quiz import QuizError, read_quiz  # noqa: E402  (the book's own extension, not a package)
+from quiz import QuizError, read_quiz, salt_of, scramble, spread_problems  # noqa: E402  (the book's own extension)
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = Path(__file__).resolve().parents[2] / "shared" / "sources"
@@ -163,6 +163,29 @@ def test_every_chapter_ends_with_a_check_whose_options_explain_themselves(doc: s
         quiz = read_quiz(block)  # raises QuizError naming what is missing
         explanations = [option["why"].strip() for option in quiz["options"]]
         assert len(set(explanations)) == len(explanations), f"{doc}: two options share one explanation"
+
+
+def test_the_books_right_answers_give_no_position_or_length_away() -> None:
+    records = []
+    for doc in chapter_docs():
+        for block in QUIZ_BLOCK.findall((REPO / f"{doc}.md").read_text(encoding="utf-8")):
+            options = read_quiz(block)["options"]
+            right = next(i for i, option in enumerate(options) if option.get("right"))
+            lengths = [len(option["answer"]) for option in options]
+            records.append((doc, right, len(options), lengths[right] == max(lengths)))
+    assert not spread_problems(records), spread_problems(records)
+
+
+def test_clustered_right_answers_are_named() -> None:
+    clustered = [(f"page{i}", 1, 3, i < 2) for i in range(6)]
+    assert spread_problems(clustered) == [
+        "option 2 is right in 6 of 6 checks (['page0', 'page1', 'page2', 'page3', 'page4', 'page5'])"
+    ]
+    longest = [(f"page{i}", i % 3, 3, i < 4) for i in range(6)]
+    assert spread_problems(longest) == [
+        "the right answer is the longest option in 4 of 6 checks ['page0', 'page1', 'page2', 'page3']"
+    ]
+    assert spread_problems([(f"page{i}", i % 3, 3, i == 0) for i in range(6)]) == []
 
 
 @pytest.mark.parametrize(
@@ -304,12 +327,19 @@ def test_chapter_renders_figures_math_answers_and_navigation(html: Path, doc: st
 
 
 def test_every_chapter_page_has_its_check_with_every_explanation(html: Path) -> None:
+    """Every option and its explanation on the page, and the right one findable by the script, not by reading."""
     for doc in chapter_docs():
         text = (html / f"{doc}.html").read_text(encoding="utf-8")
         options = text.count('class="quiz-option')
         assert 3 <= options, f"{doc}.html: the end-of-chapter check has {options} options on the page"
         assert text.count('class="quiz-explanation') == options, f"{doc}.html: an option lacks its explanation"
-        assert text.count("quiz-right") == 1, f"{doc}.html: the check should have exactly one right option"
+        explained = " ".join(re.findall(r'class="quiz-explanation[^"]*">(.*?)</div>', text, flags=re.S))
+        told = "quiz-right" in text or "quiz-wrong" in text or "Right." in explained or "Not this one" in explained
+        assert not told, f"{doc}.html: the markup says which option is right"
+        quiz = read_quiz(QUIZ_BLOCK.findall((REPO / f"{doc}.md").read_text(encoding="utf-8"))[0])
+        right = next(i for i, option in enumerate(quiz["options"]) if option.get("right"))
+        salt = salt_of(quiz["question"])
+        assert f"quiz-salt-{salt} quiz-key-{scramble(right, salt)}" in text, f"{doc}.html: the check's key is wrong"
         assert "quiz.js" in text, f"{doc}.html: the check's script (book/_ext/quiz_static/quiz.js) is not loaded"
 
 

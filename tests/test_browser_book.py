@@ -227,6 +227,10 @@ def test_each_check_option_shows_its_own_explanation_when_clicked(html: Path, op
             expect(explanation).to_contain_text(verdict)
             for later in options[picked + 1 :]:
                 expect(later.locator(".quiz-explanation"), f"{doc}: a click unfolded another option").to_be_hidden()
+        expect(tab.locator(".quiz-score").first).to_contain_text("at the first try")
+        tab.locator(".quiz-retry").first.click()
+        for option in options:
+            expect(option.locator(".quiz-explanation"), f"{doc}: 'Try again' left an option unfolded").to_be_hidden()
         if doc == "book/kv_memory":
             screenshot(tab, "book-browser-check-answered")
         assert not errors, f"{doc}: console errors: {errors}"
