@@ -10,8 +10,9 @@ make a local server generate (a browser sends a cross-site form or ``text/plain`
 asking). A body has ``read_timeout`` seconds to arrive (else 408), and a client that hangs up
 halfway through it costs one log line. Parsing and tokenizing a request run off the event
 loop, so a huge prompt never stalls the other clients' streams. A client found gone (the
-connection lost, or a write to it failing) has its request aborted, which frees its KV blocks
-before the next step; one that only half-closed is answered (see :mod:`~labkit.serve.guard`). While the server drains (see :mod:`~labkit.serve.server`), new requests get 503.
+connection lost, or a write to it failing: a token of a stream, or the guard's probe while a
+whole answer is computed) has its request aborted, which frees its KV blocks before the next
+step; one that only half-closed is answered (see :mod:`~labkit.serve.guard`). While the server drains (see :mod:`~labkit.serve.server`), new requests get 503.
 An :class:`Answer` dresses each reply: the echoed prompt first (completions' ``echo``), and each
 event's tokens' logprobs in the request kind's shape (:mod:`~labkit.serve.logprobs`).
 ``build_app`` wires each route to its handler; what the handlers share (the worker, the model, the
@@ -269,7 +270,10 @@ async def read_json(request: Request, timeout_s: float = 10.0) -> object:
 
 
 async def _close_on_disconnect(request: Request, handle: Handle) -> None:
-    """Wait for the client to hang up, then abort its request (its blocks are freed at the next step)."""
+    """Wait for the client to hang up, then abort its request (its blocks are freed at the next step).
+
+    For a whole answer too: uvicorn says ``http.disconnect`` once the connection is lost, which the
+    guard's probes bring about for a client that closed before its answer (as vLLM polls for it)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
     handle.close()

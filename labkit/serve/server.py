@@ -86,8 +86,8 @@ def make_server(
 
     ``admission``, if given, is asked about every request before it is accepted (see
     :mod:`~labkit.serve.admission`). At most ``max_connections`` connections are open at once
-    (fewer if the open-file limit is low), and a client has ``read_timeout`` seconds to send its
-    request's headers, and as many for its body.
+    (fewer if the open-file limit is low), and ``guard.HEADROOM`` more for health and metrics only;
+    a client has ``read_timeout`` seconds to send its request's headers, and as many for its body.
     """
     guard.raise_open_file_limit()
     guard.install_log_limits()
@@ -97,14 +97,14 @@ def make_server(
     )
     worker = EngineWorker(llm, metrics, max_waiting, admission)
     app = build_app(worker, name, api_key, read_timeout)
-    protocol = type("Guarded", (guard.GuardedH11Protocol,), {"header_timeout": read_timeout})
+    limit = guard.connection_limit(max_connections)
+    protocol = type("Guarded", (guard.GuardedH11Protocol,), {"header_timeout": read_timeout, "max_connections": limit})
     config = uvicorn.Config(
         app,
         http=protocol,
         log_level="warning",
         access_log=False,
         lifespan="on",
-        limit_concurrency=guard.connection_limit(max_connections),
         timeout_keep_alive=5,  # uvicorn's and vLLM's: an idle keep-alive connection is closed after 5 s
         # uvicorn annotates this as an int, but hands it to asyncio.timeout, which takes any seconds:
         # a backstop only, since the drain has ended every request by then
