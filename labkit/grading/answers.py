@@ -33,16 +33,32 @@ from labkit.grading.checks import Exercise
 
 # labkit's own code that runs inside `run` (the checks and the grader) keeps its references.
 _CHECKING_PACKAGES = ("labkit.labs", "labkit.grading")
+_ABSENT = object()
 
 
 class ReferenceAnswerCalled(RuntimeError):
     """The learner's code called labkit's answer to the exercise being checked."""
 
 
+def _owner(dotted: str) -> tuple[Any, str]:
+    """The module or class that holds what `dotted` names, and the attribute's name there: the longest
+    importable prefix is the module, the rest a path of attributes (`labkit.models.config.ModelConfig.kv_bytes_per_token`)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:-1]:
+            owner = getattr(owner, name)
+        return owner, parts[-1]
+    raise ModuleNotFoundError(f"no module in {dotted!r}")
+
+
 def reference(dotted: str) -> Any:
     """The object a dotted name such as `labkit.kv.attention.causal_mask` names (its module imported)."""
-    module_name, _, attribute = dotted.rpartition(".")
-    return getattr(importlib.import_module(module_name), attribute)
+    owner, attribute = _owner(dotted)
+    return getattr(owner, attribute)
 
 
 def _stub(exercise_id: str, dotted: str, called: list[str]) -> Callable[..., Any]:
@@ -89,9 +105,16 @@ def answers_blocked(exercise: Exercise, functions: tuple[Any, ...]) -> Iterator[
     called: list[str] = []
     originals = [(dotted, reference(dotted)) for dotted in exercise.answers]  # a bad name fails before any swap
     stubs: dict[int, Callable[..., Any]] = {}
+    in_classes: list[tuple[type, str, Any]] = []  # (class, attribute, what its own __dict__ held, or _ABSENT)
     for dotted, original in originals:
         stub = stubs[id(original)] = _stub(exercise.id, dotted, called)
-        for place in _places(dotted.rpartition(".")[0], namespaces):
+        owner, attribute = _owner(dotted)
+        if isinstance(original, type) or isinstance(owner, type):  # a class: its __init__; a method: itself
+            cls, attribute = (original, "__init__") if isinstance(original, type) else (owner, attribute)
+            in_classes.append((cls, attribute, cls.__dict__.get(attribute, _ABSENT)))
+            setattr(cls, attribute, stub)  # the class itself stays: labkit's own isinstance checks keep working
+            continue
+        for place in _places(owner.__name__, namespaces):
             for key, value in list(place.items()):
                 if value is original:
                     swapped.append((place, key, value))
@@ -101,3 +124,8 @@ def answers_blocked(exercise: Exercise, functions: tuple[Any, ...]) -> Iterator[
     finally:
         for place, key, value in reversed(swapped):
             place[key] = value
+        for cls, attribute, held in reversed(in_classes):
+            if held is _ABSENT:
+                delattr(cls, attribute)
+            else:
+                setattr(cls, attribute, held)
