@@ -9,16 +9,56 @@ through `attempt_exercise`, so a learner meets this in the notebook before handi
 other part of labkit keeps working, and the oracle, which runs outside `run`, uses the real one.
 
 Where the stub stands in, by identity with the reference:
-- the attribute of the module that defines it, and of any labkit package that re-exports it
-  (`labkit.kv.attention.causal_mask`, `import labkit.kv.attention as a; a.causal_mask(...)`);
-- the globals of the learner's functions, i.e. the notebook's names (`from labkit.kv.attention
+- a function: the attribute of the module that defines it, and of any labkit package that re-exports
+  it (`labkit.kv.attention.causal_mask`, `import labkit.kv.attention as a; a.causal_mask(...)`);
+  the globals of the learner's functions, i.e. the notebook's names (`from labkit.kv.attention
   import causal_mask` binds early, so that binding is swapped too), and a learner's function that
-  is the reference itself.
+  is the reference itself;
+- a class (`labkit.kv.block_allocator.FreeListBlockAllocator`): its `__init__`, so that making one,
+  or one of a subclass that inherits it (an alias or `class Mine(FreeListBlockAllocator): pass`),
+  fails; the class itself stays, so labkit's own `isinstance` checks keep working;
+- a method (`labkit.models.config.ModelConfig.kv_bytes_per_token`): the attribute of its class.
 
-Not covered: a reference reached through another labkit module's own import of it (labkit's
+So an answer is declared only where labkit's code that runs inside `run` (the engine a check drives,
+the server it starts) does not call it or make one: the tests run the honest control of each.
+
+Covered (`tests/test_grading_answers.py` has a cheating submission per answer and one notebook per lab):
+- lab 1: causal_mask, attention; lab 7: block_hashes, cached_prefix, lru_free; lab 8: propose_ngram,
+  accept_greedy, rollback, accept_sampling; lab 10: int8, int4; lab 11: decode_bytes (their other
+  exercises, lab1.prefill, lab1.generate_without_cache, lab10.quality, lab10.fleet, lab11.paged_decode
+  and lab11.split_kv, declare none: not reviewed yet).
+- lab 2: kv_cache and generate_with_cache (`ContiguousKVCache`), kv_bytes_per_token
+  (`ModelConfig.kv_bytes_per_token`).
+- lab 3: left_pad (`labkit.labs.lab3.padded_layout`), padded_causal_mask (`course_padded_causal_mask`),
+  padding_waste (`labkit.viz.timeline.batch_spans`, the oracle's `_waste`).
+- lab 4: continuous_schedule and ten_replies (`ContinuousBatching`, and so `ChunkedPrefill`;
+  `schedule_running`), preemption (`labkit.engine.state.newest`), serving_metrics
+  (`labkit.metrics.summarize`, the oracle's `metrics_expected`).
+- lab 5: block_allocator (`FreeListBlockAllocator`, and so `PrefixCachingBlockAllocator`), slot_mapping
+  (the oracle's `_slots`), paged_attention (`labkit.kv.paged_attention.paged_attention`).
+- lab 6: chunked_schedule (`ChunkedPrefill` and lab 4's), choose_budget (`largest_budget`),
+  prefill_chunks (`chunks_oracle` and the chunked policy's).
+- lab 9: continuous_schedule (lab 4's), dashboard (`read_dashboard`), admit
+  (`labkit.serve.admission.retry_after`), highest_rate (`labkit.slo.highest_rate`, `course_highest_rate`).
+
+Not covered, and why:
+- lab2.conversations_that_fit: labkit has no function of those arguments (`kv_pool_size` sizes a pool
+  from the device's own memory); the arithmetic is the oracle's, inline.
+- lab3.generate_static_batch: no labkit function decodes a padded batch through the model the check
+  hands in (labkit's engine and its `StaticBatching` run their own paged cache), and the check puts
+  the course's `padded_layout` and mask in place of the learner's (`on_its_own`): they must stay.
+- lab9.engine_turn: a turn is made of the engine's own calls (`llm.add_request`, `abort_request`,
+  `step`), which the exercise asks for and the check's engine needs; labkit's server loop
+  (`labkit.serve.worker.EngineWorker`) takes its commands otherwise, in its own thread.
+- lab9.find_capacity: the sweep drives the server and load generator the check starts
+  (`labkit.serve.background.measure`), and its rule is lab9.highest_rate's, which the check runs in
+  the learner's place (`course_highest_rate`): blocking either would fail honest sweeps.
+
+Not covered either: a reference reached through another labkit module's own import of it (labkit's
 internal code must keep calling it), or kept in a closure, a default argument, a container or a
-`functools.partial`, or dug out of `gc`. This stops the shortcut that needs no effort; reading
-the exercise cells remains the check against one that does.
+`functools.partial`, or dug out of `gc`; a subclass with its own `__init__` that never calls labkit's
+still inherits the rest of a blocked class. This stops the shortcut that needs no effort; reading the
+exercise cells remains the check against one that does.
 """
 
 from __future__ import annotations
