@@ -9,16 +9,56 @@ through `attempt_exercise`, so a learner meets this in the notebook before handi
 other part of labkit keeps working, and the oracle, which runs outside `run`, uses the real one.
 
 Where the stub stands in, by identity with the reference:
-- the attribute of the module that defines it, and of any labkit package that re-exports it
-  (`labkit.kv.attention.causal_mask`, `import labkit.kv.attention as a; a.causal_mask(...)`);
-- the globals of the learner's functions, i.e. the notebook's names (`from labkit.kv.attention
+- a function: the attribute of the module that defines it, and of any labkit package that re-exports
+  it (`labkit.kv.attention.causal_mask`, `import labkit.kv.attention as a; a.causal_mask(...)`);
+  the globals of the learner's functions, i.e. the notebook's names (`from labkit.kv.attention
   import causal_mask` binds early, so that binding is swapped too), and a learner's function that
-  is the reference itself.
+  is the reference itself;
+- a class (`labkit.kv.block_allocator.FreeListBlockAllocator`): its `__init__`, so that making one,
+  or one of a subclass that inherits it (an alias or `class Mine(FreeListBlockAllocator): pass`),
+  fails; the class itself stays, so labkit's own `isinstance` checks keep working;
+- a method (`labkit.models.config.ModelConfig.kv_bytes_per_token`): the attribute of its class.
 
-Not covered: a reference reached through another labkit module's own import of it (labkit's
+So an answer is declared only where labkit's code that runs inside `run` (the engine a check drives,
+the server it starts) does not call it or make one: the tests run the honest control of each.
+
+Covered (`tests/test_grading_answers.py` has a cheating submission per answer and one notebook per lab):
+- lab 1: causal_mask, attention; lab 7: block_hashes, cached_prefix, lru_free; lab 8: propose_ngram,
+  accept_greedy, rollback, accept_sampling; lab 10: int8, int4; lab 11: decode_bytes (their other
+  exercises, lab1.prefill, lab1.generate_without_cache, lab10.quality, lab10.fleet, lab11.paged_decode
+  and lab11.split_kv, declare none: not reviewed yet).
+- lab 2: kv_cache and generate_with_cache (`ContiguousKVCache`), kv_bytes_per_token
+  (`ModelConfig.kv_bytes_per_token`).
+- lab 3: left_pad (`labkit.labs.lab3.padded_layout`), padded_causal_mask (`course_padded_causal_mask`),
+  padding_waste (`labkit.viz.timeline.batch_spans`, the oracle's `_waste`).
+- lab 4: continuous_schedule and ten_replies (`ContinuousBatching`, and so `ChunkedPrefill`;
+  `schedule_running`), preemption (`labkit.engine.state.newest`), serving_metrics
+  (`labkit.metrics.summarize`, the oracle's `metrics_expected`).
+- lab 5: block_allocator (`FreeListBlockAllocator`, and so `PrefixCachingBlockAllocator`), slot_mapping
+  (the oracle's `_slots`), paged_attention (`labkit.kv.paged_attention.paged_attention`).
+- lab 6: chunked_schedule (`ChunkedPrefill` and lab 4's), choose_budget (`largest_budget`),
+  prefill_chunks (`chunks_oracle` and the chunked policy's).
+- lab 9: continuous_schedule (lab 4's), dashboard (`read_dashboard`), admit
+  (`labkit.serve.admission.retry_after`), highest_rate (`labkit.slo.highest_rate`, `course_highest_rate`).
+
+Not covered, and why:
+- lab2.conversations_that_fit: labkit has no function of those arguments (`kv_pool_size` sizes a pool
+  from the device's own memory); the arithmetic is the oracle's, inline.
+- lab3.generate_static_batch: no labkit function decodes a padded batch through the model the check
+  hands in (labkit's engine and its `StaticBatching` run their own paged cache), and the check puts
+  the course's `padded_layout` and mask in place of the learner's (`on_its_own`): they must stay.
+- lab9.engine_turn: a turn is made of the engine's own calls (`llm.add_request`, `abort_request`,
+  `step`), which the exercise asks for and the check's engine needs; labkit's server loop
+  (`labkit.serve.worker.EngineWorker`) takes its commands otherwise, in its own thread.
+- lab9.find_capacity: the sweep drives the server and load generator the check starts
+  (`labkit.serve.background.measure`), and its rule is lab9.highest_rate's, which the check runs in
+  the learner's place (`course_highest_rate`): blocking either would fail honest sweeps.
+
+Not covered either: a reference reached through another labkit module's own import of it (labkit's
 internal code must keep calling it), or kept in a closure, a default argument, a container or a
-`functools.partial`, or dug out of `gc`. This stops the shortcut that needs no effort; reading
-the exercise cells remains the check against one that does.
+`functools.partial`, or dug out of `gc`; a subclass with its own `__init__` that never calls labkit's
+still inherits the rest of a blocked class. This stops the shortcut that needs no effort; reading the
+exercise cells remains the check against one that does.
 """
 
 from __future__ import annotations
@@ -33,16 +73,32 @@ from labkit.grading.checks import Exercise
 
 # labkit's own code that runs inside `run` (the checks and the grader) keeps its references.
 _CHECKING_PACKAGES = ("labkit.labs", "labkit.grading")
+_ABSENT = object()
 
 
 class ReferenceAnswerCalled(RuntimeError):
     """The learner's code called labkit's answer to the exercise being checked."""
 
 
+def _owner(dotted: str) -> tuple[Any, str]:
+    """The module or class that holds what `dotted` names, and the attribute's name there: the longest
+    importable prefix is the module, the rest a path of attributes (`labkit.models.config.ModelConfig.kv_bytes_per_token`)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:-1]:
+            owner = getattr(owner, name)
+        return owner, parts[-1]
+    raise ModuleNotFoundError(f"no module in {dotted!r}")
+
+
 def reference(dotted: str) -> Any:
     """The object a dotted name such as `labkit.kv.attention.causal_mask` names (its module imported)."""
-    module_name, _, attribute = dotted.rpartition(".")
-    return getattr(importlib.import_module(module_name), attribute)
+    owner, attribute = _owner(dotted)
+    return getattr(owner, attribute)
 
 
 def _stub(exercise_id: str, dotted: str, called: list[str]) -> Callable[..., Any]:
@@ -89,9 +145,16 @@ def answers_blocked(exercise: Exercise, functions: tuple[Any, ...]) -> Iterator[
     called: list[str] = []
     originals = [(dotted, reference(dotted)) for dotted in exercise.answers]  # a bad name fails before any swap
     stubs: dict[int, Callable[..., Any]] = {}
+    in_classes: list[tuple[type, str, Any]] = []  # (class, attribute, what its own __dict__ held, or _ABSENT)
     for dotted, original in originals:
         stub = stubs[id(original)] = _stub(exercise.id, dotted, called)
-        for place in _places(dotted.rpartition(".")[0], namespaces):
+        owner, attribute = _owner(dotted)
+        if isinstance(original, type) or isinstance(owner, type):  # a class: its __init__; a method: itself
+            cls, attribute = (original, "__init__") if isinstance(original, type) else (owner, attribute)
+            in_classes.append((cls, attribute, cls.__dict__.get(attribute, _ABSENT)))
+            setattr(cls, attribute, stub)  # the class itself stays: labkit's own isinstance checks keep working
+            continue
+        for place in _places(owner.__name__, namespaces):
             for key, value in list(place.items()):
                 if value is original:
                     swapped.append((place, key, value))
@@ -101,3 +164,8 @@ def answers_blocked(exercise: Exercise, functions: tuple[Any, ...]) -> Iterator[
     finally:
         for place, key, value in reversed(swapped):
             place[key] = value
+        for cls, attribute, held in reversed(in_classes):
+            if held is _ABSENT:
+                delattr(cls, attribute)
+            else:
+                setattr(cls, attribute, held)

@@ -45,9 +45,11 @@ class Exercise:
     - `builds_on`: ids of earlier exercises whose functions this one's calls by name; it is graded
       with the course's own in their place (see `labkit.labs.common.pieces`), and a notebook cell
       that runs the learner's whole chain waits for all of them (`labkit.labs.common.gate`).
-    - `answers`: dotted names of labkit's callables that solve this exercise
-      (``"labkit.kv.attention.causal_mask"``): while `run` calls the learner's code they are out of
-      its reach, and calling one fails the exercise (`labkit.grading.answers`).
+    - `answers`: dotted names of labkit's callables that solve this exercise: functions
+      (``"labkit.kv.attention.causal_mask"``), classes (made through their ``__init__``) or methods
+      (``"labkit.models.config.ModelConfig.kv_bytes_per_token"``); while `run` calls the learner's code
+      they are out of its reach, and calling one fails the exercise (`labkit.grading.answers`). Name
+      none that the check's own run (the engine it drives) calls or makes.
     """
 
     id: str

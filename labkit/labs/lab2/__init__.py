@@ -110,6 +110,7 @@ register(
         Exercise(
             id="lab2.kv_cache",
             functions=("KVCache",),
+            answers=("labkit.kv.contiguous.ContiguousKVCache",),
             make_inputs=_cache_inputs,
             run=_run_cache,
             oracle=_cache_oracle,
@@ -228,6 +229,7 @@ register(
     Exercise(
         id="lab2.generate_with_cache",
         functions=("generate_with_cache", "KVCache"),
+        answers=("labkit.kv.contiguous.ContiguousKVCache",),  # exercise 1's: no labkit function decodes for it
         make_inputs=_generate_inputs,
         run=_run_generate,
         oracle=_generate_oracle,
@@ -302,6 +304,7 @@ register(
     Exercise(
         id="lab2.kv_bytes_per_token",
         functions=("kv_bytes_per_token",),
+        answers=("labkit.models.config.ModelConfig.kv_bytes_per_token",),
         make_inputs=_bytes_inputs,
         run=lambda functions, inputs: [functions[0](config, dtype) for config, dtype in inputs[0]],
         oracle=lambda inputs: {

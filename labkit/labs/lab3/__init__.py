@@ -106,6 +106,7 @@ LEFT_PAD = register(
         Exercise(
             id="lab3.left_pad",
             functions=("left_pad",),
+            answers=("labkit.labs.lab3.padded_layout",),
             make_inputs=_pad_inputs,
             run=lambda functions, inputs: functions[0](*inputs),
             oracle=_pad_oracle,
@@ -180,6 +181,7 @@ MASK = register(
         Exercise(
             id="lab3.padded_causal_mask",
             functions=("padded_causal_mask",),
+            answers=("labkit.labs.lab3.course_padded_causal_mask",),
             make_inputs=_mask_inputs,
             run=lambda functions, inputs: [functions[0](is_real, n) for is_real, n in inputs[0]],
             oracle=_mask_oracle,
@@ -432,6 +434,7 @@ register(
         Exercise(
             id="lab3.padding_waste",
             functions=("padding_waste",),
+            answers=("labkit.viz.timeline.batch_spans", "labkit.labs.lab3._waste"),
             make_inputs=_waste_inputs,
             run=lambda functions, inputs: [functions[0](list(lens), size) for lens, size in inputs[0]],
             oracle=_waste_oracle,

@@ -48,6 +48,14 @@ SEATS = 5
 CHECK_DIALS = dict(max_num_seqs=4, num_blocks=20, block_size=4)  # small enough that memory sometimes binds
 
 
+# labkit's continuous batching, out of reach while a learner's policy is checked (here and in lab 9): the policy
+# (and so ChunkedPrefill, its subclass) and the step it starts with; the check's engine runs the learner's policy.
+SCHEDULING_ANSWERS = (
+    "labkit.engine.scheduler.continuous.ContinuousBatching",
+    "labkit.engine.scheduler.base.schedule_running",
+)
+
+
 def check_decisions(decisions: list[dict[str, Any]], chunked: bool = False) -> Mismatch | None:
     """The first decision that overfills the batch or leaves a slot idle while the head of the queue fits."""
     for step, d in enumerate(decisions):
@@ -88,6 +96,7 @@ register(
     Exercise(
         id="lab4.continuous_schedule",
         functions=("continuous_schedule",),
+        answers=SCHEDULING_ANSWERS,
         make_inputs=lambda seed: {"requests": random_requests(seed, 14), "dials": CHECK_DIALS},
         run=_run_policy,
         oracle=solo_oracle,
@@ -129,6 +138,7 @@ register(
         Exercise(
             id="lab4.ten_replies",
             functions=("continuous_schedule",),
+            answers=SCHEDULING_ANSWERS,
             make_inputs=lambda seed: None,
             run=lambda functions, inputs: _ten_replies_steps(policy_from_function(functions[0])),
             oracle=lambda inputs: {
@@ -304,6 +314,7 @@ register(
         Exercise(
             id="lab4.preemption",
             functions=("choose_victim",),
+            answers=("labkit.engine.state.newest",),
             make_inputs=lambda seed: {"requests": preemption_requests(seed)},
             run=lambda functions, inputs: {
                 **serve_choosing(inputs["requests"], functions[0]),
@@ -451,6 +462,7 @@ register(
         Exercise(
             id="lab4.serving_metrics",
             functions=("serving_metrics",),
+            answers=("labkit.metrics.summarize", "labkit.labs.lab4.metrics_expected"),
             make_inputs=metrics_inputs,
             run=_run_metrics,
             oracle=lambda inputs: {

@@ -161,6 +161,7 @@ register(
         Exercise(
             id="lab5.block_allocator",
             functions=("PagedBlockAllocator",),
+            answers=("labkit.kv.block_allocator.FreeListBlockAllocator",),
             make_inputs=lambda seed: {"calls": allocator_script(seed), "requests": random_requests(seed, 8)},
             run=_run_allocator,
             oracle=lambda inputs: {"calls": inputs["calls"], **solo_oracle(inputs)},
@@ -229,6 +230,7 @@ register(
         Exercise(
             id="lab5.slot_mapping",
             functions=("slot_mapping",),
+            answers=("labkit.labs.lab5._slots",),
             make_inputs=_slot_cases,
             run=lambda functions, cases: [[int(s) for s in functions[0](*case)] for case in cases],
             oracle=lambda cases: (cases, [_slots(*case) for case in cases]),
@@ -352,6 +354,7 @@ register(
         Exercise(
             id="lab5.paged_attention",
             functions=("paged_attention",),
+            answers=("labkit.kv.paged_attention.paged_attention",),
             make_inputs=lambda seed: {"cases": _attention_cases(seed), "requests": random_requests(seed, 6)},
             run=_run_attention,
             oracle=_attention_oracle,

@@ -31,13 +31,16 @@ from labkit.labs.common.engine_runs import (
 from labkit.labs.common.learner_errors import diagnosed, noting_errors, raised_mismatch
 from labkit.labs.common.shared import rng
 from labkit.labs.hints import register_hints
-from labkit.labs.lab4 import check_decisions
+from labkit.labs.lab4 import SCHEDULING_ANSWERS, check_decisions
 from labkit.sim.cost_model import CostModel, get_model
 from labkit.sim.hardware import get_hardware
 
 BUDGET = 24
 CHECK_DIALS = dict(max_num_seqs=5, num_blocks=64, block_size=8, max_num_batched_tokens=BUDGET)
 LONG_PROMPT = 100  # tokens: four budgets' worth
+
+
+CHUNKED_ANSWERS = ("labkit.engine.scheduler.chunked.ChunkedPrefill", *SCHEDULING_ANSWERS)
 
 
 def long_prompt_requests(seed: int) -> list[CheckRequest]:
@@ -88,6 +91,7 @@ register(
     Exercise(
         id="lab6.chunked_schedule",
         functions=("chunked_schedule",),
+        answers=CHUNKED_ANSWERS,
         make_inputs=lambda seed: {"requests": long_prompt_requests(seed)},
         run=_run,
         oracle=solo_oracle,
@@ -224,6 +228,7 @@ register(
         Exercise(
             id="lab6.choose_budget",
             functions=("choose_budget",),
+            answers=("labkit.labs.lab6.largest_budget",),
             make_inputs=budget_cases,
             run=_run_budget,
             oracle=_budget_oracle,
@@ -323,6 +328,7 @@ register(
         Exercise(
             id="lab6.prefill_chunks",
             functions=("prefill_chunks", "chunked_schedule"),
+            answers=("labkit.labs.lab6.chunks_oracle", *CHUNKED_ANSWERS),
             make_inputs=_chunk_inputs,
             run=_run_chunks,
             oracle=lambda inputs: {

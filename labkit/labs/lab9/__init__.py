@@ -33,7 +33,7 @@ from labkit.labs.common.learner_errors import diagnosed, raised_mismatch
 from labkit.labs.common.pieces import Piece, on_its_own
 from labkit.labs.common.shared import small_model
 from labkit.labs.hints import register_hints
-from labkit.labs.lab4 import check_decisions
+from labkit.labs.lab4 import SCHEDULING_ANSWERS, check_decisions
 from labkit.labs.lab9.admission import (
     WRONG_RULES,
     admission_inputs,
@@ -262,6 +262,7 @@ register(
     Exercise(
         id="lab9.continuous_schedule",
         functions=("continuous_schedule",),
+        answers=SCHEDULING_ANSWERS,
         make_inputs=_policy_inputs,
         run=_run_policy,
         oracle=_policy_oracle,
@@ -316,6 +317,7 @@ register(
         Exercise(
             id="lab9.dashboard",
             functions=("dashboard",),
+            answers=("labkit.labs.lab9.dashboard.read_dashboard",),
             make_inputs=_scrapes,
             run=_run_dashboard,
             oracle=_dashboard_oracle,
@@ -356,6 +358,7 @@ register(
         Exercise(
             id="lab9.admit",
             functions=("admit",),
+            answers=("labkit.serve.admission.retry_after",),
             make_inputs=admission_inputs,
             run=run_admit,
             oracle=admission_oracle,
@@ -476,6 +479,7 @@ SEARCH = diagnosed(
     Exercise(
         id="lab9.highest_rate",
         functions=("highest_rate",),
+        answers=("labkit.labs.lab9.capacity.course_highest_rate", "labkit.slo.highest_rate"),
         make_inputs=sweep_situations,
         run=_run_search,
         oracle=_search_oracle,
