@@ -1,0 +1,73 @@
+"""``/metrics`` of ``labkit route``: per replica, what the router sent, what it has in flight, what it predicted.
+
+The names follow SGLang's router (``sgl_router_*``, whose Rust code vLLM Router was forked from), with
+``labkit_router_`` in place of ``sgl_router_`` since this is neither; the label ``worker`` is the replica's URL,
+as there. Counters show ``_total`` appended, as Prometheus counters do.
+
+- ``labkit_router_processed_requests_total{worker}``: requests the router forwarded there and that replica
+  answered (any status below 500); sgl_router_processed_requests_total.
+- ``labkit_router_running_requests{worker}``: requests in flight there now, from the router's side (forwarded,
+  answer not yet fully relayed): the load ``least_outstanding`` and ``cache_aware`` read;
+  sgl_router_running_requests.
+- ``labkit_router_cache_hits_total{worker}`` / ``labkit_router_cache_misses_total{worker}``: requests the
+  router sent there predicting a cached prefix of the prompt (from its shadow index), or none; the router's
+  belief, not the replica's count (that is the replica's own ``vllm:prefix_cache_hits``);
+  sgl_router_cache_hits_total / _misses_total (which SGLang counts over all workers).
+- ``labkit_router_predicted_cached_chars_total{worker}``: the characters of prompts predicted cached there
+  (labkit's own: the shadow index counts characters, not tokens).
+- ``labkit_router_retries_total{worker}``: requests that replica refused (no connection, a 5xx, a connection
+  closed before any answer) and that the router sent on to another; sgl_router_retries_total.
+- ``labkit_router_request_errors_total{reason}``: requests the router itself answered with an error
+  (``no_replica_available``, ``replica_timeout``, ``replica_failed_mid_answer``);
+  sgl_router_request_errors_total.
+
+Each router has its own registry, so several can live in one process (tests, notebooks).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
+
+disable_created_metrics()
+
+
+class RouterMetrics:
+    """The router's counters and gauges, one series per replica."""
+
+    def __init__(self, urls: list[str]):
+        self.urls = urls
+        self.registry = CollectorRegistry()
+        worker = ["worker"]
+
+        def counter(name: str, help_text: str, labels: list[str] = worker) -> Counter:
+            return Counter(name, help_text, labels, registry=self.registry)
+
+        self.processed = counter("labkit_router_processed_requests", "Requests forwarded to and answered by a replica.")
+        self.running = Gauge(
+            "labkit_router_running_requests", "Requests in flight at a replica.", worker, registry=self.registry
+        )
+        self.hits = counter("labkit_router_cache_hits", "Requests routed with a cached prefix predicted there.")
+        self.misses = counter("labkit_router_cache_misses", "Requests routed with no cached prefix predicted there.")
+        self.cached_chars = counter(
+            "labkit_router_predicted_cached_chars", "Prompt characters predicted cached at the replica routed to."
+        )
+        self.retries = counter("labkit_router_retries", "Requests a replica refused, sent on to another.")
+        self.errors = counter(
+            "labkit_router_request_errors", "Requests the router answered with an error itself.", ["reason"]
+        )
+        for url in urls:  # every series shows from the start, at 0
+            for metric in (self.processed, self.running, self.hits, self.misses, self.cached_chars, self.retries):
+                metric.labels(url)
+
+    def routed(self, replica: int, cached_chars: int) -> None:
+        """A replica answered a request the router sent it, predicting ``cached_chars`` of its prompt cached."""
+        url = self.urls[replica]
+        self.processed.labels(url).inc()
+        (self.hits if cached_chars > 0 else self.misses).labels(url).inc()
+        self.cached_chars.labels(url).inc(cached_chars)
+
+    def in_flight(self, replica: int, count: int) -> None:
+        self.running.labels(self.urls[replica]).set(count)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
