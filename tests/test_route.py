@@ -6,6 +6,11 @@ the replicas, not by the router. Nothing asserts a duration: where a request mus
 holds its stream open after the first event; the bounds only stop a hang.
 """
 
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
 
 import httpx
@@ -133,6 +138,27 @@ def test_the_same_cache_aware_router_runs_the_engine_fleet():
         assert where == expected, f"max_imbalance {bound}"
 
 
+def test_the_same_cache_aware_router_runs_the_simulators_fleet():
+    """On the cost model's clock, with no prompt shared, cache_aware is least-loaded (the bound at 0 or not)."""
+    from labkit.capacity import LESSON_LLAMA_8B, SALE_GPU
+    from labkit.sim import CostModel, simulate_fleet
+    from labkit.sim.simulator import blocks_that_fit
+    from labkit.workloads import replay_workload
+
+    cost = CostModel.from_parts(SALE_GPU, LESSON_LLAMA_8B, overhead_s=0.003)
+    workload = replay_workload([0.0] * 4 + [1.0] * 4, [200] * 8, [400, 1, 400, 1] + [50] * 4)
+    blocks = blocks_that_fit(SALE_GPU, LESSON_LLAMA_8B)
+    routed = {
+        name: list(simulate_fleet(workload, cost, replicas=2, router=router, num_blocks=blocks).replica_of.values())
+        for name, router in (
+            ("least_loaded", "least_loaded"),
+            ("cache_aware", CacheAware(0)),
+            ("bound 4", CacheAware()),
+        )
+    }
+    assert routed["cache_aware"] == routed["bound 4"] == routed["least_loaded"] == [0, 1, 0, 1, 1, 1, 0, 1]
+
+
 # --- over HTTP ---------------------------------------------------------------------------------------------
 def test_round_robin_alternates_and_metrics_count_per_replica(replicas):
     before = [served(server) for server in replicas]
@@ -253,3 +279,48 @@ def test_a_stopped_replica_loses_no_request_and_serves_none_twice(model):
     finally:
         a.stop()
         b.stop()
+
+
+def test_the_command_starts_its_replicas_routes_and_stops_them(default_model):
+    """``labkit route --start 2``: two ``labkit serve`` processes of the default model behind it; SIGTERM stops all."""
+    dials = ["--max-num-seqs", "2", "--max-model-len", "512", "--num-gpu-blocks-override", "64"]
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "labkit.cli",
+            "route",
+            "--start",
+            "2",
+            "--port",
+            "0",
+            "--policy",
+            "cache_aware",
+            "--",
+            *dials,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        found = None
+        for line in process.stderr:  # the command says where it listens once every replica is healthy
+            found = re.search(r"over 2 replicas \((\S+), (\S+)\) on (http://127\.0\.0\.1:\d+)/v1", line)
+            if found:
+                break
+        assert found, f"labkit route never said where it listens (exit code {process.poll()})"
+        *replica_urls, url = found.groups()
+        answer = chat(url, [{"role": "user", "content": "What is the capital of France?"}], max_tokens=8)
+        assert answer.status_code == 200 and "Paris" in answer.json()["choices"][0]["message"]["content"]
+        assert answer.headers[REPLICA_HEADER] in replica_urls
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) != 0
+        for replica_url in replica_urls:  # the replicas it started are gone with it
+            with pytest.raises(httpx.TransportError):
+                httpx.get(replica_url + "/health", timeout=5.0)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
+        process.stderr.close()

@@ -14,6 +14,7 @@ twice. /metrics counts per replica; /health is 200 while one replica is. With --
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from labkit.serve.router_policies import (
@@ -79,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
     if args.serve_args and args.start is None:
         raise ValueError(f"arguments for labkit serve ({' '.join(args.serve_args)}) need --start N")
     started = ReplicaProcesses(args.start, args.serve_args) if args.start is not None else None
+    # uvicorn re-raises the SIGTERM that stopped it once it has drained; as an exception (not the default
+    # handler's sudden exit) it lets the replicas started here be stopped too
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         if started is not None:
             print(f"labkit route: starting {args.start} labkit serve replicas...", file=sys.stderr, flush=True)
@@ -92,3 +96,7 @@ def run(args: argparse.Namespace) -> int:
         if started is not None:
             started.stop()
     return 0
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

@@ -168,10 +168,12 @@ async def forward(request: Request, path: str) -> Response:
             failures.append(f"{url} closed the connection before answering ({type(err).__name__})")
             routing.metrics.retries.labels(url).inc()
             continue
-        if upstream.status_code >= 500:
-            said = (await upstream.aread()).decode(errors="replace")[:300]
-            await upstream.aclose()
+        except BaseException:  # cancelled, or a bug: the replica is not left counted busy
             routing.leave(replica)
+            raise
+        relay = Relay(routing, replica, upstream)
+        if upstream.status_code >= 500:
+            said = await relay.read_refusal()
             failures.append(f"{url} answered {upstream.status_code}: {said}")
             routing.metrics.retries.labels(url).inc()
             continue
@@ -179,7 +181,7 @@ async def forward(request: Request, path: str) -> Response:
         routing.metrics.routed(replica, views[replica].cached_tokens)
         if routing.index is not None and upstream.status_code < 400:
             routing.index.record(replica, chain)
-        return await _relay(routing, replica, upstream)
+        return await relay.response()
     routing.metrics.errors.labels("no_replica_available").inc()
     raise APIError(
         503,
@@ -189,52 +191,86 @@ async def forward(request: Request, path: str) -> Response:
     )
 
 
-async def _relay(routing: Routing, replica: int, upstream: httpx.Response) -> Response:
-    """The replica's answer, passed on: a stream chunk by chunk as it arrives, a whole answer at once."""
-    url = routing.urls[replica]
-    headers = {REPLICA_HEADER: url}
-    if "retry-after" in upstream.headers:
-        headers["retry-after"] = upstream.headers["retry-after"]
-    media_type = upstream.headers.get("content-type", "application/json")
-    if media_type.startswith("text/event-stream"):
-        return StreamingResponse(
-            _stream(routing, replica, upstream), upstream.status_code, headers, media_type="text/event-stream"
-        )
-    try:
-        content = await upstream.aread()
-    except httpx.TransportError as err:
-        routing.metrics.errors.labels("replica_failed_mid_answer").inc()
-        raise APIError(
-            502,
-            f"The replica {url} failed while sending its answer ({type(err).__name__}); the request was not sent "
-            "elsewhere, so that it is never served twice: send it again.",
-            type="service_unavailable",
-            code="replica_failed_mid_answer",
-        ) from None
-    finally:
-        await upstream.aclose()
-        routing.leave(replica)
-    return Response(content, upstream.status_code, headers, media_type=media_type)
+class Relay:
+    """One replica's answer on its way to the client; :meth:`close` (once, however the relay ends) closes the
+    replica's response and stops counting the request in flight there."""
+
+    def __init__(self, routing: Routing, replica: int, upstream: httpx.Response):
+        self.routing, self.replica, self.upstream = routing, replica, upstream
+        self.url = routing.urls[replica]
+        self.closed = False
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.routing.leave(self.replica)
+            await self.upstream.aclose()
+
+    async def read_refusal(self) -> str:
+        """The start of a 5xx answer's body (what the replica said), and the relay closed."""
+        try:
+            return (await self.upstream.aread()).decode(errors="replace")[:300]
+        except httpx.TransportError as err:
+            return f"(its body was cut: {type(err).__name__})"
+        finally:
+            await self.close()
+
+    async def response(self) -> Response:
+        """The replica's answer, passed on: a stream chunk by chunk as it arrives, a whole answer at once."""
+        headers = {REPLICA_HEADER: self.url}
+        if "retry-after" in self.upstream.headers:
+            headers["retry-after"] = self.upstream.headers["retry-after"]
+        media_type = self.upstream.headers.get("content-type", "application/json")
+        status = self.upstream.status_code
+        if media_type.startswith("text/event-stream"):
+            return RelayedStream(self, self._chunks(), status, headers, media_type="text/event-stream")
+        try:
+            content = await self.upstream.aread()
+        except httpx.TransportError as err:
+            self.routing.metrics.errors.labels("replica_failed_mid_answer").inc()
+            raise APIError(
+                502,
+                f"The replica {self.url} failed while sending its answer ({type(err).__name__}); the request was "
+                "not sent elsewhere, so that it is never served twice: send it again.",
+                type="service_unavailable",
+                code="replica_failed_mid_answer",
+            ) from None
+        finally:
+            await self.close()
+        return Response(content, status, headers, media_type=media_type)
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        """The replica's server-sent events as they come; an error event and ``[DONE]`` if it dies mid-stream."""
+        try:
+            async for chunk in self.upstream.aiter_raw():
+                yield chunk
+        except httpx.TransportError as err:
+            self.routing.metrics.errors.labels("replica_failed_mid_answer").inc()
+            error = APIError(
+                502,
+                f"The replica {self.url} failed mid-stream ({type(err).__name__}); the request was not sent "
+                "elsewhere, so that it is never served twice.",
+                type="service_unavailable",
+                code="replica_failed_mid_answer",
+            )
+            yield (sse_event(error.body()) + "data: [DONE]\n\n").encode()
+        finally:
+            await self.close()
 
 
-async def _stream(routing: Routing, replica: int, upstream: httpx.Response) -> AsyncIterator[bytes]:
-    """The replica's server-sent events as they come; an error event and ``[DONE]`` if it dies mid-stream."""
-    try:
-        async for chunk in upstream.aiter_raw():
-            yield chunk
-    except httpx.TransportError as err:
-        routing.metrics.errors.labels("replica_failed_mid_answer").inc()
-        error = APIError(
-            502,
-            f"The replica {routing.urls[replica]} failed mid-stream ({type(err).__name__}); the request was not "
-            "sent elsewhere, so that it is never served twice.",
-            type="service_unavailable",
-            code="replica_failed_mid_answer",
-        )
-        yield (sse_event(error.body()) + "data: [DONE]\n\n").encode()
-    finally:
-        await upstream.aclose()
-        routing.leave(replica)
+class RelayedStream(StreamingResponse):
+    """A streamed answer that closes its relay however the response ends: a client that hangs up before the
+    first chunk leaves a generator that never ran, whose ``finally`` would not."""
+
+    def __init__(self, relay: Relay, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.relay = relay
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.relay.close()
 
 
 async def models(request: Request) -> Response:
