@@ -281,6 +281,42 @@ def test_a_stopped_replica_loses_no_request_and_serves_none_twice(model):
         b.stop()
 
 
+def test_a_replica_that_stops_mid_stream_is_not_replaced_by_another(model):
+    """Once a replica has started answering, the request is its own: if it stops, the client is told; no other
+    replica starts the answer again (it would be served twice)."""
+    a = ServerThread(make_llm(model, attention=slow_attention), shutdown_timeout=0.2).start()
+    b = ServerThread(make_llm(model)).start()
+    try:
+        with router_over([a, b], "round_robin") as router:
+            held = HeldStream(router.url, turn(SYSTEM_A, "Keep talking."))
+            assert held.replica == a.url
+            a.stop()  # drains: the stream gets the replica's error event, then [DONE]
+            rest = list(held.events)
+            held.close()
+            assert rest and "error" in rest[-1], rest[-1:]
+            wait_for(lambda: idle(router), "the router forgets the ended stream")
+            assert served(b) == 0
+            assert complete(router.url).headers[REPLICA_HEADER] == b.url  # the next request goes where it can
+    finally:
+        a.stop()
+        b.stop()
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["route"], "--replica URL"),
+        (["route", "--replica", "http://127.0.0.1:1", "--", "--max-num-seqs", "2"], "need --start N"),
+        (["route", "--start", "1", "--", "--port", "9"], "picks each replica's --port"),
+    ],
+)
+def test_a_command_line_mistake_is_one_message(argv, says, capsys):
+    from labkit.cli import main
+
+    assert main(argv) == 2
+    assert says in capsys.readouterr().err
+
+
 def test_the_command_starts_its_replicas_routes_and_stops_them(default_model):
     """``labkit route --start 2``: two ``labkit serve`` processes of the default model behind it; SIGTERM stops all."""
     dials = ["--max-num-seqs", "2", "--max-model-len", "512", "--num-gpu-blocks-override", "64"]
