@@ -211,6 +211,20 @@ def test_least_outstanding_avoids_the_busy_replica(replicas):
         assert complete(router.url).headers[REPLICA_HEADER] == replicas[0].url  # both idle again: the first
 
 
+def test_a_client_that_leaves_a_stream_has_its_request_aborted_at_the_replica(replicas):
+    """The router hangs up on the replica too, which aborts the request at its next event and frees its blocks."""
+
+    def aborted() -> float:
+        return scrape(replicas[0].url)["vllm:request_success_total{finished_reason=abort}"]
+
+    before = aborted()
+    with router_over(replicas, "round_robin") as router:
+        held = HeldStream(router.url, turn(SYSTEM_A, "Go on."))  # 200 tokens: far from done after one
+        held.close()
+        wait_for(lambda: aborted() == before + 1, "the replica aborts the request its client left")
+        wait_for(lambda: idle(router), "the router forgets it")
+
+
 def test_cache_aware_sends_the_next_turn_where_the_first_was_served(replicas):
     with router_over(replicas, "cache_aware") as router:
         held = HeldStream(router.url, turn(SYSTEM_A, "What is for dinner?"))  # nothing cached: replica 0

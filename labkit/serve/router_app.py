@@ -12,6 +12,11 @@ each replica and what it said. Once a replica has answered (its status line came
 committed to it: if it dies mid-answer the client gets an error (an error event then ``[DONE]`` in a stream, as
 ``labkit serve`` does, or a 502), never a second answer from another replica. A replica that is too slow to
 answer (``timeout``) may still be working on it, so it is not retried either (504).
+
+A client that leaves a stream is noticed at the next event; the router then closes its connection to the
+replica, which aborts the request at its next event and frees its blocks. A non-streamed request whose client
+leaves runs to its end: ``labkit serve`` answers a client that only half-closed (:mod:`~labkit.serve.guard`),
+so nothing can tell one that left until an answer is written to it.
 """
 
 from __future__ import annotations
@@ -138,6 +143,12 @@ async def forward(request: Request, path: str) -> Response:
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
     content = json.dumps(body).encode()
+    return await _dispatch(routing, request, path, body, content)
+
+
+async def _dispatch(routing: Routing, request: Request, path: str, body: dict, content: bytes) -> Response:
+    """Send the request to the replica the policy picks, or to the next that takes it (see the module's doc)."""
+    assert routing.client is not None
     chain = routing.index.chain(prompt_text(body)) if routing.index else []
     views = routing.views(chain)
     first = routing.policy.route(NO_ENGINE_REQUEST, views)
