@@ -173,6 +173,8 @@ def test_round_robin_alternates_and_metrics_count_per_replica(replicas):
             assert metrics[f"labkit_router_processed_requests_total{{worker={url}}}"] == 2
             assert metrics[f"labkit_router_running_requests{{worker={url}}}"] == 0
             assert metrics[f"labkit_router_retries_total{{worker={url}}}"] == 0
+            assert metrics[f"vllm:num_requests_waiting{{worker={url}}}"] == 0  # the replica's own, relayed
+            assert metrics[f"vllm:prefix_cache_queries_total{{worker={url}}}"] > 0
         models = httpx.get(router.url + "/v1/models", timeout=TIMEOUT)
         assert models.status_code == 200 and models.json()["data"]
         assert httpx.get(router.url + "/health", timeout=TIMEOUT).json()["replicas"] == dict.fromkeys(urls, "ok")
@@ -233,11 +235,14 @@ def test_cache_aware_sends_the_next_turn_where_the_first_was_served(replicas):
         wait_for(lambda: idle(router), "the router forgets the closed stream")
         assert held.replica == replicas[0].url and b1.headers[REPLICA_HEADER] == replicas[1].url
         # both idle now: each conversation's next turn follows its cache
+        hits_before = {server.url: scrape(server.url)["vllm:prefix_cache_hits_total"] for server in replicas}
         b2 = chat(router.url, turn(SYSTEM_B, "Will it rain?", b1.json()["choices"][0]["message"]["content"], "And?"))
         a2 = chat(router.url, turn(SYSTEM_A, "What is for dinner?", "Soup.", "And after?"))
         assert b2.headers[REPLICA_HEADER] == replicas[1].url and a2.headers[REPLICA_HEADER] == replicas[0].url
         metrics = scrape(router.url)
         for url in (replicas[0].url, replicas[1].url):
+            # the replica found the cache the router predicted there: its own hits grew by the second turn
+            assert metrics[f"vllm:prefix_cache_hits_total{{worker={url}}}"] > hits_before[url]
             assert metrics[f"labkit_router_cache_hits_total{{worker={url}}}"] == 1
             assert metrics[f"labkit_router_cache_misses_total{{worker={url}}}"] == 1
             assert metrics[f"labkit_router_predicted_cached_chars_total{{worker={url}}}"] >= len(SYSTEM_A) // 2

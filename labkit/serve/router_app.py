@@ -38,7 +38,7 @@ from starlette.routing import Route
 from labkit.engine.interfaces import ReplicaView, Router
 from labkit.serve.app import _http_error, read_json
 from labkit.serve.protocol import APIError, sse_event
-from labkit.serve.router_metrics import RouterMetrics
+from labkit.serve.router_metrics import RouterMetrics, replica_families
 from labkit.serve.router_policies import ShadowIndex, prompt_text
 
 if TYPE_CHECKING:
@@ -324,9 +324,24 @@ async def health(request: Request) -> Response:
     return JSONResponse(APIError(503, f"No replica is healthy: {problem}").body(), 503)
 
 
+async def _metrics_of(client: httpx.AsyncClient, url: str) -> str | None:
+    """A replica's ``/metrics`` text, or None if it does not answer."""
+    try:
+        answer = await client.get(url + "/metrics", timeout=HEALTH_TIMEOUT_S)
+    except httpx.TransportError:
+        return None
+    return answer.text if answer.status_code == 200 else None
+
+
 async def metrics(request: Request) -> Response:
-    """``GET /metrics``: Prometheus's text format (see :mod:`~labkit.serve.router_metrics`)."""
-    return Response(_routing(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    """``GET /metrics``: the router's own, then what each replica says of its load and cache (Prometheus's text
+    format; see :mod:`~labkit.serve.router_metrics`)."""
+    routing = _routing(request)
+    assert routing.client is not None
+    texts = await asyncio.gather(*(_metrics_of(routing.client, url) for url in routing.urls))
+    scraped = {url: text for url, text in zip(routing.urls, texts, strict=True) if text is not None}
+    body = routing.metrics.render() + replica_families(scraped).encode()
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 async def _api_error(request: Request, err: APIError) -> Response:

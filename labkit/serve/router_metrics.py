@@ -21,14 +21,31 @@ as there. Counters show ``_total`` appended, as Prometheus counters do.
   (``no_replica_available``, ``replica_timeout``, ``replica_failed_mid_answer``);
   sgl_router_request_errors_total.
 
+Beside its own, the router shows what each replica says of itself, read from the replica's ``/metrics`` when
+its own are read, with vLLM's names and the label ``worker`` added (as vLLM's production-stack router reads its
+engines' stats): ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` (the replica's batch and its
+queue), ``vllm:kv_cache_usage_perc``, and ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total``
+(prompt tokens looked up and found in its prefix cache: the hits the router's prediction was after). A replica
+that does not answer is left out.
+
 Each router has its own registry, so several can live in one process (tests, notebooks).
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 disable_created_metrics()
+
+# what the router shows of each replica's own /metrics (vLLM's names)
+REPLICA_FAMILIES = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+)
 
 
 class RouterMetrics:
@@ -71,3 +88,29 @@ class RouterMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def replica_families(scraped: dict[str, str]) -> str:
+    """The :data:`REPLICA_FAMILIES` of each replica's ``/metrics`` text (URL -> text), one family each with the
+    label ``worker`` added, in Prometheus's text format."""
+    samples: dict[str, list[str]] = {name: [] for name in REPLICA_FAMILIES}
+    kinds: dict[str, tuple[str, str]] = {}
+    for url, text in scraped.items():
+        for family in text_string_to_metric_families(text):
+            if family.name not in samples:
+                continue
+            kinds[family.name] = (family.type, family.documentation)
+            for sample in family.samples:
+                labels = {**sample.labels, "worker": url}
+                written = ",".join(f'{key}="{_escaped(value)}"' for key, value in sorted(labels.items()))
+                samples[family.name].append(f"{sample.name}{{{written}}} {sample.value!r}")
+    lines = []
+    for name, rows in samples.items():
+        if rows:
+            kind, documentation = kinds[name]
+            lines += [f"# HELP {name} {documentation}", f"# TYPE {name} {kind}", *rows]
+    return "".join(line + "\n" for line in lines)
+
+
+def _escaped(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
