@@ -36,7 +36,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from labkit.engine.interfaces import ReplicaView, Router
-from labkit.serve.app import _http_error, read_json
+from labkit.serve.body import answer_api_error, answer_http_error, read_json
 from labkit.serve.protocol import APIError, sse_event
 from labkit.serve.router_metrics import RouterMetrics, replica_families
 from labkit.serve.router_policies import ShadowIndex, prompt_text
@@ -97,7 +97,10 @@ def build_router_app(routing: Routing) -> Starlette:
         return await forward(request, "/v1/completions")
 
     # Starlette types a handler as taking any Exception; each of these is called only with its own kind
-    handlers: dict[Any, Callable[..., Awaitable[Response]]] = {APIError: _api_error, HTTPException: _http_error}
+    handlers: dict[Any, Callable[..., Awaitable[Response]]] = {
+        APIError: answer_api_error,
+        HTTPException: answer_http_error,
+    }
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", forward_chat, methods=["POST"]),
@@ -342,7 +345,3 @@ async def metrics(request: Request) -> Response:
     scraped = {url: text for url, text in zip(routing.urls, texts, strict=True) if text is not None}
     body = routing.metrics.render() + replica_families(scraped).encode()
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
-
-
-async def _api_error(request: Request, err: APIError) -> Response:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)

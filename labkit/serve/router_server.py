@@ -16,7 +16,6 @@ import uvicorn
 
 from labkit.serve import guard
 from labkit.serve.router_app import Routing, build_router_app
-from labkit.serve.server import url_of
 
 
 class RouterServer(uvicorn.Server):
@@ -58,6 +57,12 @@ def make_router_server(
             f"cannot listen on {host}:{port} ({err.strerror}); pick another --port or stop whatever holds it"
         ) from None
     return RouterServer(config), sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """The address a bound socket serves (as :func:`labkit.serve.server.url_of`, which would import the engine)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def serve_forever(server: RouterServer, sock: socket.socket, ready: str) -> None:
