@@ -66,10 +66,13 @@ def router_over(servers, policy: str, max_imbalance: int = 4) -> RouterThread:
 
 
 def served(server) -> float:
-    """Requests the replica finished, by its own count (read in-process: it works after the replica stopped)."""
+    """Requests the replica answered to their end (stop or length, not abort), by its own count (read
+    in-process: it works after the replica stopped)."""
     text = server.worker.metrics.render().decode()
     return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total")
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total") and 'finished_reason="abort"' not in line
     )
 
 
@@ -263,6 +266,21 @@ def test_the_load_bound_overrides_the_cache(replicas):
             for stream in held:
                 stream.close()
         wait_for(lambda: idle(router), "the router forgets the closed streams")
+
+
+def test_a_draining_replicas_503_sends_the_request_to_another(replicas):
+    draining = replicas[1]
+    before = [served(server) for server in replicas]
+    with router_over(replicas, "round_robin") as router:
+        draining.worker.draining = True  # a stopping labkit serve answers 503 to new requests
+        try:
+            answers = [complete(router.url, f"Hello {i}") for i in range(4)]
+        finally:
+            draining.worker.draining = False
+        assert [answer.status_code for answer in answers] == [200] * 4
+        assert {answer.headers[REPLICA_HEADER] for answer in answers} == {replicas[0].url}
+        assert scrape(router.url)[f"labkit_router_retries_total{{worker={draining.url}}}"] == 2
+    assert [served(server) - b for server, b in zip(replicas, before, strict=True)] == [4, 0]
 
 
 def test_a_stopped_replica_loses_no_request_and_serves_none_twice(model):
