@@ -252,6 +252,33 @@ def test_cache_aware_sends_the_next_turn_where_the_first_was_served(replicas):
             assert metrics[f"labkit_router_predicted_cached_chars_total{{worker={url}}}"] >= len(SYSTEM_A) // 2
 
 
+def replay_hits(model, policy: str) -> tuple[float, float]:
+    """Three conversations of three turns each, turn by turn, through the router over two fresh replicas: the
+    prompt tokens the replicas found in their prefix caches, and those they looked up."""
+    servers = [ServerThread(make_llm(model)).start() for _ in range(2)]
+    try:
+        with router_over(servers, policy) as router:
+            talks = [[f"Conversation {c}: " + (SYSTEM_A if c % 2 else SYSTEM_B) + f" Be brief, {c}."] for c in range(3)]
+            for t in range(3):
+                for said in talks:
+                    answer = chat(router.url, turn(said[0], *said[1:], f"Question {t}?"), max_tokens=6)
+                    said += [f"Question {t}?", answer.json()["choices"][0]["message"]["content"]]
+        metrics = [scrape(server.url) for server in servers]
+        return tuple(sum(m[f"vllm:prefix_cache_{kind}_total"] for m in metrics) for kind in ("hits", "queries"))
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_cache_aware_finds_more_cached_tokens_than_round_robin_on_a_multi_turn_replay(model):
+    """Round-robin scatters each conversation over both replicas (three conversations, two replicas): a turn
+    finds its history only where the turn before happened to run. cache_aware keeps each on one replica."""
+    scattered, queried = replay_hits(model, "round_robin")
+    kept, same_queries = replay_hits(model, "cache_aware")
+    assert queried == same_queries  # the same prompts, token for token
+    assert kept > 1.5 * scattered, (kept, scattered)
+
+
 def test_the_load_bound_overrides_the_cache(replicas):
     with router_over(replicas, "cache_aware", max_imbalance=1) as router:
         first = chat(router.url, turn(SYSTEM_A, "Soup?"))
