@@ -185,6 +185,21 @@ def test_round_robin_alternates_and_metrics_count_per_replica(replicas):
     assert [served(server) - b for server, b in zip(replicas, before, strict=True)] == [2, 2]
 
 
+def test_a_replicas_own_refusal_of_a_bad_request_comes_back_as_it_is(replicas):
+    """A 4xx is the replica's answer, not a failure: passed on, not retried (another replica would say the same)."""
+    with router_over(replicas, "round_robin") as router:
+        bad = complete(router.url, max_tokens=-1)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+        assert bad.headers[REPLICA_HEADER] == replicas[0].url
+        assert scrape(router.url)[f"labkit_router_retries_total{{worker={replicas[0].url}}}"] == 0
+        not_json = httpx.post(router.url + "/v1/completions", content=b"{", timeout=TIMEOUT)
+        assert not_json.status_code == 415  # the router reads the body as labkit serve does
+        not_json = httpx.post(
+            router.url + "/v1/completions", content=b"{", timeout=TIMEOUT, headers={"content-type": "application/json"}
+        )
+        assert not_json.status_code == 400 and not_json.json()["error"]["code"] == "invalid_json"
+
+
 def test_a_stream_passes_through_event_by_event(replicas):
     messages = turn(SYSTEM_A, "What is for dinner?")
     body = {"messages": messages, "max_tokens": 12, "ignore_eos": True, "temperature": 0, "stream": True}

@@ -15,8 +15,9 @@ as there. Counters show ``_total`` appended, as Prometheus counters do.
   sgl_router_cache_hits_total / _misses_total (which SGLang counts over all workers).
 - ``labkit_router_predicted_cached_chars_total{worker}``: the characters of prompts predicted cached there
   (labkit's own: the shadow index counts characters, not tokens).
-- ``labkit_router_retries_total{worker}``: requests that replica refused (no connection, a 5xx, a connection
-  closed before any answer) and that the router sent on to another; sgl_router_retries_total.
+- ``labkit_router_retries_total{worker}``: requests that replica refused before answering (no connection, a 5xx,
+  a connection closed before any answer), each then sent on to the next replica not yet tried, if one is left;
+  sgl_router_retries_total.
 - ``labkit_router_request_errors_total{reason}``: requests the router itself answered with an error
   (``no_replica_available``, ``replica_timeout``, ``replica_failed_mid_answer``);
   sgl_router_request_errors_total.
@@ -68,7 +69,9 @@ class RouterMetrics:
         self.cached_chars = counter(
             "labkit_router_predicted_cached_chars", "Prompt characters predicted cached at the replica routed to."
         )
-        self.retries = counter("labkit_router_retries", "Requests a replica refused, sent on to another.")
+        self.retries = counter(
+            "labkit_router_retries", "Requests a replica refused before answering, sent on to the next if any."
+        )
         self.errors = counter(
             "labkit_router_request_errors", "Requests the router answered with an error itself.", ["reason"]
         )
