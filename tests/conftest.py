@@ -29,6 +29,7 @@ COSTLIEST_FIRST = [
     "test_grading_shards.py",
     "test_lab8_checks.py",
     "test_serve_round2.py",
+    "test_route.py",
     "test_lab10_checks.py",
     "test_spec_sampling.py",
     "test_spec_default_model.py",

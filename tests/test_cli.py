@@ -73,7 +73,7 @@ def test_python_m_labkit_cli_and_top_level_help():
     plan = subprocess.run(run + ["plan", "--example", "sale", "--json"], capture_output=True, text=True, timeout=120)
     assert plan.returncode == 0 and json.loads(plan.stdout)["conversations"] == 328
     usage = subprocess.run(run + ["--help"], capture_output=True, text=True, timeout=120)
-    for name in ("info", "plan", "bench", "calibrate", "make-labs", "grade", "serve", "loadtest"):
+    for name in ("info", "plan", "bench", "calibrate", "make-labs", "grade", "serve", "route", "loadtest"):
         assert name in usage.stdout
 
 

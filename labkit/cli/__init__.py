@@ -31,6 +31,7 @@ SUBCOMMANDS = {
     "grade": "grade submitted lab notebooks",
     "make-autograder": "write a Gradescope autograder bundle (setup.sh, run_autograder) for one lab",
     "serve": "an OpenAI-compatible server over the engine, vLLM's metric names",
+    "route": "an OpenAI-compatible router over several labkit serve replicas: round-robin, least or cache-aware",
     "loadtest": "load any OpenAI-compatible server as vllm bench serve does",
 }
 USAGE_ERROR = 2  # argparse's own status for a bad command line

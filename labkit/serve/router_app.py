@@ -1,0 +1,265 @@
+"""The ASGI app of ``labkit route``: the OpenAI endpoints of ``labkit serve``, each request forwarded to a replica.
+
+A completion or chat request is read once, its prompt's blocks looked up in the router's
+:class:`~labkit.serve.router_policies.ShadowIndex` (cache_aware only), and the policy picks a replica from what it
+sees of each (requests in flight at the router, characters predicted cached). The request goes there as it came
+(same JSON, same ``Authorization``); the answer comes back as it went, a stream event by event.
+
+Nothing is lost, nothing is served twice. A replica that refuses the connection, closes it before answering or
+answers 5xx (a draining ``labkit serve`` answers 503) has sent no byte of an answer: the request goes on to the
+next replica (each at most once; the least busy first), and if none takes it the client gets a 503 that names
+each replica and what it said. Once a replica has answered (its status line came back) the request is
+committed to it: if it dies mid-answer the client gets an error (an error event then ``[DONE]`` in a stream, as
+``labkit serve`` does, or a 502), never a second answer from another replica. A replica that is too slow to
+answer (``timeout``) may still be working on it, so it is not retried either (504).
+
+A client that leaves a stream is noticed at the next event; the router then closes its connection to the
+replica, which aborts the request at its next event and frees its blocks. A non-streamed request whose client
+leaves runs to its end: ``labkit serve`` answers a client that only half-closed (:mod:`~labkit.serve.guard`),
+so nothing can tell one that left until an answer is written to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+import httpx
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from labkit.engine.interfaces import ReplicaView, Router
+from labkit.serve.body import answer_api_error, answer_http_error, read_json
+from labkit.serve.protocol import APIError
+from labkit.serve.router_metrics import RouterMetrics, replica_families
+from labkit.serve.router_policies import ShadowIndex, prompt_text
+from labkit.serve.router_relay import Relay
+
+if TYPE_CHECKING:
+    from labkit.engine.request import Request as EngineRequest
+
+# The HTTP router picks before any tokenizing, so there is no engine Request: its policies read only the views.
+NO_ENGINE_REQUEST = cast("EngineRequest", None)
+HEALTH_TIMEOUT_S = 2.0
+
+
+@dataclass
+class Routing:
+    """What the routes share (``app.state.routing``): the replicas, the policy, its shadow index, the metrics."""
+
+    urls: list[str]
+    policy: Router
+    index: ShadowIndex | None  # None: the policy reads no cache, so none is kept
+    metrics: RouterMetrics
+    timeout_s: float  # how long a replica may take to start answering (and between two chunks of a stream)
+    read_timeout: float = 10.0  # seconds a client's request body has to arrive
+    in_flight: list[int] = field(init=False)
+    client: httpx.AsyncClient | None = None  # made when the app starts, on its event loop
+
+    def __post_init__(self) -> None:
+        self.in_flight = [0] * len(self.urls)
+
+    def views(self, chain: list[int]) -> list[ReplicaView]:
+        """Each replica as the policy sees it now."""
+        return [
+            ReplicaView(i, self.in_flight[i], self.index.cached(i, chain) if self.index else 0)
+            for i in range(len(self.urls))
+        ]
+
+    def order(self, first: int) -> list[int]:
+        """The policy's pick, then the others, least busy first: who gets the request if the pick refuses."""
+        rest = sorted((i for i in range(len(self.urls)) if i != first), key=lambda i: (self.in_flight[i], i))
+        return [first, *rest]
+
+    def enter(self, replica: int) -> None:
+        self.in_flight[replica] += 1
+        self.metrics.in_flight(replica, self.in_flight[replica])
+
+    def leave(self, replica: int) -> None:
+        self.in_flight[replica] -= 1
+        self.metrics.in_flight(replica, self.in_flight[replica])
+
+
+def build_router_app(routing: Routing) -> Starlette:
+    """The router's ASGI app; starting it opens its HTTP client to the replicas, stopping it closes that."""
+
+    async def forward_chat(request: Request) -> Response:
+        return await forward(request, "/v1/chat/completions")
+
+    async def forward_completion(request: Request) -> Response:
+        return await forward(request, "/v1/completions")
+
+    # Starlette types a handler as taking any Exception; each of these is called only with its own kind
+    handlers: dict[Any, Callable[..., Awaitable[Response]]] = {
+        APIError: answer_api_error,
+        HTTPException: answer_http_error,
+    }
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", forward_chat, methods=["POST"]),
+            Route("/v1/completions", forward_completion, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        exception_handlers=handlers,
+        lifespan=_lifespan,
+    )
+    app.state.routing = routing
+    return app
+
+
+@asynccontextmanager
+async def _lifespan(app: Starlette) -> AsyncIterator[None]:
+    routing: Routing = app.state.routing
+    timeout = httpx.Timeout(routing.timeout_s, connect=5.0)
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        routing.client = client
+        yield
+
+
+def _routing(request: Request) -> Routing:
+    return request.app.state.routing
+
+
+def _headers(request: Request) -> dict[str, str]:
+    """The client's headers a replica needs: the API key (the replicas check it) and the body's type."""
+    headers = {"content-type": "application/json"}
+    if "authorization" in request.headers:
+        headers["authorization"] = request.headers["authorization"]
+    return headers
+
+
+async def forward(request: Request, path: str) -> Response:
+    """Send one completion or chat request to the replica the policy picks, or the next that takes it."""
+    routing = _routing(request)
+    assert routing.client is not None, "the app's lifespan opens the client"
+    body = await read_json(request, routing.read_timeout)
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
+    content = json.dumps(body).encode()
+    return await _dispatch(routing, request, path, body, content)
+
+
+async def _dispatch(routing: Routing, request: Request, path: str, body: dict, content: bytes) -> Response:
+    """Send the request to the replica the policy picks, or to the next that takes it (see the module's doc)."""
+    assert routing.client is not None
+    chain = routing.index.chain(prompt_text(body)) if routing.index else []
+    views = routing.views(chain)
+    first = routing.policy.route(NO_ENGINE_REQUEST, views)
+    failures: list[str] = []
+    for replica in routing.order(first):
+        url = routing.urls[replica]
+        routing.enter(replica)
+        try:
+            sent = routing.client.build_request("POST", url + path, content=content, headers=_headers(request))
+            upstream = await routing.client.send(sent, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as err:
+            routing.leave(replica)
+            failures.append(f"{url} refused the connection ({type(err).__name__})")
+            routing.metrics.retries.labels(url).inc()
+            continue
+        except httpx.TimeoutException:
+            routing.leave(replica)
+            routing.metrics.errors.labels("replica_timeout").inc()
+            raise APIError(
+                504,
+                f"The replica {url} did not start answering within {routing.timeout_s:g} s; the request was not "
+                "sent elsewhere, since that replica may still be serving it.",
+                type="service_unavailable",
+                code="replica_timeout",
+            ) from None
+        except httpx.TransportError as err:  # it closed the connection before any status line: nothing answered
+            routing.leave(replica)
+            failures.append(f"{url} closed the connection before answering ({type(err).__name__})")
+            routing.metrics.retries.labels(url).inc()
+            continue
+        except BaseException:  # cancelled, or a bug: the replica is not left counted busy
+            routing.leave(replica)
+            raise
+        relay = Relay(routing, replica, upstream)
+        if upstream.status_code >= 500:
+            said = await relay.read_refusal()
+            failures.append(f"{url} answered {upstream.status_code}: {said}")
+            routing.metrics.retries.labels(url).inc()
+            continue
+        # committed: this replica answers, whatever happens next
+        routing.metrics.routed(replica, views[replica].cached_tokens)
+        if routing.index is not None and upstream.status_code < 400:
+            routing.index.record(replica, chain)
+        return await relay.response()
+    routing.metrics.errors.labels("no_replica_available").inc()
+    raise APIError(
+        503,
+        f"No replica could take the request ({len(failures)} tried): " + "; ".join(failures),
+        type="service_unavailable",
+        code="no_replica_available",
+    )
+
+
+async def models(request: Request) -> Response:
+    """``GET /v1/models``: the first replica that answers says (they all serve the same model)."""
+    routing = _routing(request)
+    assert routing.client is not None
+    failures = []
+    for url in routing.urls:
+        try:
+            answer = await routing.client.get(url + "/v1/models", headers=_headers(request))
+        except httpx.TransportError as err:
+            failures.append(f"{url}: {type(err).__name__}")
+            continue
+        if answer.status_code < 500:
+            return Response(answer.content, answer.status_code, media_type=answer.headers.get("content-type"))
+        failures.append(f"{url}: {answer.status_code}")
+    raise APIError(
+        503, "No replica answered /v1/models: " + "; ".join(failures), type="service_unavailable", code="no_replica"
+    )
+
+
+async def _health_of(client: httpx.AsyncClient, url: str) -> str:
+    """``"ok"``, or why the replica is not healthy."""
+    try:
+        answer = await client.get(url + "/health", timeout=HEALTH_TIMEOUT_S)
+    except httpx.TransportError as err:
+        return f"unreachable ({type(err).__name__})"
+    return "ok" if answer.status_code == 200 else f"answered {answer.status_code}"
+
+
+async def health(request: Request) -> Response:
+    """``GET /health``: 200 while at least one replica is healthy (each replica's state in the body), else 503."""
+    routing = _routing(request)
+    assert routing.client is not None
+    states = await asyncio.gather(*(_health_of(routing.client, url) for url in routing.urls))
+    replicas: dict[str, Any] = dict(zip(routing.urls, states, strict=True))
+    if "ok" in states:
+        return JSONResponse({"replicas": replicas})
+    problem = "; ".join(f"{url} {state}" for url, state in replicas.items())
+    return JSONResponse(APIError(503, f"No replica is healthy: {problem}").body(), 503)
+
+
+async def _metrics_of(client: httpx.AsyncClient, url: str) -> str | None:
+    """A replica's ``/metrics`` text, or None if it does not answer."""
+    try:
+        answer = await client.get(url + "/metrics", timeout=HEALTH_TIMEOUT_S)
+    except httpx.TransportError:
+        return None
+    return answer.text if answer.status_code == 200 else None
+
+
+async def metrics(request: Request) -> Response:
+    """``GET /metrics``: the router's own, then what each replica says of its load and cache (Prometheus's text
+    format; see :mod:`~labkit.serve.router_metrics`)."""
+    routing = _routing(request)
+    assert routing.client is not None
+    texts = await asyncio.gather(*(_metrics_of(routing.client, url) for url in routing.urls))
+    scraped = {url: text for url, text in zip(routing.urls, texts, strict=True) if text is not None}
+    body = routing.metrics.render() + replica_families(scraped).encode()
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,119 @@
+"""``/metrics`` of ``labkit route``: per replica, what the router sent, what it has in flight, what it predicted.
+
+The names follow SGLang's router (``sgl_router_*``, whose Rust code vLLM Router was forked from), with
+``labkit_router_`` in place of ``sgl_router_`` since this is neither; the label ``worker`` is the replica's URL,
+as there. Counters show ``_total`` appended, as Prometheus counters do.
+
+- ``labkit_router_processed_requests_total{worker}``: requests the router forwarded there and that replica
+  answered (any status below 500); sgl_router_processed_requests_total.
+- ``labkit_router_running_requests{worker}``: requests in flight there now, from the router's side (forwarded,
+  answer not yet fully relayed): the load ``least_outstanding`` and ``cache_aware`` read;
+  sgl_router_running_requests.
+- ``labkit_router_cache_hits_total{worker}`` / ``labkit_router_cache_misses_total{worker}``: requests the
+  router sent there predicting a cached prefix of the prompt (from its shadow index), or none; the router's
+  belief, not the replica's count (that is the replica's own ``vllm:prefix_cache_hits``);
+  sgl_router_cache_hits_total / _misses_total (which SGLang counts over all workers).
+- ``labkit_router_predicted_cached_chars_total{worker}``: the characters of prompts predicted cached there
+  (labkit's own: the shadow index counts characters, not tokens).
+- ``labkit_router_retries_total{worker}``: requests that replica refused before answering (no connection, a 5xx,
+  a connection closed before any answer), each then sent on to the next replica not yet tried, if one is left;
+  sgl_router_retries_total.
+- ``labkit_router_request_errors_total{reason}``: requests the router itself answered with an error
+  (``no_replica_available``, ``replica_timeout``, ``replica_failed_mid_answer``);
+  sgl_router_request_errors_total.
+
+Beside its own, the router shows what each replica says of itself, read from the replica's ``/metrics`` when
+its own are read, with vLLM's names and the label ``worker`` added (as vLLM's production-stack router reads its
+engines' stats): ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` (the replica's batch and its
+queue), ``vllm:kv_cache_usage_perc``, and ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total``
+(prompt tokens looked up and found in its prefix cache: the hits the router's prediction was after). A replica
+that does not answer is left out.
+
+Each router has its own registry, so several can live in one process (tests, notebooks).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+disable_created_metrics()
+
+# what the router shows of each replica's own /metrics (vLLM's names)
+REPLICA_FAMILIES = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+)
+
+
+class RouterMetrics:
+    """The router's counters and gauges, one series per replica."""
+
+    def __init__(self, urls: list[str]):
+        self.urls = urls
+        self.registry = CollectorRegistry()
+        worker = ["worker"]
+
+        def counter(name: str, help_text: str, labels: list[str] = worker) -> Counter:
+            return Counter(name, help_text, labels, registry=self.registry)
+
+        self.processed = counter("labkit_router_processed_requests", "Requests forwarded to and answered by a replica.")
+        self.running = Gauge(
+            "labkit_router_running_requests", "Requests in flight at a replica.", worker, registry=self.registry
+        )
+        self.hits = counter("labkit_router_cache_hits", "Requests routed with a cached prefix predicted there.")
+        self.misses = counter("labkit_router_cache_misses", "Requests routed with no cached prefix predicted there.")
+        self.cached_chars = counter(
+            "labkit_router_predicted_cached_chars", "Prompt characters predicted cached at the replica routed to."
+        )
+        self.retries = counter(
+            "labkit_router_retries", "Requests a replica refused before answering, sent on to the next if any."
+        )
+        self.errors = counter(
+            "labkit_router_request_errors", "Requests the router answered with an error itself.", ["reason"]
+        )
+        for url in urls:  # every series shows from the start, at 0
+            for metric in (self.processed, self.running, self.hits, self.misses, self.cached_chars, self.retries):
+                metric.labels(url)
+
+    def routed(self, replica: int, cached_chars: int) -> None:
+        """A replica answered a request the router sent it, predicting ``cached_chars`` of its prompt cached."""
+        url = self.urls[replica]
+        self.processed.labels(url).inc()
+        (self.hits if cached_chars > 0 else self.misses).labels(url).inc()
+        self.cached_chars.labels(url).inc(cached_chars)
+
+    def in_flight(self, replica: int, count: int) -> None:
+        self.running.labels(self.urls[replica]).set(count)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def replica_families(scraped: dict[str, str]) -> str:
+    """The :data:`REPLICA_FAMILIES` of each replica's ``/metrics`` text (URL -> text), one family each with the
+    label ``worker`` added, in Prometheus's text format."""
+    samples: dict[str, list[str]] = {name: [] for name in REPLICA_FAMILIES}
+    kinds: dict[str, tuple[str, str]] = {}
+    for url, text in scraped.items():
+        for family in text_string_to_metric_families(text):
+            if family.name not in samples:
+                continue
+            kinds[family.name] = (family.type, family.documentation)
+            for sample in family.samples:
+                labels = {**sample.labels, "worker": url}
+                written = ",".join(f'{key}="{_escaped(value)}"' for key, value in sorted(labels.items()))
+                samples[family.name].append(f"{sample.name}{{{written}}} {sample.value!r}")
+    lines = []
+    for name, rows in samples.items():
+        if rows:
+            kind, documentation = kinds[name]
+            lines += [f"# HELP {name} {documentation}", f"# TYPE {name} {kind}", *rows]
+    return "".join(line + "\n" for line in lines)
+
+
+def _escaped(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
