@@ -33,6 +33,48 @@ from labkit.kv.paged_batch import PagedBatch
 
 
 @triton.jit
+def _walk_blocks(
+    q,
+    k_pool_ptr,
+    v_pool_ptr,
+    block_tables_ptr,
+    seq,
+    kv_head,
+    context_len,
+    first,
+    last,
+    scale,
+    max_blocks_per_seq,
+    GROUP_PAD: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """The running softmax of the group's queries ``q`` over blocks ``first`` to ``last`` of the sequence's table:
+    (running max, sum of exponentials, exp-weighted values), each per query head; max -inf and 0s if none."""
+    dims = tl.arange(0, HEAD_DIM)
+    slots = tl.arange(0, BLOCK_SIZE)
+    running_max = tl.zeros([GROUP_PAD], dtype=tl.float32) - float("inf")
+    running_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    for index in range(first, last):
+        block = tl.load(block_tables_ptr + seq * max_blocks_per_seq + index).to(tl.int64)
+        visible = index * BLOCK_SIZE + slots < context_len  # the last block may be partly filled
+        offsets = ((block * BLOCK_SIZE + slots)[:, None] * NUM_KV_HEADS + kv_head) * HEAD_DIM + dims[None, :]
+        k = tl.load(k_pool_ptr + offsets, mask=visible[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_pool_ptr + offsets, mask=visible[:, None], other=0.0).to(tl.float32)
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [group, block_size]
+        scores = tl.where(visible[None, :], scores, float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        rescale = tl.exp(running_max - new_max)  # what the old terms were worth against the new max
+        weights = tl.exp(scores - new_max[:, None])
+        running_sum = running_sum * rescale + tl.sum(weights, axis=1)
+        acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
+        running_max = new_max
+    return running_max, running_sum, acc
+
+
+@triton.jit
 def paged_decode_kernel(
     out_ptr,
     q_ptr,
@@ -52,28 +94,26 @@ def paged_decode_kernel(
     kv_head = tl.program_id(1)
     in_group = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + in_group  # the query heads that read this KV head
-    dims = tl.arange(0, HEAD_DIM)
-    rows = (seq * NUM_KV_HEADS * GROUP + heads)[:, None] * HEAD_DIM + dims[None, :]
+    rows = (seq * NUM_KV_HEADS * GROUP + heads)[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
     q = tl.load(q_ptr + rows, mask=(in_group < GROUP)[:, None], other=0.0).to(tl.float32)
     context_len = tl.load(context_lens_ptr + seq)
-    running_max = tl.zeros([GROUP_PAD], dtype=tl.float32) - float("inf")
-    running_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
-    slots = tl.arange(0, BLOCK_SIZE)
-    for index in range(0, tl.cdiv(context_len, BLOCK_SIZE)):
-        block = tl.load(block_tables_ptr + seq * max_blocks_per_seq + index).to(tl.int64)
-        visible = index * BLOCK_SIZE + slots < context_len  # the last block may be partly filled
-        offsets = ((block * BLOCK_SIZE + slots)[:, None] * NUM_KV_HEADS + kv_head) * HEAD_DIM + dims[None, :]
-        k = tl.load(k_pool_ptr + offsets, mask=visible[:, None], other=0.0).to(tl.float32)
-        v = tl.load(v_pool_ptr + offsets, mask=visible[:, None], other=0.0).to(tl.float32)
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [group, block_size]
-        scores = tl.where(visible[None, :], scores, float("-inf"))
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        rescale = tl.exp(running_max - new_max)  # what the old terms were worth against the new max
-        weights = tl.exp(scores - new_max[:, None])
-        running_sum = running_sum * rescale + tl.sum(weights, axis=1)
-        acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
-        running_max = new_max
+    _, running_sum, acc = _walk_blocks(
+        q,
+        k_pool_ptr,
+        v_pool_ptr,
+        block_tables_ptr,
+        seq,
+        kv_head,
+        context_len,
+        0,
+        tl.cdiv(context_len, BLOCK_SIZE),
+        scale,
+        max_blocks_per_seq,
+        GROUP_PAD,
+        NUM_KV_HEADS,
+        BLOCK_SIZE,
+        HEAD_DIM,
+    )
     out = acc / running_sum[:, None]
     tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=(in_group < GROUP)[:, None])
 
@@ -109,24 +149,24 @@ def split_kv_kernel(
     context_len = tl.load(context_lens_ptr + seq)
     first = split * blocks_per_split
     last = tl.minimum(first + blocks_per_split, tl.cdiv(context_len, BLOCK_SIZE))
-    running_max = tl.zeros([GROUP_PAD], dtype=tl.float32) - float("inf")
-    running_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
-    slots = tl.arange(0, BLOCK_SIZE)
-    for index in range(first, last):  # no blocks at all for a split past the context: it stays empty
-        block = tl.load(block_tables_ptr + seq * max_blocks_per_seq + index).to(tl.int64)
-        visible = index * BLOCK_SIZE + slots < context_len
-        offsets = ((block * BLOCK_SIZE + slots)[:, None] * NUM_KV_HEADS + kv_head) * HEAD_DIM + dims[None, :]
-        k = tl.load(k_pool_ptr + offsets, mask=visible[:, None], other=0.0).to(tl.float32)
-        v = tl.load(v_pool_ptr + offsets, mask=visible[:, None], other=0.0).to(tl.float32)
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
-        scores = tl.where(visible[None, :], scores, float("-inf"))
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        rescale = tl.exp(running_max - new_max)
-        weights = tl.exp(scores - new_max[:, None])
-        running_sum = running_sum * rescale + tl.sum(weights, axis=1)
-        acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
-        running_max = new_max
+    # a split past the context walks no block at all and stays empty (max -inf, sum 0)
+    running_max, running_sum, acc = _walk_blocks(
+        q,
+        k_pool_ptr,
+        v_pool_ptr,
+        block_tables_ptr,
+        seq,
+        kv_head,
+        context_len,
+        first,
+        last,
+        scale,
+        max_blocks_per_seq,
+        GROUP_PAD,
+        NUM_KV_HEADS,
+        BLOCK_SIZE,
+        HEAD_DIM,
+    )
     # partials [seqs, query heads, splits] and [seqs, query heads, splits, head_dim]
     partial = (seq * NUM_KV_HEADS * GROUP + heads) * NUM_SPLITS + split
     keep = in_group < GROUP

@@ -71,7 +71,8 @@ def routing_for(urls: list[str], args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from labkit.serve.replica_procs import ReplicaProcesses
-    from labkit.serve.router_server import make_router_server, serve_forever, url_of
+    from labkit.serve.router_server import make_router_server
+    from labkit.serve.uvicorn_thread import serve_forever, url_of
 
     urls = [url.rstrip("/") for url in args.replica]
     if args.start is None and not urls:

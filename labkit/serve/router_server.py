@@ -7,26 +7,16 @@ the replicas; streams still relayed end with the connection, and the replicas ab
 from __future__ import annotations
 
 import socket
-import sys
-import threading
-import time
-from collections.abc import Callable
 
 import uvicorn
 
 from labkit.serve import guard
 from labkit.serve.router_app import Routing, build_router_app
+from labkit.serve.uvicorn_thread import ReadyServer, UvicornThread
 
 
-class RouterServer(uvicorn.Server):
-    """Uvicorn's server, calling ``on_ready`` once its socket accepts connections."""
-
-    on_ready: Callable[[], None] | None = None
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started and self.on_ready is not None:
-            self.on_ready()
+class RouterServer(ReadyServer):
+    """Uvicorn's server for the router."""
 
 
 def make_router_server(
@@ -59,49 +49,13 @@ def make_router_server(
     return RouterServer(config), sock
 
 
-def url_of(sock: socket.socket) -> str:
-    """The address a bound socket serves (as :func:`labkit.serve.server.url_of`, which would import the engine)."""
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def serve_forever(server: RouterServer, sock: socket.socket, ready: str) -> None:
-    """Serve in the foreground until Ctrl-C or SIGTERM; ``ready`` goes to stderr once connections are accepted."""
-    server.on_ready = lambda: print(ready, file=sys.stderr, flush=True)
-    try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:
-        pass
-
-
-class RouterThread:
+class RouterThread(UvicornThread):
     """``labkit route`` in a background thread, for tests and notebooks: ``with RouterThread(routing) as router:``
     serves on a free loopback port (``router.url``) and stops on the way out."""
 
+    what = "the router"
+
     def __init__(self, routing: Routing, host: str = "127.0.0.1", port: int = 0):
         self.routing = routing
-        self.server, self.socket = make_router_server(routing, host, port)
-        self.url = url_of(self.socket)
-        self._thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.socket]}, name="labkit-route", daemon=True
-        )
-
-    def start(self, timeout: float = 30.0) -> RouterThread:
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the router at {self.url} did not start within {timeout:g} s")
-            time.sleep(0.01)
-        return self
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self.server.should_exit = True
-        self._thread.join(timeout)
-        self.socket.close()
-
-    def __enter__(self) -> RouterThread:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        server, sock = make_router_server(routing, host, port)
+        self._serve_on(server, sock, "labkit-route")

@@ -155,7 +155,8 @@ def admission_hook(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from labkit.engine import LLM
     from labkit.models import load_model
-    from labkit.serve.server import make_server, serve_forever, url_of
+    from labkit.serve.server import make_server
+    from labkit.serve.uvicorn_thread import serve_forever, url_of
 
     if args.max_waiting is not None and args.max_waiting < 1:
         raise ValueError(f"--max-waiting must be at least 1, got {args.max_waiting}; leave it out for no bound")

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
-import threading
 import time
-from collections.abc import Callable
 
 import uvicorn
 
@@ -25,24 +22,19 @@ from labkit.serve.admission import AdmissionHook
 from labkit.serve.app import build_app
 from labkit.serve.metrics import ServerMetrics
 from labkit.serve.protocol import APIError
+from labkit.serve.uvicorn_thread import ReadyServer, UvicornThread
 from labkit.serve.worker import EngineWorker
 
 LAST_WORDS_S = 0.5  # after the grace period, how long the cut requests' handlers get to send their error
 
 
-class Server(uvicorn.Server):
+class Server(ReadyServer):
     """Uvicorn's server, saying when it is ready and draining before it stops."""
 
     def __init__(self, config: uvicorn.Config, worker: EngineWorker, shutdown_timeout: float):
         super().__init__(config)
         self.worker = worker
         self.shutdown_timeout = shutdown_timeout
-        self.on_ready: Callable[[], None] | None = None  # called once the socket accepts connections
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started and self.on_ready is not None:
-            self.on_ready()
 
     async def main_loop(self) -> None:
         await super().main_loop()  # until Ctrl-C, SIGTERM or ``should_exit``
@@ -123,21 +115,7 @@ def make_server(
     return Server(config, worker, shutdown_timeout), sock, worker
 
 
-def serve_forever(server: Server, sock: socket.socket, ready: str) -> None:
-    """Serve in the foreground until Ctrl-C or SIGTERM; ``ready`` goes to stderr once connections are accepted."""
-    server.on_ready = lambda: print(ready, file=sys.stderr, flush=True)
-    try:
-        server.run(sockets=[sock])  # after a graceful stop, uvicorn raises the signal that stopped it again
-    except KeyboardInterrupt:
-        pass
-
-
-def url_of(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-class ServerThread:
+class ServerThread(UvicornThread):
     """``labkit serve`` in a background thread, for tests and notebooks.
 
     ``with ServerThread(llm) as server:`` starts it on a free loopback port (``server.url``)
@@ -146,28 +124,5 @@ class ServerThread:
     """
 
     def __init__(self, llm, host: str = "127.0.0.1", port: int = 0, **options):
-        self.server, self.socket, self.worker = make_server(llm, host, port, **options)
-        self.url = url_of(self.socket)
-        self._thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.socket]}, name="labkit-serve", daemon=True
-        )
-
-    def start(self, timeout: float = 30.0) -> "ServerThread":
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the server at {self.url} did not start within {timeout:g} s")
-            time.sleep(0.01)
-        return self
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self.server.should_exit = True
-        self._thread.join(timeout)
-        self.socket.close()
-
-    def __enter__(self) -> "ServerThread":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        server, sock, self.worker = make_server(llm, host, port, **options)
+        self._serve_on(server, sock, "labkit-serve")

@@ -94,13 +94,20 @@ function fmt(x, digits = 0) { return x.toLocaleString('en-US', {maximumFractionD
 ANSWER_STYLE = {"font-size": "15px"}  # the figure's result line, as large as the chapter's prose
 # The figure sits on a light card in either colour scheme (the book's theme keeps outputs light), so its
 # controls are set to light colours too, explicitly: inherited, dark mode's light text fell on the inputs' white.
-THEMED_CONTROL = InlineStyleSheet(
-    css=".bk-input, select.bk-input { color: #1f2328; background-color: #fff; border-color: #c9ccd1; } "
+THEMED_CONTROL_CSS = (
+    ".bk-input, select.bk-input { color: #1f2328; background-color: #fff; border-color: #c9ccd1; } "
     "label, .bk-slider-title, .bk-input-group { color: #1f2328; }"
 )
 # Rows of controls wrap onto the next line on a narrow screen (a phone) instead of running off its side.
-WRAPPING_ROW = InlineStyleSheet(css=":host { flex-wrap: wrap; column-gap: 12px; }")
-CONTROL = dict(stylesheets=[THEMED_CONTROL], sizing_mode="stretch_width", min_width=240)
+WRAPPING_ROW_CSS = ":host { flex-wrap: wrap; column-gap: 12px; }"
+
+
+def _control() -> dict:
+    """A control's settings: light colours, the row's width. A stylesheet is a model of its figure's document, so
+    each control gets its own (a figure built twice in one process would otherwise share one: Bokeh refuses)."""
+    return dict(stylesheets=[InlineStyleSheet(css=THEMED_CONTROL_CSS)], sizing_mode="stretch_width", min_width=240)
+
+
 MAX_REPLIES = 40  # the batching figure schedules at most this many replies: more would stall the page
 
 # The choices offered, each a labkit preset; the keys are what the page's selects hold.
@@ -135,12 +142,12 @@ def _wire(layout, widgets: list, args: dict, body: str):
 
 def _select(title: str, options: dict, value: str, name: str) -> Select:
     options = [(key, item.name) for key, item in options.items()]
-    return Select(title=title, value=value, options=options, name=name, **CONTROL)
+    return Select(title=title, value=value, options=options, name=name, **_control())
 
 
 def _controls(*widgets) -> row:
     """Controls side by side on a wide screen, one under another on a narrow one."""
-    return row(*widgets, stylesheets=[WRAPPING_ROW], sizing_mode="stretch_width")
+    return row(*widgets, stylesheets=[InlineStyleSheet(css=WRAPPING_ROW_CSS)], sizing_mode="stretch_width")
 
 
 def _byte_options(table: dict) -> list:
@@ -152,15 +159,15 @@ def kv_capacity_figure():
     model = _select("model", FIGURE_MODELS, "llama-8b", "model")
     gpu = _select("GPU", FIGURE_GPUS, "friends-gpu", "gpu")
     tokens = Slider(
-        title="tokens per conversation", start=256, end=32768, step=256, value=8192, name="tokens", **CONTROL
+        title="tokens per conversation", start=256, end=32768, step=256, value=8192, name="tokens", **_control()
     )
     fraction = Slider(
-        title="share of memory vLLM may use", start=0.5, end=1.0, step=0.01, value=0.85, name="fraction", **CONTROL
+        title="share of memory vLLM may use", start=0.5, end=1.0, step=0.01, value=0.85, name="fraction", **_control()
     )
     weights = Select(
-        title="bytes per weight", value="bf16", options=_byte_options(WEIGHT_BYTES), name="weights", **CONTROL
+        title="bytes per weight", value="bf16", options=_byte_options(WEIGHT_BYTES), name="weights", **_control()
     )
-    kv = Select(title="bytes per cached number", value="bf16", options=_byte_options(KV_BYTES), name="kv", **CONTROL)
+    kv = Select(title="bytes per cached number", value="bf16", options=_byte_options(KV_BYTES), name="kv", **_control())
     answer = Div(text="", name="answer", styles=ANSWER_STYLE)
     curve, here = ColumnDataSource(data=dict(x=[], y=[])), ColumnDataSource(data=dict(x=[], y=[]))
     plot = figure(
@@ -218,9 +225,9 @@ def step_time_figure():
     model = _select("model", FIGURE_MODELS, "llama-8b", "model")
     gpu = _select("GPU", FIGURE_GPUS, "sale-gpu", "gpu")
     context = Slider(
-        title="tokens of context per sequence", start=0, end=8192, step=50, value=1150, name="context", **CONTROL
+        title="tokens of context per sequence", start=0, end=8192, step=50, value=1150, name="context", **_control()
     )
-    batch = Slider(title="sequences in the pass", start=1, end=512, step=1, value=64, name="batch", **CONTROL)
+    batch = Slider(title="sequences in the pass", start=1, end=512, step=1, value=64, name="batch", **_control())
     answer = Div(text="", name="answer", styles=ANSWER_STYLE)
     terms, here = (
         ColumnDataSource(data=dict(b=[], memory=[], compute=[], step=[])),
@@ -271,8 +278,10 @@ def step_time_figure():
 
 def batching_figure():
     """The same replies under static and continuous batching: seats over steps, padding hatched."""
-    seats = Slider(title="seats (sequences per batch)", start=1, end=10, step=1, value=5, name="seats", **CONTROL)
-    replies = TextInput(title="reply lengths, in tokens", value=", ".join(map(str, REPLIES)), name="replies", **CONTROL)
+    seats = Slider(title="seats (sequences per batch)", start=1, end=10, step=1, value=5, name="seats", **_control())
+    replies = TextInput(
+        title="reply lengths, in tokens", value=", ".join(map(str, REPLIES)), name="replies", **_control()
+    )
     answer = Div(text="", name="answer", styles=ANSWER_STYLE)
     steps = Range1d(0, 90)
     plots, sources = [], []
