@@ -9,7 +9,7 @@ every replica whose step in flight has ended takes its next step. The clock belo
 clock. With one replica the fleet is exactly that replica's engine.
 
 Routers here are a few lines each over that view: :class:`RoundRobin` and :class:`LeastLoaded`, or a function
-``(loads, n) -> replica index`` of your own through :func:`router_from_function`.
+``(loads, n) -> replica index`` of your own (wrapped as a :class:`FunctionRouter`).
 """
 
 from __future__ import annotations
@@ -68,11 +68,6 @@ class FunctionRouter:
         return index
 
 
-def router_from_function(choose: Callable[[Sequence[int], int], int]) -> FunctionRouter:
-    """Wrap a routing function of your own so the fleet can call it."""
-    return FunctionRouter(choose)
-
-
 ROUTERS: dict[str, type] = {"round_robin": RoundRobin, "least_loaded": LeastLoaded}
 
 
@@ -89,7 +84,7 @@ def make_router(router: str | Router | Callable[[Sequence[int], int], int]) -> R
         require(router, "routing")
         return router  # type: ignore[return-value]  # it has route and name, as require checked
     if callable(router):
-        return router_from_function(router)
+        return FunctionRouter(router)
     raise TypeError(f"a router is a name, an object with route(request, replicas), or a function; got {router!r}")
 
 
