@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Callable, cast
 
 from labkit.engine.interfaces import PrefixCacheLookup, Proposer, SchedulerPolicy, implements
@@ -121,7 +121,9 @@ class EngineCore:
     def ready_to_hand_over(self) -> list[Request]:
         """Running requests whose prompt is computed and whose first token is out, nothing else missing: what a
         prefill engine hands to a decode engine (oldest first)."""
-        return [request for request in self.state.running if request.output_token_ids and request.num_missing_tokens == 1]
+        return [
+            request for request in self.state.running if request.output_token_ids and request.num_missing_tokens == 1
+        ]
 
     def hand_over(self, request_id: str) -> tuple[Request, list[int]]:
         """Take a request out of this engine for another to continue: its blocks go back now, and the request, with

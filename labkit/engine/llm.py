@@ -327,7 +327,9 @@ class LLM:
             )
         self._check_params(handoff.params)
         now = self.now()
-        request = Request(handoff.request_id, list(handoff.prompt_token_ids), handoff.params, now, prompt=handoff.prompt)
+        request = Request(
+            handoff.request_id, list(handoff.prompt_token_ids), handoff.params, now, prompt=handoff.prompt
+        )
         for token in handoff.output_token_ids:
             request.append_token(token, now)
         request.num_computed_tokens = handoff.num_computed_tokens

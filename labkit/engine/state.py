@@ -16,8 +16,8 @@ holds), so a policy needs no change: it sees fewer missing tokens, and ``admit``
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Callable, cast
 
 from labkit.engine.interfaces import BlockAllocator, PrefixCachingAllocator, require
