@@ -111,7 +111,7 @@ class _Transfers:
         return bool(self.in_flight or self.landed)
 
 
-def _adopt_landed(transfers: _Transfers, decode: Fleet, now: float, decode_of: dict[str, int]) -> None:
+def _adopt_landed(transfers: _Transfers, decode: Fleet, now: float) -> None:
     """Seat each landed request, first come first served, on the decode GPU with the fewest running requests that has
     room for it; its first token reaches the user now."""
     while transfers.landed:
@@ -129,7 +129,6 @@ def _adopt_landed(transfers: _Transfers, decode: Fleet, now: float, decode_of: d
         transfers.landed.popleft()
         core.adopt(request)
         request.record.token_times[0] = now  # the stream comes from the decode side
-        decode_of[request.request_id] = index
         replica = decode.replicas[index]
         replica.step_end = max(replica.step_end, now)
 
@@ -159,14 +158,14 @@ def simulate_disaggregated(
 
     prefill, decode = Fleet(pool(prefill_gpus), make_router(router)), Fleet(pool(decode_gpus), make_router(router))
     transfers = _Transfers(link, cost.kv_bytes_per_token, prefill_gpus)
-    arrivals, decode_of = Arrivals(workload), {}
+    arrivals = Arrivals(workload)
     while arrivals.next_time is not None or prefill.has_unfinished() or decode.has_unfinished() or transfers:
         events = [prefill.next_step_end(), decode.next_step_end(), arrivals.next_time, transfers.next_landing]
         now = min(time for time in events if time is not None)
         for request in arrivals.due(now):
             prefill.route(request, now)
         transfers.land(now)
-        _adopt_landed(transfers, decode, now, decode_of)
+        _adopt_landed(transfers, decode, now)
         for index, outcome in prefill.step(now):
             core = prefill.replicas[index].core
             for ready in core.ready_to_hand_over():
@@ -268,7 +267,7 @@ def disaggregation_table(
             f"is needed for the colocated rows; got setups {[(p, d) for p, d, _ in setups]} and {chunk_budgets}"
         )
     total = gpus.pop()
-    dials = dict(num_blocks=num_blocks, max_num_seqs=max_num_seqs)
+    dials: dict[str, Any] = dict(num_blocks=num_blocks, max_num_seqs=max_num_seqs)
     rows = []
     for rate in rates:
         workload = lesson_sale(num_requests, rate, seed)
