@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable, cast
 
@@ -40,6 +41,8 @@ class Batch:
         """KV cache entries the step reads: the tokens each request had computed before it."""
         return sum(request.num_computed_tokens for request, _ in self.work)
 
+
+NEW_SEQUENCE = "<hand-off>"  # a sequence id that holds no blocks: can_allocate for it counts a whole new table
 
 # executor(batch, start) -> (request id -> sampled token for every sampler, the time the step ended).
 # A speculating sampler gets a list instead: its accepted draft tokens and one token of the target's own.
@@ -113,6 +116,68 @@ class EngineCore:
         if not self.state.enable_prefix_caching or not implements(blocks, PrefixCacheLookup):
             return 0
         return cast(PrefixCacheLookup, blocks).cached_tokens(request.prompt_token_ids)
+
+    # --- hand-offs: prefill on one engine, decode on another ---------------------------------
+    def ready_to_hand_over(self) -> list[Request]:
+        """Running requests whose prompt is computed and whose first token is out, nothing else missing: what a
+        prefill engine hands to a decode engine (oldest first)."""
+        return [
+            request for request in self.state.running if request.output_token_ids and request.num_missing_tokens == 1
+        ]
+
+    def hand_over(self, request_id: str) -> tuple[Request, list[int]]:
+        """Take a request out of this engine for another to continue: its blocks go back now, and the request, with
+        its tokens and progress, is returned with the block table it had (read its K/V from those blocks before the
+        next step reuses them)."""
+        request = self.state.requests.get(request_id)
+        if request is None:
+            where = "has not arrived yet" if request_id in self._pending_ids else "is not unfinished here"
+            raise ValueError(f"request {request_id!r} {where}; only a running request can be handed over")
+        if self.speculation is not None:
+            raise ValueError("hand-offs are not supported with speculative decoding; turn speculative_config off")
+        if request not in self.state.running:
+            raise ValueError(
+                f"request {request_id!r} is waiting (not yet admitted, or preempted), so it holds no KV to hand over; "
+                "step the engine until its prefill is done"
+            )
+        if not request.output_token_ids or request.num_missing_tokens != 1:
+            raise ValueError(
+                f"request {request_id!r} has computed {request.num_computed_tokens} of its "
+                f"{request.num_prompt_tokens} prompt tokens; hand it over after its prefill, once its first token is "
+                "out (ready_to_hand_over() lists those)"
+            )
+        table = list(self.state.blocks.block_table(request_id))
+        self.state.hand_over(request)
+        return request, table
+
+    def can_adopt(self, num_computed_tokens: int) -> bool:
+        """Whether a handed-over request with this many computed tokens fits now: a free seat and enough blocks."""
+        state = self.state
+        if len(state.running) >= state.max_num_seqs:
+            return False
+        return state.blocks.can_allocate(NEW_SEQUENCE, num_computed_tokens)
+
+    def adopt(self, request: Request) -> Sequence[int]:
+        """Continue a request another engine handed over (:meth:`hand_over`): it joins the running requests with
+        blocks for its computed tokens; returns their table, for the caller to fill with its K/V."""
+        request_id, state = request.request_id, self.state
+        if request_id in state.requests or request_id in self._pending_ids:
+            raise ValueError(f"request id {request_id!r} is already in use on this engine; hand it to another one")
+        if self.speculation is not None:
+            raise ValueError("hand-offs are not supported with speculative decoding; turn speculative_config off")
+        reason = state.rejection(request)
+        if reason is not None:
+            raise ValueError(f"request {request_id!r} cannot be served here: {reason}")
+        if not self.can_adopt(request.num_computed_tokens):
+            free = state.max_num_seqs - len(state.running)
+            raise ValueError(
+                f"no room for request {request_id!r} now ({free} free seats of max_num_seqs={state.max_num_seqs}; "
+                f"it needs blocks for {request.num_computed_tokens} tokens): ask can_adopt() first and retry after a "
+                "step frees some"
+            )
+        table = state.adopt(request)
+        self.trace.requests.append(request.record)
+        return table
 
     @property
     def next_arrival(self) -> float | None:

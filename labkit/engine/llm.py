@@ -29,10 +29,12 @@ from labkit.engine.interfaces import Attention, BlockAllocator, Proposer, Schedu
 from labkit.engine.request import CompletionOutput, Request, RequestOutput
 from labkit.engine.runner import ModelRunner
 from labkit.kv.fp8 import kv_storage_dtype
+from labkit.kv.handoff import KVHandoff, KVLayout, read_tokens, write_tokens
 from labkit.kv.paged_attention import paged_attention
 from labkit.kv.paged_cache import PagedKVCache
 from labkit.kv.pool_sizing import kv_pool_size
 from labkit.models.tokens import Prompt, encode_prompt
+from labkit.sampling import make_generator
 from labkit.sampling_params import SamplingParams
 from labkit.spec import parse_speculative_config
 from labkit.spec.config import SpeculativeConfig
@@ -270,6 +272,78 @@ class LLM:
         found = self.core.abort(str(request_id))
         self.runner.release(str(request_id))
         return found
+
+    # --- hand-offs: prefill here, decode on another engine (see labkit.kv.handoff) -----------
+    def ready_to_export(self) -> list[str]:
+        """Ids of the requests whose prefill is done and first token out: those :meth:`export_request` takes."""
+        return [request.request_id for request in self.core.ready_to_hand_over()]
+
+    def export_request(self, request_id: str) -> KVHandoff:
+        """Take a request out of this engine after its prefill, with its KV cache, for another engine's
+        :meth:`import_request`: its K/V are read through its block table, then its blocks go back to this pool.
+        Raises ValueError, saying why, for a request still prefilling, waiting, finished or unknown."""
+        request, table = self.core.hand_over(str(request_id))
+        count = request.num_computed_tokens
+        cache = self.runner.cache
+        keys = [read_tokens(cache.k[layer], table, count) for layer in range(len(cache.k))]
+        values = [read_tokens(cache.v[layer], table, count) for layer in range(len(cache.v))]
+        # the blocks went back in hand_over, but nothing writes them before this engine's next step
+        generator = self.runner.generators.pop(request.request_id, None)
+        request.mark_finished("handoff", self.now())
+        return KVHandoff(
+            request.request_id,
+            list(request.prompt_token_ids),
+            list(request.output_token_ids),
+            request.params,
+            count,
+            keys,
+            values,
+            self.kv_layout(),
+            prompt=request.prompt,
+            generator_state=None if generator is None else generator.get_state(),
+        )
+
+    def kv_layout(self) -> KVLayout:
+        """What a hand-off from or to this engine must match: the model, its KV shape, its dtypes."""
+        cfg = self.model.config
+        return KVLayout(
+            cfg.name, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, str(self.model.dtype), self.config.kv_cache_dtype
+        )
+
+    def can_import(self, num_computed_tokens: int) -> bool:
+        """Whether a hand-off of a request with this many computed tokens fits now (a free seat and blocks)."""
+        return self.core.can_adopt(num_computed_tokens)
+
+    def import_request(self, handoff: KVHandoff) -> str:
+        """Continue a request another engine prefilled (its :meth:`export_request`): blocks are allocated here
+        through the allocator, its K/V written into them in its table's order, and it decodes from its next step.
+        Refused with a ValueError naming the difference when the KV layouts differ (model, layers, heads, dtypes,
+        fp8 cache); a different block size is fine. Returns its request id."""
+        mismatch = handoff.layout.mismatch(self.kv_layout())
+        if mismatch:
+            raise ValueError(
+                f"cannot import request {handoff.request_id!r}: {mismatch}; hand it to an engine built with the same "
+                "model, dtype and kv_cache_dtype"
+            )
+        self._check_params(handoff.params)
+        now = self.now()
+        request = Request(
+            handoff.request_id, list(handoff.prompt_token_ids), handoff.params, now, prompt=handoff.prompt
+        )
+        for token in handoff.output_token_ids:
+            request.append_token(token, now)
+        request.num_computed_tokens = handoff.num_computed_tokens
+        table = self.core.adopt(request)
+        cache = self.runner.cache
+        for layer, (keys, values) in enumerate(zip(handoff.keys, handoff.values)):
+            write_tokens(cache.k[layer], table, keys)
+            write_tokens(cache.v[layer], table, values)
+        if handoff.generator_state is not None:
+            generator = make_generator(handoff.params, self.model.device)
+            if generator is not None:
+                generator.set_state(handoff.generator_state)
+            self.runner.generators[request.request_id] = generator
+        return request.request_id
 
     def step(self) -> list[RequestOutput]:
         """Run one step; return an output for every request that got a token or finished.

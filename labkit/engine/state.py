@@ -16,6 +16,7 @@ holds), so a policy needs no change: it sees fewer missing tokens, and ``admit``
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable, cast
 
@@ -295,6 +296,27 @@ class SchedulerState:
         self.waiting.remove(request)
         del self.requests[request.request_id]
         request.mark_finished("abort", self.now)
+
+    # --- hand-offs between engines (prefill on one, decode on another) -----------------
+    def hand_over(self, request: Request) -> None:
+        """A running request leaves for another engine: its blocks go back to this pool now; it keeps its tokens
+        and its progress (``num_computed_tokens``), which travel with it."""
+        self.running.remove(request)
+        self.blocks.free(request.request_id)
+        del self.requests[request.request_id]
+
+    def adopt(self, request: Request) -> Sequence[int]:
+        """A request handed over by another engine joins ``running`` with blocks for its computed tokens, allocated
+        here through the allocator; returns its block table, whose blocks the caller fills with the request's K/V.
+        With prefix caching the full blocks are named, so later requests find the handed-over prompt."""
+        request_id, computed = request.request_id, request.num_computed_tokens
+        table = self.blocks.allocate(request_id, computed)
+        if self.enable_prefix_caching:
+            self._prefix_cache.cache_full_blocks(request_id, request.all_token_ids[:computed])
+        self.requests[request_id] = request
+        self.running.append(request)
+        request.mark_running(self.now)
+        return table
 
     @property
     def has_unfinished(self) -> bool:

@@ -1,0 +1,163 @@
+"""A request's KV cache handed from one engine to another: prefill on one, decode on the other.
+
+Why: a prompt's prefill is a long arithmetic-bound pass, and every decode sharing its step waits for it.
+Disaggregated serving (DistServe, Splitwise, vLLM's KV connectors) prefills on one pool of GPUs and
+decodes on another; between the two, each request's K/V travel as a self-contained object. Here that
+object is a :class:`KVHandoff`: the request's tokens, its sampling params, its random stream, and for
+every layer the K and V of its computed tokens, read through its block table in order, the last
+partial block included (:func:`read_tokens`). The target allocates blocks through its allocator (the
+engine's seam) and writes each token into the slot its own table names (:func:`write_tokens`), so the
+two pools need not share block numbers, nor even a block size: the tensors travel token by token.
+
+:meth:`labkit.engine.LLM.export_request` and :meth:`~labkit.engine.LLM.import_request` use these;
+:func:`serve_disaggregated` runs a prefill engine and a decode engine side by side on this machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from labkit.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from labkit.engine.llm import LLM
+    from labkit.engine.request import RequestOutput
+    from labkit.models.tokens import Prompt
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What both engines must agree on for the K/V to mean the same thing (the block size need not match)."""
+
+    model: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str  # the model's compute dtype, as str(torch.dtype)
+    kv_cache_dtype: str  # "auto" or "fp8": what the pools store
+
+    def mismatch(self, other: KVLayout) -> str | None:
+        """The first field in which ``other`` (the target's) differs from this one (the hand-off's), in words."""
+        for name in ("model", "num_layers", "num_kv_heads", "head_dim", "dtype", "kv_cache_dtype"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine != theirs:
+                return f"{name} is {mine!r} in the hand-off but {theirs!r} in the target engine"
+        return None
+
+
+@dataclass(frozen=True)
+class KVHandoff:
+    """One request after its prefill, with everything another engine needs to continue it.
+
+    ``keys[layer]`` and ``values[layer]`` are [num_computed_tokens, kv_heads, head_dim] in the pools'
+    storage dtype (token t's K/V in row t): the request's first ``num_computed_tokens`` tokens, which are
+    its prompt (its output so far is ``output_token_ids``; the last of those has no K/V yet: the target's
+    first decode step computes it). ``generator_state`` is its random stream's state (None when greedy),
+    so a seeded sampled answer continues as it would have on one engine.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    params: SamplingParams
+    num_computed_tokens: int
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    layout: KVLayout
+    prompt: object = None  # the text or chat it came from, for the output
+    generator_state: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if len(self.keys) != self.layout.num_layers or len(self.values) != self.layout.num_layers:
+            raise ValueError(
+                f"a hand-off of {self.layout.num_layers} layers needs one K and one V tensor per layer, "
+                f"got {len(self.keys)} and {len(self.values)}"
+            )
+        expected = (self.num_computed_tokens, self.layout.num_kv_heads, self.layout.head_dim)
+        for name, tensors in (("keys", self.keys), ("values", self.values)):
+            for layer, tensor in enumerate(tensors):
+                if tuple(tensor.shape) != expected:
+                    raise ValueError(
+                        f"{name}[{layer}] is shaped {tuple(tensor.shape)}, not {expected} "
+                        "(computed tokens, kv heads, head_dim)"
+                    )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of K/V that travel: what a link between a prefill and a decode GPU would carry."""
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A 1-byte float (fp8) tensor as uint8, for the copies CPU torch lacks for float8; others as they are."""
+    return t.view(torch.uint8) if t.element_size() == 1 and t.is_floating_point() else t
+
+
+def slots(table: Sequence[int], num_tokens: int, block_size: int) -> torch.Tensor:
+    """The pool slot of each of a sequence's first ``num_tokens`` tokens: token t sits in
+    ``table[t // block_size]`` at offset ``t % block_size``, slot ``block * block_size + offset``."""
+    needed = -(-num_tokens // block_size)
+    if len(table) < needed:
+        raise ValueError(
+            f"{num_tokens} tokens need {needed} blocks of {block_size}, but the block table has {len(table)}; "
+            "allocate them first"
+        )
+    positions = torch.arange(num_tokens)
+    blocks = torch.as_tensor(list(table[:needed]), dtype=torch.long)
+    return blocks[positions // block_size] * block_size + positions % block_size
+
+
+def read_tokens(pool: torch.Tensor, table: Sequence[int], num_tokens: int) -> torch.Tensor:
+    """A sequence's first ``num_tokens`` rows of one layer's pool [num_blocks, block_size, heads, dim], in token
+    order (through its block table, the last partial block included): [num_tokens, heads, dim], a copy."""
+    flat = _as_bytes(pool).reshape(-1, *pool.shape[2:])
+    index = slots(table, num_tokens, pool.shape[1]).to(pool.device)
+    return flat.index_select(0, index).view(pool.dtype)
+
+
+def write_tokens(pool: torch.Tensor, table: Sequence[int], rows: torch.Tensor) -> None:
+    """Write ``rows`` [num_tokens, heads, dim] (token t in row t) into one layer's pool through ``table``."""
+    if rows.dtype != pool.dtype or tuple(rows.shape[1:]) != tuple(pool.shape[2:]):
+        raise ValueError(
+            f"rows of {rows.dtype} shaped {tuple(rows.shape[1:])} per token do not fit a pool of {pool.dtype} "
+            f"shaped {tuple(pool.shape[2:])} per token"
+        )
+    flat = _as_bytes(pool).view(-1, *pool.shape[2:])
+    index = slots(table, rows.shape[0], pool.shape[1]).to(pool.device)
+    flat.index_copy_(0, index, _as_bytes(rows).to(pool.device))
+
+
+def serve_disaggregated(
+    prefill: LLM,
+    decode: LLM,
+    prompts: Sequence[Prompt],
+    params: SamplingParams | Sequence[SamplingParams] | None = None,
+) -> list[RequestOutput]:
+    """Serve ``prompts`` with ``prefill`` computing every prompt and ``decode`` every token after the first:
+    each request is handed over (:meth:`~labkit.engine.LLM.export_request`, then
+    :meth:`~labkit.engine.LLM.import_request`) as soon as its first token is out. Both engines share this
+    process and take turns; the outputs come back in the order given (a request whose first token ends it is
+    answered by the prefill engine alone).
+
+    A request the decode engine cannot take yet (no free seat or blocks) stays on the prefill engine, which
+    keeps decoding it meanwhile; it is handed over, with its longer KV, once the decode engine has room.
+    """
+    all_params = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
+    if len(all_params) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts need as many sampling params, got {len(all_params)}")
+    prefill.start_run()
+    decode.start_run()
+    ids = [prefill.add_request(p, sp, request_id=str(i)) for i, (p, sp) in enumerate(zip(prompts, all_params))]
+    finished: dict[str, RequestOutput] = {}
+    while prefill.has_unfinished() or decode.has_unfinished():
+        for engine in (prefill, decode):
+            if engine.has_unfinished():
+                finished.update((out.request_id, out) for out in engine.step() if out.finished)
+        for request in prefill.core.ready_to_hand_over():
+            if decode.can_import(request.num_computed_tokens):
+                decode.import_request(prefill.export_request(request.request_id))
+    return [finished[request_id] for request_id in ids]
