@@ -225,8 +225,9 @@ class LLM:
             setup["prefix_caching"] = self._caching_note
         if self._pool_note:
             setup["kv_pool"] = self._pool_note
-        if getattr(self, "kv_tier", None) is not None:
-            setup["kv_tier"] = self.kv_tier.stats()
+        tier = getattr(self, "kv_tier", None)  # describe() also runs before the tier is made
+        if tier is not None:
+            setup["kv_tier"] = tier.stats()
         return setup
 
     @property

@@ -51,9 +51,13 @@ class KVTier:
             or capacity_blocks < 1
         ):
             raise ValueError(f"a KV tier holds at least 1 block, got capacity_blocks={capacity_blocks!r}")
-        self.capacity_blocks = int(capacity_blocks)
+        self.capacity_blocks: int = int(capacity_blocks)
         self._order: OrderedDict[int, None] = OrderedDict()  # least recently used first
-        self.spilled = self.reloaded = self.misses = self.dropped = self.queried = 0
+        self.spilled: int = 0
+        self.reloaded: int = 0
+        self.misses: int = 0
+        self.dropped: int = 0
+        self.queried: int = 0
 
     def __len__(self) -> int:
         return len(self._order)
