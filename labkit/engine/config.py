@@ -29,6 +29,7 @@ from labkit.engine.interfaces import (
 from labkit.engine.scheduler import SchedulerState, make_policy, token_budget
 from labkit.kv.block_allocator import FreeListBlockAllocator
 from labkit.kv.prefix_cache import PrefixCachingBlockAllocator
+from labkit.kv.tier_policy import BACKENDS
 from labkit.spec import parse_speculative_config
 from labkit.spec.config import SpeculativeConfig
 from labkit.trace import Trace
@@ -43,6 +44,10 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 @dataclass(frozen=True)
 class EngineConfig:
     """The engine's dials (vLLM's names, except ``trace_window``); None means "the engine chooses".
+
+    ``kv_offloading_size`` (GiB, vLLM's ``--kv-offloading-size``) turns on a slower tier for evicted prefix
+    blocks, in host memory (``kv_offloading_backend="native"``) or files on disk ("disk", labkit's own); the
+    simulator ignores it (its allocator keeps no K/V to spill), so a simulated run is the same with it or not.
 
     Checked when made, so a bad value is an error that names it. ``llm.config`` is the resolved one:
     every None the engine filled in (the model's context, the pool it sized, the policy's token
@@ -60,6 +65,8 @@ class EngineConfig:
     enable_prefix_caching: bool | None = None  # None: on (vLLM V1) if the block allocator can
     speculative_config: dict | SpeculativeConfig | None = None  # off; vLLM's keys, see labkit.spec.config
     trace_window: int | None = None  # labkit's own: keep only the last N steps (and finished requests); None: all
+    kv_offloading_size: float | None = None  # GiB of a slower tier for evicted prefix blocks; None: no tier (off)
+    kv_offloading_backend: str = "native"  # the tier: "native" host memory (vLLM's), "disk" files (labkit's own)
 
     def __post_init__(self) -> None:
         for name in _COUNTS + _OPTIONAL_COUNTS:
@@ -84,6 +91,21 @@ class EngineConfig:
                 raise ValueError(
                     f"{name} must be True, False or None (the engine's default), got {getattr(self, name)!r}"
                 )
+        size = self.kv_offloading_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Real) or not 0 < size < 1e12):
+            raise ValueError(
+                f"kv_offloading_size must be a number of GiB > 0 (e.g. 4), or None for no tier, got {size!r}"
+            )
+        if self.kv_offloading_backend not in BACKENDS:
+            raise ValueError(
+                f"kv_offloading_backend must be 'native' (host memory, vLLM's) or 'disk' (files, labkit's own), "
+                f"got {self.kv_offloading_backend!r}"
+            )
+        if size is not None and self.enable_prefix_caching is False:
+            raise ValueError(
+                "kv_offloading_size keeps evicted prefix-cache blocks, so it needs prefix caching: "
+                "leave enable_prefix_caching on, or kv_offloading_size None"
+            )
         if not isinstance(self.speculative_config, (dict, SpeculativeConfig, type(None))):
             raise TypeError(
                 "speculative_config must be a dict with vLLM's keys, e.g. "
@@ -102,6 +124,9 @@ class EngineConfig:
             kv_cache_dtype=self.kv_cache_dtype,
             enable_prefix_caching=self.enable_prefix_caching,
             speculative_decoding="off" if speculation is None else speculation.describe(),
+            kv_offloading="off"
+            if self.kv_offloading_size is None
+            else f"{self.kv_offloading_backend}, {self.kv_offloading_size:g} GiB",
         )
 
 

@@ -84,6 +84,45 @@ class PrefixCachingAllocator(BlockAllocator, Protocol):
         ...
 
 
+class KVTier(Protocol):
+    """A slower, bounded tier for the K/V of evicted prefix blocks, keyed by block hash (see :mod:`labkit.kv.tier`).
+
+    The allocator asks it only which hashes it holds (plain Python); the model runner moves the data."""
+
+    capacity_blocks: int  # the most blocks it holds; the least recently used is dropped for a new one
+
+    def holds(self, key: int) -> bool:
+        """Whether it has the block named ``key``; changes nothing."""
+        ...
+
+    def held_run(self, hashes: Sequence[int]) -> int:
+        """How many of ``hashes``, from the first, it holds in a row (a lookup: its counters note it)."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Its counters (spilled, reloaded, misses, dropped, queried) and occupancy, as plain values."""
+        ...
+
+
+class TieredPrefixCachingAllocator(PrefixCachingAllocator, Protocol):
+    """A prefix-caching allocator that keeps evicted blocks in a :class:`KVTier` and finds them there again.
+
+    Evicting a cached block notes a pending spill ``(hash, block)``; where ``take_cached_prefix``'s run in the
+    pool ends, the chain goes on in the tier: the blocks found there (and picked by the reload policy) are taken
+    fresh, named, and noted as pending reloads, and their tokens count as cached. The engine takes the pending
+    moves before each forward pass and copies them (spills out of the pool before anything overwrites them,
+    reloads in before attention reads them)."""
+
+    def attach_tier(self, tier: KVTier, reload_policy: Callable[[int, int, int, int], Sequence[int]] | None) -> None:
+        """Use ``tier`` from now on; ``reload_policy(prompt_tokens, cached_tokens, tier_blocks, block_size)`` gives
+        the positions of the blocks to reload (a run starting where the pool's run ended), None for the default."""
+        ...
+
+    def take_tier_moves(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The pending spills and reloads as ``(hash, block)`` pairs, handed over once (then forgotten)."""
+        ...
+
+
 class PrefixCacheLookup(Protocol):
     """An allocator that can say, without holding anything, how much of a prompt it has cached (a router asks)."""
 
@@ -215,6 +254,7 @@ _FEATURES: dict[str, tuple[type, str, str, bool]] = {
     "chunked prefill": (SchedulerPolicy, "scheduler policy", "lab 6", False),
     "speculative decoding": (Proposer, "proposer", "lab 8", True),
     "routing": (Router, "router", "the routers of labkit.engine.fleet", False),
+    "kv offloading": (TieredPrefixCachingAllocator, "block allocator", "labkit.kv.prefix_cache", True),
 }
 
 

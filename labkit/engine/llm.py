@@ -25,7 +25,15 @@ from tqdm.auto import tqdm
 
 from labkit.engine.config import EngineConfig, build_core, engine_config
 from labkit.engine.core import Batch, EngineCore, Executor, StepOutcome
-from labkit.engine.interfaces import Attention, BlockAllocator, Proposer, SchedulerPolicy, VictimChooser
+from labkit.engine.interfaces import (
+    Attention,
+    BlockAllocator,
+    Proposer,
+    SchedulerPolicy,
+    TieredPrefixCachingAllocator,
+    VictimChooser,
+    require,
+)
 from labkit.engine.request import CompletionOutput, Request, RequestOutput
 from labkit.engine.runner import ModelRunner
 from labkit.kv.fp8 import kv_storage_dtype
@@ -33,6 +41,7 @@ from labkit.kv.handoff import KVHandoff, KVLayout, read_tokens, write_tokens
 from labkit.kv.paged_attention import paged_attention
 from labkit.kv.paged_cache import PagedKVCache
 from labkit.kv.pool_sizing import kv_pool_size
+from labkit.kv.tier import KVTier, make_tier
 from labkit.models.tokens import Prompt, encode_prompt
 from labkit.sampling import make_generator
 from labkit.sampling_params import SamplingParams
@@ -76,6 +85,12 @@ class LLM:
     labkit's own keys ``propose``, ``accept_greedy``, ``accept_sampling`` and ``rollback`` plug in
     a learner's function (lab 8). The default model, SmolLM2-135M, is already the smallest of its
     family, so it has no smaller draft model: with it, use "ngram".
+
+    ``kv_offloading_size`` (GiB, vLLM's name) keeps the prefix blocks the pool evicts in a slower tier,
+    host memory (``kv_offloading_backend="native"``) or files ("disk"), and reloads them when a prompt's
+    chain runs on past the pool (:mod:`labkit.kv.tier`); ``reload_policy(prompt_tokens, cached_tokens,
+    tier_blocks, block_size)`` picks the blocks worth reloading (default: every one found, lab 12 has learners
+    weigh measured costs). ``kv_tier`` is the tier (None when off); ``describe()["kv_tier"]`` its counters.
     """
 
     def __init__(
@@ -88,6 +103,7 @@ class LLM:
         attention: Attention = paged_attention,
         clock: Callable[[], float] = time.perf_counter,
         choose_victim: VictimChooser | None = None,
+        reload_policy: Callable[[int, int, int, int], Sequence[int]] | None = None,
         **settings: Any,
     ):
         self.model = _resolve_model(model)
@@ -132,11 +148,25 @@ class LLM:
             attention,
             kv_cache_dtype=self.config.kv_cache_dtype,
         )
-        self.runner = ModelRunner(self.model, cache, speculation)
+        self.kv_tier = self._tier(cache, blocks, reload_policy)
+        self.runner = ModelRunner(self.model, cache, speculation, tier=self.kv_tier)
         self.last_step: StepRecord | None = None  # the latest step()'s record; None if it ran nothing
         self._clock = clock
         self._ids = itertools.count()
         self.start_run()
+
+    def _tier(self, cache: PagedKVCache, blocks: BlockAllocator, reload_policy) -> KVTier | None:
+        """The slower tier ``kv_offloading_size`` asks for, attached to the allocator; None when it is off."""
+        if self.config.kv_offloading_size is None:
+            if reload_policy is not None:
+                raise ValueError("reload_policy is given but no tier is on: set kv_offloading_size (GiB) too")
+            return None
+        if not self.config.enable_prefix_caching:
+            raise ValueError("kv_offloading_size keeps evicted prefix-cache blocks: it needs prefix caching on")
+        require(blocks, "kv offloading")
+        tier = make_tier(self.config.kv_offloading_backend, self.config.kv_offloading_size, cache)
+        cast(TieredPrefixCachingAllocator, blocks).attach_tier(tier, reload_policy)
+        return tier
 
     def _speculation(self, speculative_config) -> tuple[SpeculativeConfig | None, Proposer | None]:
         """The checked ``speculative_config`` (its draft model loaded) and its drafting side; None, None without it."""
@@ -197,6 +227,9 @@ class LLM:
             setup["prefix_caching"] = self._caching_note
         if self._pool_note:
             setup["kv_pool"] = self._pool_note
+        tier = getattr(self, "kv_tier", None)  # describe() also runs before the tier is made
+        if tier is not None:
+            setup["kv_tier"] = tier.stats()
         return setup
 
     @property

@@ -15,14 +15,16 @@ A sampler whose params ask for them gets its logits processors (penalties, ``log
 from __future__ import annotations
 
 from functools import partial
+from typing import cast
 
 import torch
 
 from labkit.engine.core import Batch
-from labkit.engine.interfaces import BlockAllocator
+from labkit.engine.interfaces import BlockAllocator, TieredPrefixCachingAllocator
 from labkit.engine.request import Request
 from labkit.kv.paged_batch import PagedBatch, SequenceSlice
 from labkit.kv.paged_cache import PagedKVCache
+from labkit.kv.tier import KVTier, move_blocks
 from labkit.sampling import filtered_probabilities, make_generator, process_logits, sample, token_logprob
 from labkit.spec import SpeculativeConfig, one_hot_probs
 
@@ -30,9 +32,16 @@ from labkit.spec import SpeculativeConfig, one_hot_probs
 class ModelRunner:
     """Owns the model and the KV pools; ``execute`` runs one step."""
 
-    def __init__(self, model, cache: PagedKVCache, speculative_config: SpeculativeConfig | None = None):
+    def __init__(
+        self,
+        model,
+        cache: PagedKVCache,
+        speculative_config: SpeculativeConfig | None = None,
+        tier: KVTier | None = None,
+    ):
         self.model = model
         self.cache = cache
+        self.tier = tier  # a slower tier for evicted prefix blocks (labkit.kv.tier), None when off
         self.speculative_config = speculative_config
         self.generators: dict[str, torch.Generator | None] = {}
 
@@ -42,6 +51,9 @@ class ModelRunner:
         A speculating sampler (it carries draft tokens) gets the logits of all its 1 + k positions in
         the same pass, and a list back: its accepted drafts and one token of the target's.
         """
+        if self.tier is not None:  # before anything is written: spills out of the pool, reloads into it
+            spills, reloads = cast(TieredPrefixCachingAllocator, blocks).take_tier_moves()
+            move_blocks(self.cache, self.tier, spills, reloads)
         work = sorted(batch.work, key=_row_order)
         ids: list[int] = []  # every new token of the step, one flat batch
         positions: list[int] = []  # ... and each one's position in its own sequence

@@ -16,6 +16,12 @@ Plain Python, no tensors: the real engine and the simulator both use it, through
 interface as :class:`~labkit.kv.block_allocator.FreeListBlockAllocator` plus two calls the engine
 makes: :meth:`take_cached_prefix` when a request is about to be admitted, and
 :meth:`cache_full_blocks` after each step.
+
+With a slower tier attached (:meth:`attach_tier`, off by default; :mod:`labkit.kv.tier`), an evicted block
+is noted as a pending *spill* (its hash, its block), so the model runner copies its K/V out before new
+tokens overwrite it; and where a prompt's run in the pool ends, the chain goes on in the tier: the
+blocks the reload policy picks are taken fresh, named, and noted as pending *reloads* the runner copies
+in before the step's attention. Their tokens count as cached. The simulator attaches no tier.
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from labkit.kv.block_allocator import FreeListBlockAllocator, OutOfBlocksError
+from labkit.kv.tier_policy import reload_or_recompute
+
+# reload_policy(prompt_tokens, cached_tokens, tier_blocks, block_size) -> positions of the blocks to reload
+ReloadPolicy = Callable[[int, int, int, int], Sequence[int]]
 
 NO_PARENT = 0  # the hash chain's start: the first block's parent
 
@@ -111,6 +121,10 @@ class PrefixCachingBlockAllocator(FreeListBlockAllocator):
         self._chains: dict[str, list[int]] = {}  # seq -> hashes of its full blocks, in order
         self._held: dict[str, list[int]] = {}  # seq -> cached blocks taken for it, not yet in its table
         self.num_evictions = 0
+        self.tier: object | None = None  # a slower tier (labkit.kv.tier.KVTier), off by default
+        self._reload_policy: ReloadPolicy = reload_or_recompute
+        self._spills: dict[int, int] = {}  # block -> hash of the content it held when evicted, not yet copied out
+        self._reloads: dict[int, int] = {}  # block -> hash of the content to copy into it from the tier
         self._block_hashes, self._cached_prefix = block_hashes, cached_prefix
         self._release_block, self._pick_block = release_block, pick_block
 
@@ -144,6 +158,9 @@ class PrefixCachingBlockAllocator(FreeListBlockAllocator):
             del self._cached[evicted]
             self._hash_of[block] = self._content[block] = None
             self.num_evictions += 1
+            # a block whose reload never ran holds nothing to keep (the tier still has it); any other goes to the tier
+            if self._reloads.pop(block, None) is None and self.tier is not None:
+                self._spills[block] = evicted
         self._refs[block] = 1
         return block
 
@@ -176,10 +193,55 @@ class PrefixCachingBlockAllocator(FreeListBlockAllocator):
         held = self._found_blocks(token_ids, hashes, len(token_ids) + 1)
         for block in held:
             self._take(block)
+        if self.tier is not None:
+            held += self._reload_from_tier(token_ids, hashes, len(held))
         if held:
             self._held[seq_id] = held
             self._chains[seq_id] = hashes[: len(held)]
         return len(held) * self.block_size
+
+    # --- the slower tier -------------------------------------------------------------------
+    def attach_tier(self, tier, reload_policy: ReloadPolicy | None = None) -> None:
+        """Keep evicted blocks in ``tier`` (it answers ``holds(hash)`` and ``held_run(hashes)``), and reload the
+        blocks ``reload_policy`` picks (default :func:`~labkit.kv.tier_policy.reload_or_recompute`: all of them)."""
+        if not all(callable(getattr(tier, name, None)) for name in ("holds", "held_run")):
+            raise TypeError(f"a KV tier answers holds(hash) and held_run(hashes); {type(tier).__name__} does not")
+        self.tier = tier
+        self._reload_policy = reload_policy or reload_or_recompute
+
+    def take_tier_moves(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The pending spills and reloads, each ``(hash, block)``, handed over (and forgotten): the runner copies
+        them before the next forward pass writes into the pool."""
+        spills = [(key, block) for block, key in self._spills.items()]
+        reloads = [(key, block) for block, key in self._reloads.items()]
+        self._spills, self._reloads = {}, {}
+        return spills, reloads
+
+    def _reload_from_tier(self, token_ids: Sequence[int], hashes: list[int], start: int) -> list[int]:
+        """Fresh blocks for the run of ``hashes`` after the pool's ``start`` blocks that the tier holds and the
+        reload policy picks, each named and noted as a pending reload."""
+        tail = []  # the tier's run stops where the pool holds a block again: one hash, one block
+        for key in hashes[start:]:
+            if key in self._cached:
+                break
+            tail.append(key)
+        run = self.tier.held_run(tail)  # type: ignore[union-attr]
+        size = self.block_size
+        picked = list(self._reload_policy(len(token_ids) + 1, start * size, run, size))
+        if picked != list(range(start, start + len(picked))) or len(picked) > run:
+            raise ValueError(
+                f"the reload policy picked blocks {picked}, but only a run from block {start} (where the pool's run "
+                f"ended) of at most {run} blocks the tier holds can be reloaded: return list(range({start}, {start} + k))"
+            )
+        blocks = []
+        for index in picked[: self.num_free_blocks]:
+            block = self.allocate_block()
+            parent = hashes[index - 1] if index else NO_PARENT
+            self._cached[hashes[index]], self._hash_of[block] = block, hashes[index]
+            self._content[block] = (parent, tuple(token_ids[index * size : (index + 1) * size]))
+            self._reloads[block] = hashes[index]
+            blocks.append(block)
+        return blocks
 
     def cached_tokens(self, token_ids: Sequence[int]) -> int:
         """How many tokens of the prompt ``token_ids`` the cache holds now, as the engine would find them when it

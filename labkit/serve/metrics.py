@@ -31,6 +31,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from labkit.trace import StepRecord
 
@@ -127,7 +128,7 @@ class ServerMetrics:
         disable_created_metrics()  # no ``*_created`` series, as vLLM (process-wide, like its own setting)
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes...
-        labels = dict(model_name=model_name, engine="0")
+        labels = self._labels = dict(model_name=model_name, engine="0")
 
         def make(kind, name, documentation, **extra):
             return kind(name, documentation, LABELS, registry=self.registry, **extra).labels(**labels)
@@ -195,6 +196,13 @@ class ServerMetrics:
             buckets=buckets_1_2_5(max_model_len),
         )
 
+    def watch_tier(self, tier, block_size: int) -> None:
+        """Show a slower KV tier's counters (:mod:`labkit.kv.tier`), read from it at each scrape: vLLM's
+        ``vllm:external_prefix_cache_queries`` and ``..._hits`` (tokens looked up past the pool's run, and those
+        reloaded from the tier instead of computed), and labkit's own ``labkit:kv_offload_*`` for what vLLM
+        does not show: blocks spilled, dropped by the bound, lookups missed, and blocks held now."""
+        self.registry.register(_TierCollector(tier, block_size, self._labels))
+
     def on_step(self, record: StepRecord) -> None:
         """After each engine step, from its record: the batch it ran, the queue behind it, the cache it
         filled and found, and its speculation.
@@ -246,3 +254,53 @@ class ServerMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+class _TierCollector:
+    """The tier's counters as Prometheus metrics, read when scraped (the tier counts; nothing is copied)."""
+
+    COUNTERS = (  # (name, help, the tier's counter, tokens per unit: block_size for tokens, 1 for blocks)
+        (
+            "vllm:external_prefix_cache_queries",
+            "Prompt tokens looked up in the slower KV tier, past the pool's cached run.",
+            "queried",
+            True,
+        ),
+        (
+            "vllm:external_prefix_cache_hits",
+            "Prompt tokens reloaded from the slower KV tier instead of computed.",
+            "reloaded",
+            True,
+        ),
+        (
+            "labkit:kv_offload_spilled_blocks",
+            "Blocks evicted from the KV pool and kept in the slower tier.",
+            "spilled",
+            False,
+        ),
+        (
+            "labkit:kv_offload_dropped_blocks",
+            "Blocks the slower tier dropped to stay within its size (least recently used).",
+            "dropped",
+            False,
+        ),
+        (
+            "labkit:kv_offload_misses",
+            "Lookups past the pool's run whose next block the slower tier lacked.",
+            "misses",
+            False,
+        ),
+    )
+
+    def __init__(self, tier, block_size: int, labels: dict[str, str]):
+        self.tier, self.block_size, self.labels = tier, block_size, labels
+
+    def collect(self):
+        stats, size = self.tier.stats(), self.block_size
+        for name, documentation, key, in_tokens in self.COUNTERS:
+            family = CounterMetricFamily(name, documentation, labels=LABELS)
+            family.add_metric(list(self.labels.values()), stats[key] * (size if in_tokens else 1))
+            yield family
+        held = GaugeMetricFamily("labkit:kv_offload_blocks", "Blocks the slower tier holds now.", labels=LABELS)
+        held.add_metric(list(self.labels.values()), stats["held_blocks"])
+        yield held

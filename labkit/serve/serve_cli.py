@@ -61,6 +61,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="reuse the KV blocks of a prompt prefix already computed (on by default, as in vLLM V1)",
     )
     engine.add_argument(
+        "--kv-offloading-size",
+        type=gibibytes,
+        metavar="GIB",
+        help="GiB of a slower tier that keeps the prefix blocks the KV pool evicts and reloads them on a hit "
+        "(off by default; needs prefix caching)",
+    )
+    engine.add_argument(
+        "--kv-offloading-backend",
+        choices=("native", "disk"),
+        help="the tier: native (host memory, as vLLM's) or disk (files in a temporary folder, labkit's own)",
+    )
+    engine.add_argument(
         "--speculative-config",
         type=json_config,
         help='speculative decoding as JSON with vLLM\'s keys, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' '
@@ -102,6 +114,17 @@ def json_config(text: str) -> dict:
     return config
 
 
+def gibibytes(text: str) -> float:
+    """A size in GiB from the command line: a number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of GiB: {text!r} (e.g. 4 or 0.5)") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be more than 0 GiB (and finite), got {text}; leave it out for no tier")
+    return value
+
+
 def milliseconds(text: str) -> float:
     """A delay in ms from the command line: a number, 0 or more."""
     try:
@@ -140,6 +163,8 @@ def engine_dials(args: argparse.Namespace) -> dict:
         enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,
         speculative_config=args.speculative_config,
+        kv_offloading_size=args.kv_offloading_size,
+        kv_offloading_backend=args.kv_offloading_backend,
         policy=import_policy(args.policy),
     )
     return {name: value for name, value in dials.items() if value is not None}
@@ -183,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
         f"labkit serve: {setup['model']} ({setup['device']}, {setup['dtype']}, policy {setup['policy']}, "
         f"{setup['num_blocks']} blocks of {setup['block_size']}, max_model_len {setup['max_model_len']}, "
         f"prefix caching {'on' if setup['enable_prefix_caching'] else 'off'}, "
-        f"speculative decoding {setup['speculative_decoding']}) "
+        f"speculative decoding {setup['speculative_decoding']}, KV offloading {setup['kv_offloading']}) "
         f"on {url_of(sock)}/v1"
     )
     serve_forever(server, sock, ready)  # says ``ready`` once the socket accepts connections

@@ -87,6 +87,8 @@ def make_server(
     metrics = ServerMetrics(
         name, speculative=llm.config.speculative_config is not None, max_model_len=llm.config.max_model_len
     )
+    if getattr(llm, "kv_tier", None) is not None:
+        metrics.watch_tier(llm.kv_tier, llm.config.block_size)
     worker = EngineWorker(llm, metrics, max_waiting, admission)
     app = build_app(worker, name, api_key, read_timeout)
     limit = guard.connection_limit(max_connections)

@@ -1,0 +1,203 @@
+"""Lab 12, the tier's decision: reload a run of blocks found in the slower tier, or compute its tokens again.
+
+``reload_or_recompute(prompt_tokens, cached_tokens, tier_blocks, block_size, costs)`` returns the positions of the
+blocks to reload (a run that starts where the pool's run ended), or [] to compute them. The engine calls it as
+its ``reload_policy`` (with the costs bound), and the costs are the learner's own measurements on this machine
+(``labkit.kv.tier_policy.TierCosts``: a fixed cost per reload, a cost per block, a prefill cost per token).
+
+Checked on seeded cases built so that each typical mistake gives a different answer from the right one on at
+least one case: reloading whatever the costs say, comparing the cost of a block against that of one token,
+leaving out the fixed cost, reloading the block that holds the prompt's last token, and counting positions
+from the prompt's start instead of from where the pool's run ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from labkit.grading.checks import Exercise, register
+from labkit.grading.result import Mismatch
+from labkit.kv.tier_policy import TierCosts, reload_or_recompute
+from labkit.labs.common.learner_errors import diagnosed
+from labkit.labs.common.shared import rng
+from labkit.labs.hints import register_hints
+
+
+def _always(prompt_tokens, cached_tokens, tier_blocks, block_size, costs):
+    return reload_or_recompute(prompt_tokens, cached_tokens, tier_blocks, block_size, None)
+
+
+def _per_token(prompt_tokens, cached_tokens, tier_blocks, block_size, costs):
+    per_token_only = TierCosts(
+        costs.reload_fixed_seconds, costs.reload_seconds_per_block, costs.recompute_seconds_per_token / block_size
+    )  # a block's recompute cost taken as one token's
+    return reload_or_recompute(prompt_tokens, cached_tokens, tier_blocks, block_size, per_token_only)
+
+
+def _no_fixed(prompt_tokens, cached_tokens, tier_blocks, block_size, costs):
+    free_start = TierCosts(0.0, costs.reload_seconds_per_block, costs.recompute_seconds_per_token)
+    return reload_or_recompute(prompt_tokens, cached_tokens, tier_blocks, block_size, free_start)
+
+
+def _last_block(prompt_tokens, cached_tokens, tier_blocks, block_size, costs):
+    return reload_or_recompute(prompt_tokens + 1, cached_tokens, tier_blocks, block_size, costs)
+
+
+def _from_zero(prompt_tokens, cached_tokens, tier_blocks, block_size, costs):
+    picked = reload_or_recompute(prompt_tokens, cached_tokens, tier_blocks, block_size, costs)
+    return list(range(len(picked)))
+
+
+MISTAKES: dict[str, tuple[Callable[..., list[int]], str]] = {
+    "always": (
+        _always,
+        "You reloaded the run whatever it costs. Reloading is not free: compare reload_fixed_seconds + "
+        "blocks * reload_seconds_per_block with the tokens' recompute cost, and return [] when computing is cheaper.",
+    ),
+    "per token": (
+        _per_token,
+        "You compared the cost of reloading a block with the cost of computing one token. A block holds block_size "
+        "tokens: computing it again costs block_size * recompute_seconds_per_token.",
+    ),
+    "fixed": (
+        _no_fixed,
+        "You left out reload_fixed_seconds. A reload pays it once, whatever the number of blocks, so a short run "
+        "may be cheaper to compute again.",
+    ),
+    "last block": (
+        _last_block,
+        "You reloaded the block that holds the prompt's last token. That token must be computed (its logits give "
+        "the first output token), so only the blocks before it count: up to (prompt_tokens - 1) // block_size.",
+    ),
+    "from zero": (
+        _from_zero,
+        "Your positions start at block 0. The pool already holds the blocks before cached_tokens; the tier's run "
+        "starts where the pool's run ended, at block cached_tokens // block_size.",
+    ),
+}
+
+
+def tier_cases(seed: int) -> list[dict[str, Any]]:
+    """Five cases, each telling one mistake apart: a long run worth reloading mid-prompt, a block that costs more
+    than a token but less than its tokens, a short run under a large fixed cost, a prompt that fills its last
+    block, and a slow tier that never pays."""
+    r = rng(seed)
+    jitter = lambda: r.uniform(0.8, 1.25)  # noqa: E731
+    cases = []
+    bs = 16
+    first = r.randint(1, 4)
+    cases.append(
+        dict(
+            prompt_tokens=bs * (first + 8) + r.randint(2, bs),
+            cached_tokens=bs * first,
+            tier_blocks=r.randint(3, 6),
+            block_size=bs,
+            costs=TierCosts(1e-4 * jitter(), 2e-4 * jitter(), 1e-3 * jitter()),
+        )
+    )
+    per_token = 1e-3 * jitter()
+    cases.append(
+        dict(
+            prompt_tokens=bs * 12 + r.randint(1, bs),
+            cached_tokens=bs * r.randint(1, 3),
+            tier_blocks=r.randint(3, 5),
+            block_size=bs,
+            costs=TierCosts(1e-4, 4 * per_token, per_token),  # a block: 4 tokens' worth, under 16
+        )
+    )
+    cases.append(
+        dict(
+            prompt_tokens=bs * 10 + r.randint(1, bs),
+            cached_tokens=bs * r.randint(2, 5),
+            tier_blocks=1,
+            block_size=bs,
+            costs=TierCosts(30 * per_token, 0.1 * per_token, per_token),  # 16 tokens < fixed 30 + 0.1
+        )
+    )
+    bs8, start = 8, r.randint(1, 3)
+    cases.append(
+        dict(
+            prompt_tokens=bs8 * (start + 4),  # fills its last block: that block is the tier's fourth
+            cached_tokens=bs8 * start,
+            tier_blocks=4,
+            block_size=bs8,
+            costs=TierCosts(1e-5, 1e-4 * jitter(), 1e-3 * jitter()),
+        )
+    )
+    cases.append(
+        dict(
+            prompt_tokens=bs * 20 + r.randint(1, bs),
+            cached_tokens=bs * r.randint(1, 5),
+            tier_blocks=r.randint(5, 10),
+            block_size=bs,
+            costs=TierCosts(1e-4, 40 * per_token, per_token),  # a disk slower than prefill: never pays
+        )
+    )
+    return cases
+
+
+def _oracle(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "right": [reload_or_recompute(**case) for case in cases],
+        "wrong": {name: [make(**case) for case in cases] for name, (make, _) in MISTAKES.items()},
+    }
+
+
+def _as_positions(value: Any) -> list[int] | None:
+    """A list of whole numbers from a list, tuple or range; None for anything else."""
+    if isinstance(value, (list, tuple, range)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    return None
+
+
+def _compare(expected: dict[str, Any], got: list[Any]) -> Mismatch | None:
+    answers = [_as_positions(value) for value in got]
+    for index, (right, have, raw) in enumerate(zip(expected["right"], answers, got)):
+        if have is None:
+            return Mismatch(
+                f"case {index}: reload_or_recompute returned {type(raw).__name__} {raw!r:.80}",
+                "Return the positions to reload as a list of ints, e.g. list(range(first, first + count)), or [].",
+            )
+        if have == right:
+            continue
+        difference = f"case {index}: expected blocks {right}, got {have}"
+        wrong = expected["wrong"]
+        for name, (_, hint) in MISTAKES.items():  # a mistake that explains every answer, else this one
+            if wrong[name] == answers:
+                return Mismatch(difference, hint)
+        for name, (_, hint) in MISTAKES.items():
+            if wrong[name][index] == have:
+                return Mismatch(difference, hint)
+        return Mismatch(difference)
+    return None
+
+
+register(
+    diagnosed(
+        Exercise(
+            id="lab12.reload_or_recompute",
+            functions=("reload_or_recompute",),
+            answers=("labkit.kv.tier_policy.reload_or_recompute",),
+            make_inputs=tier_cases,
+            run=lambda functions, cases: [functions[0](**case) for case in cases],
+            oracle=_oracle,
+            compare=_compare,
+            tested="reload_or_recompute on 5 seeded cases (a long run mid-prompt, a block dearer than a token but "
+            "cheaper than its tokens, a short run under a large fixed cost, a prompt that fills its last block, a "
+            "tier slower than prefill): exactly the positions labkit reloads",
+            hint="The run starts at block cached_tokens // block_size and may not reach the block of the prompt's "
+            "last token; reload all of it when the fixed cost plus the blocks' cost is below their tokens' recompute "
+            'cost, else nothing. labkit.hint("lab12.reload_or_recompute") shows more.',
+        )
+    )
+)
+
+register_hints(
+    "lab12.reload_or_recompute",
+    "Two costs for the same blocks: a reload pays reload_fixed_seconds once and reload_seconds_per_block per block; "
+    "computing them again pays recompute_seconds_per_token for each of their tokens.",
+    "first = cached_tokens // block_size; count = max(0, min(tier_blocks, (prompt_tokens - 1) // block_size - first)); "
+    "reload list(range(first, first + count)) if count and fixed + count * per_block < count * block_size * "
+    "per_token, else [].",
+)
