@@ -62,6 +62,7 @@ SHUNNED_FROM = 6  # chance's count from which a position (or length) right too r
 def clustered(count: int, chance: float) -> bool:
     """Whether ``count`` right answers tell a reader more than ``chance`` would: far too many, or (with enough
     checks to tell) far too few."""
+    chance = round(chance, 6)  # a sum of thirds: 8.0, not 7.999999999999998
     too_many = count > max(SHARE_LIMIT * chance, FEW)
     return too_many or (chance >= SHUNNED_FROM and count < chance / SHARE_LIMIT)
 
@@ -78,7 +79,7 @@ def spread_problems(records: list[Record]) -> list[str]:
     if len(records) < 4:
         return []
     problems = []
-    for position in sorted({right for _, right, _ in records}):
+    for position in range(max(len(lengths) for _, _, lengths in records)):
         pages = [page for page, right, _ in records if right == position]
         chance = sum(1 / len(lengths) for _, _, lengths in records if len(lengths) > position)
         if clustered(len(pages), chance):
