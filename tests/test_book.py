@@ -26,7 +26,7 @@ from browser_helpers import ARTIFACTS, CHROMIUM_FLAGS, chromium
 from labkit.labs.manifest import LABS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
-from quiz import QuizError, read_quiz, salt_of, scramble, spread_problems  # noqa: E402  (the book's own extension)
+from quiz import QuizError, read_quiz, salt_of, scramble, spread_problems, spread_problems_by_page  # noqa: E402  (the book's own extension)
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = Path(__file__).resolve().parents[2] / "shared" / "sources"
@@ -154,38 +154,177 @@ def test_the_copy_check_catches_a_copied_sentence() -> None:
 QUIZ_BLOCK = re.compile(r"^```\{quiz\}\n(.*?)^```", re.S | re.M)
 
 
-@pytest.mark.parametrize("doc", chapter_docs())
-def test_every_chapter_ends_with_a_check_whose_options_explain_themselves(doc: str) -> None:
+CHECKS_PER_CHAPTER = 5
+# Chapters whose ideas are numbers: each asks the reader to work some out ("compute: true", with the working).
+QUANTITATIVE = ("two_numbers", "metrics", "batching", "kv_memory", "speculative_decoding", "capacity_planning")
+PREDICT_BOX = re.compile(r"^:::\{admonition\} Predict first\n:class: tip\n(.*?)^:::", re.S | re.M)
+SHARED_RUN = 6  # a check sharing this many consecutive words with a predict-first box repeats it
+
+
+def chapter_checks(doc: str) -> list[dict]:
+    """Every check on a chapter's page, in page order (the end-of-chapter ones and any in the text)."""
+    return [read_quiz(block) for block in QUIZ_BLOCK.findall((REPO / f"{doc}.md").read_text(encoding="utf-8"))]
+
+
+def end_of_chapter_checks(doc: str) -> list[dict]:
     text = (REPO / f"{doc}.md").read_text(encoding="utf-8")
-    blocks = QUIZ_BLOCK.findall(text)
-    assert blocks, f"{doc}.md has no end-of-chapter check: add a ```{{quiz}} block (see book/_ext/quiz.py)"
-    for block in blocks:
-        quiz = read_quiz(block)  # raises QuizError naming what is missing
+    _, found, end = text.partition("## Check yourself\n")
+    assert found, f"{doc}.md has no '## Check yourself' section at its end"
+    return [read_quiz(block) for block in QUIZ_BLOCK.findall(end)]
+
+
+def right_position(quiz: dict) -> int:
+    return next(i for i, option in enumerate(quiz["options"]) if option.get("right"))
+
+
+def spread_records(docs: list[str]) -> list[tuple[str, int, tuple[int, ...]]]:
+    """What the build's spread check sees: each check's page, right position and option lengths."""
+    return [
+        (doc, right_position(quiz), tuple(len(option["answer"]) for option in quiz["options"]))
+        for doc in docs
+        for quiz in chapter_checks(doc)
+    ]
+
+
+@pytest.mark.parametrize("doc", chapter_docs())
+def test_every_chapter_ends_with_checks_whose_options_explain_themselves(doc: str) -> None:
+    checks = end_of_chapter_checks(doc)
+    assert len(checks) >= CHECKS_PER_CHAPTER, (
+        f"{doc}.md ends with {len(checks)} checks; practice needs at least {CHECKS_PER_CHAPTER} "
+        "```{quiz} blocks under '## Check yourself' (see book/_ext/quiz.py)"
+    )
+    for quiz in chapter_checks(doc):
         explanations = [option["why"].strip() for option in quiz["options"]]
         assert len(set(explanations)) == len(explanations), f"{doc}: two options share one explanation"
+    questions = [quiz["question"] for quiz in chapter_checks(doc)]
+    assert len(set(questions)) == len(questions), f"{doc}: a check is asked twice"
+
+
+@pytest.mark.parametrize("doc", [f"book/{name}" for name in QUANTITATIVE])
+def test_quantitative_chapters_ask_the_reader_to_compute(doc: str) -> None:
+    computed = [quiz for quiz in end_of_chapter_checks(doc) if quiz.get("compute")]
+    assert len(computed) >= 2, (
+        f"{doc}.md has {len(computed)} 'compute it yourself' checks; give at least two numbers to work out "
+        "(`compute: true`, the working in the right option's `why:`)"
+    )
+
+
+def repeated_predict_boxes(doc: str) -> list[str]:
+    """The chapter's checks that share a run of SHARED_RUN words with one of its own predict-first boxes."""
+    boxes = PREDICT_BOX.findall((REPO / f"{doc}.md").read_text(encoding="utf-8"))
+    box_runs = {run for box in boxes for run in runs(words(box), SHARED_RUN)}
+    return [
+        quiz["question"] for quiz in chapter_checks(doc) if box_runs & set(runs(words(quiz["question"]), SHARED_RUN))
+    ]
+
+
+@pytest.mark.parametrize("doc", chapter_docs())
+def test_no_check_repeats_its_chapters_predict_first_box(doc: str) -> None:
+    assert not repeated_predict_boxes(doc), (
+        f"{doc}: these checks repeat a predict-first box: {repeated_predict_boxes(doc)}"
+    )
+
+
+def test_the_repeat_check_catches_a_predict_box_asked_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    box = "A sequence currently holds 62 tokens in blocks of sixteen. How many blocks does it own?"
+    check = f"question: |\n  {box}\noptions:\n" + "".join(
+        f"  - answer: {n} blocks.\n    why: Because {n}.\n" + ("    right: true\n" if n == 4 else "")
+        for n in (3, 4, 62)
+    )
+    (tmp_path / "book").mkdir()
+    page = f":::{{admonition}} Predict first\n:class: tip\n{box}\n:::\n\n## Check yourself\n\n```{{quiz}}\n{check}```\n"
+    (tmp_path / "book" / "copied.md").write_text(page, encoding="utf-8")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert repeated_predict_boxes("book/copied") == [box + "\n"]
 
 
 def test_the_books_right_answers_give_no_position_or_length_away() -> None:
-    records = []
-    for doc in chapter_docs():
-        for block in QUIZ_BLOCK.findall((REPO / f"{doc}.md").read_text(encoding="utf-8")):
-            options = read_quiz(block)["options"]
-            right = next(i for i, option in enumerate(options) if option.get("right"))
-            lengths = [len(option["answer"]) for option in options]
-            records.append((doc, right, len(options), lengths[right] == max(lengths)))
-    assert not spread_problems(records), spread_problems(records)
+    """Over the book and within each chapter: no position, nor the longest or shortest option, right far more (or
+    less) often than chance would have it; the same check the build runs (book/_ext/quiz.py)."""
+    records = spread_records(chapter_docs())
+    assert not spread_problems_by_page(records), spread_problems_by_page(records)
 
 
 def test_clustered_right_answers_are_named() -> None:
-    clustered = [(f"page{i}", 1, 3, i < 2) for i in range(6)]
+    clustered = [(f"page{i}", 1, (10, 20, 30)) for i in range(6)]
     assert spread_problems(clustered) == [
-        "option 2 is right in 6 of 6 checks (['page0', 'page1', 'page2', 'page3', 'page4', 'page5'])"
+        "option 2 is right in 6 of 6 checks, 2.0 by chance (['page0', 'page1', 'page2', 'page3', 'page4', 'page5'])"
     ]
-    longest = [(f"page{i}", i % 3, 3, i < 4) for i in range(6)]
-    assert spread_problems(longest) == [
-        "the right answer is the longest option in 4 of 6 checks ['page0', 'page1', 'page2', 'page3']"
+    spread = [(f"page{i}", i % 3, (30, 20, 10) if i % 2 else (10, 30, 20)) for i in range(6)]
+    assert spread_problems(spread) == []
+
+
+def test_a_long_right_answer_gives_itself_away() -> None:
+    long_right = [(f"page{i}", i % 3, tuple(60 if j == i % 3 else 20 for j in range(3))) for i in range(6)]
+    assert spread_problems(long_right) == [
+        "the right answer is the longest option in 6 of 6 checks, 2.0 by chance "
+        "['page0', 'page1', 'page2', 'page3', 'page4', 'page5']"
     ]
-    assert spread_problems([(f"page{i}", i % 3, 3, i == 0) for i in range(6)]) == []
+    short_right = [(page, right, tuple(80 - length for length in lengths)) for page, right, lengths in long_right]
+    assert spread_problems(short_right)[0].startswith("the right answer is the shortest option in 6 of 6")
+    tied = [(page, right, (40, 40, 40)) for page, right, _ in long_right]
+    assert spread_problems(tied) == [], "equal lengths tell nothing"
+
+
+def test_a_position_never_right_gives_itself_away_too() -> None:
+    """With enough checks, a position (or length) the right answer avoids is a hint as well: a reader skips it."""
+    avoided = [(f"page{i}", i % 2, (10, 20, 30)) for i in range(24)]  # never option 3, never the longest
+    assert spread_problems(avoided[:4]) == [], "four checks are too few to tell"
+    assert spread_problems(avoided) == [
+        "option 3 is right in 0 of 24 checks, 8.0 by chance ([])",
+        "the right answer is the longest option in 0 of 24 checks, 8.0 by chance []",
+    ]
+    assert spread_problems(avoided + [(f"late{i}", 2, (10, 20, 30)) for i in range(12)]) == []
+
+
+def test_one_chapter_clustered_is_named_even_when_the_book_is_spread() -> None:
+    spread = [(f"page{i}", i % 3, (10 + i % 2, 20, 15)) for i in range(30)]
+    one_page = [("crowded", 0, (15, 10, 20))] * 5
+    problems = spread_problems_by_page(spread + one_page)
+    assert problems == [
+        "in crowded: option 1 is right in 5 of 5 checks, 1.7 by chance "
+        "(['crowded', 'crowded', 'crowded', 'crowded', 'crowded'])"
+    ]
+
+
+def sphinx_build_with_checks(tmp_path: Path, right_positions: list[int]) -> subprocess.CompletedProcess:
+    """A one-page Sphinx project with the book's quiz extension and one 3-option check per right position."""
+    source = tmp_path / "source"
+    source.mkdir(parents=True)
+    (source / "conf.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO / 'book' / '_ext')!r})\nextensions = ['quiz']\n", encoding="utf-8"
+    )
+    checks = []
+    for number, right in enumerate(right_positions):
+        options = "".join(
+            f"     - answer: Answer {letter} to question {number}.\n       why: Because of {letter}.\n"
+            + ("       right: true\n" if index == right else "")
+            for index, letter in enumerate("abc")
+        )
+        checks.append(f".. quiz::\n\n   question: Question {number}?\n   options:\n{options}\n")
+    (source / "index.rst").write_text("Checks\n======\n\n" + "".join(checks), encoding="utf-8")
+    command = [sys.executable, "-m", "sphinx", "-b", "html", "-q", str(source), str(tmp_path / "html")]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_build_stops_on_checks_whose_right_answers_cluster(tmp_path: Path) -> None:
+    clustered = sphinx_build_with_checks(tmp_path / "clustered", [1, 1, 1, 1, 0])
+    assert clustered.returncode != 0, "five checks, four right at option 2, built without complaint"
+    assert "give themselves away" in clustered.stderr and "option 2 is right in 4 of 5" in clustered.stderr
+    spread = sphinx_build_with_checks(tmp_path / "spread", [1, 0, 2, 1, 0])
+    assert spread.returncode == 0, spread.stderr
+
+
+def test_seed_lessons_check_is_a_real_check_in_the_kv_chapter() -> None:
+    """The source lesson's end-of-lesson question (prefix caching) is a check with feedback on every option,
+    no longer a predict-first box."""
+    checks = [quiz for quiz in chapter_checks("book/kv_memory") if "2,000-token system prompt" in quiz["question"]]
+    assert len(checks) == 1, "book/kv_memory.md should ask the source lesson's prefix-caching question once, as a check"
+    options = checks[0]["options"]
+    assert len(options) == 4 and all(option["why"].strip() for option in options)
+    assert "prefix" in options[right_position(checks[0])]["answer"]
+    boxes = PREDICT_BOX.findall((REPO / "book" / "kv_memory.md").read_text(encoding="utf-8"))
+    assert not [box for box in boxes if "system prompt" in box], "the question is still a predict-first box too"
 
 
 @pytest.mark.parametrize(
@@ -196,6 +335,17 @@ def test_clustered_right_answers_are_named() -> None:
         ("question: Q?\noptions:\n" + "  - {answer: a, why: w}\n" * 3, "exactly one option"),
         ("question: Q?\noptions:\n  - {answer: a, right: true}\n" + "  - {answer: b, why: w}\n" * 2, "option 1"),
         ("question: [unclosed", "not valid YAML"),
+        ("question: Q?\noptions:\n  - {answer: 115, why: w, right: true}\n" + "  - {answer: b, why: w}\n" * 2, "quote"),
+        (
+            "question: Q?\ncompute: yes please\noptions:\n  - {answer: a, why: w, right: true}\n"
+            + "  - {answer: b, why: w}\n" * 2,
+            "true or false",
+        ),
+        (
+            "question: Q?\ncompute: true\noptions:\n  - {answer: a, why: it is 4, right: true}\n"
+            + "  - {answer: b, why: w}\n" * 2,
+            "show the working",
+        ),
     ],
 )
 def test_a_malformed_check_is_refused_with_the_fix(body: str, complaint: str) -> None:
@@ -326,20 +476,26 @@ def test_chapter_renders_figures_math_answers_and_navigation(html: Path, doc: st
     assert chapters <= in_sidebar, f"{doc}: sidebar lacks {sorted(chapters - in_sidebar)}"
 
 
-def test_every_chapter_page_has_its_check_with_every_explanation(html: Path) -> None:
-    """Every option and its explanation on the page, and the right one findable by the script, not by reading."""
+def test_every_chapter_page_has_its_checks_with_every_explanation(html: Path) -> None:
+    """Every check's options and explanations on the page, each right one findable by the script, not by reading."""
     for doc in chapter_docs():
         text = (html / f"{doc}.html").read_text(encoding="utf-8")
-        options = text.count('class="quiz-option')
-        assert 3 <= options, f"{doc}.html: the end-of-chapter check has {options} options on the page"
-        assert text.count('class="quiz-explanation') == options, f"{doc}.html: an option lacks its explanation"
+        checks = chapter_checks(doc)
+        assert text.count('class="quiz-option') == sum(len(quiz["options"]) for quiz in checks), (
+            f"{doc}.html: the page's options differ from its {len(checks)} checks"
+        )
+        assert text.count('class="quiz-explanation') == text.count('class="quiz-option'), (
+            f"{doc}.html: an option lacks its explanation"
+        )
         explained = " ".join(re.findall(r'class="quiz-explanation[^"]*">(.*?)</div>', text, flags=re.S))
         told = "quiz-right" in text or "quiz-wrong" in text or "Right." in explained or "Not this one" in explained
         assert not told, f"{doc}.html: the markup says which option is right"
-        quiz = read_quiz(QUIZ_BLOCK.findall((REPO / f"{doc}.md").read_text(encoding="utf-8"))[0])
-        right = next(i for i, option in enumerate(quiz["options"]) if option.get("right"))
-        salt = salt_of(quiz["question"])
-        assert f"quiz-salt-{salt} quiz-key-{scramble(right, salt)}" in text, f"{doc}.html: the check's key is wrong"
+        for quiz in checks:
+            salt = salt_of(quiz["question"])
+            key = f"quiz-salt-{salt} quiz-key-{scramble(right_position(quiz), salt)}"
+            assert key in text, f"{doc}.html: the key of '{quiz['question'][:40]}...' is wrong"
+        computed = sum(bool(quiz.get("compute")) for quiz in checks)
+        assert text.count("Compute it yourself.") == computed, f"{doc}.html: a compute check lost its label"
         assert "quiz.js" in text, f"{doc}.html: the check's script (book/_ext/quiz_static/quiz.js) is not loaded"
 
 

@@ -211,26 +211,41 @@ def test_predict_first_answers_unfold_when_clicked(html: Path, opened) -> None:
 
 
 def test_each_check_option_shows_its_own_explanation_when_clicked(html: Path, opened) -> None:
+    """Every option of every check, clicked: its own explanation unfolds with the script's verdict, and the
+    positions the script marks right are the sources' and spread over the book as the build demands."""
     from playwright.sync_api import expect
-    from test_book import chapter_docs
+    from quiz import spread_problems_by_page
+    from test_book import chapter_checks, chapter_docs, right_position
 
+    marked = []
     for doc in chapter_docs():
         tab, errors = opened(html / f"{doc}.html")
-        options = tab.locator(".quiz-option").all()
-        assert 3 <= len(options) <= 4, f"{doc}: {len(options)} options in the end-of-chapter check"
-        for picked, option in enumerate(options):
-            explanation = option.locator(".quiz-explanation")
-            expect(explanation, f"{doc}: option {picked + 1} is explained before it is picked").to_be_hidden()
-            option.locator(".quiz-answer").click()
-            expect(explanation, f"{doc}: option {picked + 1} stayed unexplained after a click").to_be_visible()
-            verdict = "Right." if "quiz-right" in (option.get_attribute("class") or "") else "Not this one."
-            expect(explanation).to_contain_text(verdict)
-            for later in options[picked + 1 :]:
-                expect(later.locator(".quiz-explanation"), f"{doc}: a click unfolded another option").to_be_hidden()
-        expect(tab.locator(".quiz-score").first).to_contain_text("at the first try")
-        tab.locator(".quiz-retry").first.click()
-        for option in options:
-            expect(option.locator(".quiz-explanation"), f"{doc}: 'Try again' left an option unfolded").to_be_hidden()
+        boxes = tab.locator(".quiz").all()
+        assert len(boxes) == len(chapter_checks(doc)), f"{doc}: {len(boxes)} checks on the page"
+        for box, check in zip(boxes, chapter_checks(doc)):
+            options = box.locator(".quiz-option").all()
+            assert 3 <= len(options) <= 4, f"{doc}: {len(options)} options in a check"
+            right = []
+            for picked, option in enumerate(options):
+                explanation = option.locator(".quiz-explanation")
+                expect(explanation, f"{doc}: option {picked + 1} is explained before it is picked").to_be_hidden()
+                option.locator(".quiz-answer").click()
+                expect(explanation, f"{doc}: option {picked + 1} stayed unexplained after a click").to_be_visible()
+                verdict = "Right." if "quiz-right" in (option.get_attribute("class") or "") else "Not this one."
+                right += [picked] if verdict == "Right." else []
+                expect(explanation).to_contain_text(verdict)
+                for later in options[picked + 1 :]:
+                    expect(later.locator(".quiz-explanation"), f"{doc}: a click unfolded another option").to_be_hidden()
+            assert right == [right_position(check)], f"{doc}: the script marks {right} right in {check['question']!r}"
+            lengths = tuple(len(option.locator(".quiz-answer").inner_text().strip()) for option in options)
+            marked.append((doc, right[0], lengths))
+            expect(box.locator(".quiz-score")).to_contain_text("at the first try")
+            box.locator(".quiz-retry").click()
+            for option in options:
+                expect(
+                    option.locator(".quiz-explanation"), f"{doc}: 'Try again' left an option unfolded"
+                ).to_be_hidden()
         if doc == "book/kv_memory":
             screenshot(tab, "book-browser-check-answered")
         assert not errors, f"{doc}: console errors: {errors}"
+    assert not spread_problems_by_page(marked), spread_problems_by_page(marked)

@@ -9,9 +9,13 @@ that names the chapter and the fix.
 The page's markup does not say which option is right (no class, no "Right." in the text):
 the box carries the right option's position scrambled with a salt drawn from the question
 (classes ``quiz-salt-N`` and ``quiz-key-N``; :func:`scramble`), and the script decides when an
-option is picked. Across the book the right answers must not give themselves away: no position holds
-more than half of them, nor is the right answer the longest option in more than half
-(:func:`spread_problems`, checked once every chapter is read).
+option is picked. The right answers must not give themselves away, in the book or in one chapter:
+no position may hold the right answer, nor may the longest (or the shortest) option be the right
+one, in more than one and a half times the checks that chance would give it (:func:`spread_problems`, checked once
+every chapter is read; the build stops otherwise).
+
+A check marked ``compute: true`` asks the reader to work a number out; it is labelled "Compute it
+yourself", and its right option's explanation must show the working (an equation with ``=``).
 
     ```{quiz}
     question: A scenario and what to decide.
@@ -22,6 +26,8 @@ more than half of them, nor is the right answer the longest option in more than 
         right: true
         why: Why it is right.
     ```
+
+Add ``compute: true`` below ``question:`` for a number the reader works out.
 """
 
 from __future__ import annotations
@@ -48,25 +54,62 @@ def scramble(position: int, salt: int) -> int:
     return (position * 37 + salt) % MODULUS
 
 
-def spread_problems(records: list[tuple[str, int, int, bool]]) -> list[str]:
-    """What gives the right answers away across the book, from each check's (page, right position, options, right
-    option is the longest): a position holding more than half of them, or the longest option right in more than
-    half. Empty below four checks, too few to tell."""
+SHARE_LIMIT = 1.5  # how many times its chance share a position (or "the longest option") may be right
+FEW = 2  # so few right answers in one position say nothing, whatever chance expects
+SHUNNED_FROM = 6  # chance's count from which a position (or length) right too rarely is a sign too
+
+
+def clustered(count: int, chance: float) -> bool:
+    """Whether ``count`` right answers tell a reader more than ``chance`` would: far too many, or (with enough
+    checks to tell) far too few."""
+    chance = round(chance, 6)  # a sum of thirds: 8.0, not 7.999999999999998
+    too_many = count > max(SHARE_LIMIT * chance, FEW)
+    return too_many or (chance >= SHUNNED_FROM and count < chance / SHARE_LIMIT)
+
+
+Record = tuple[str, int, tuple[int, ...]]  # a check's page, its right option's position (0-based), its options' lengths
+
+
+def spread_problems(records: list[Record]) -> list[str]:
+    """What gives the right answers away, from each check's (page, right position, option lengths): a position
+    right in more than 1.5 times the checks chance would put there (1/options of each check that has that
+    position), or the longest (or the shortest, unless tied) option right that much more often than chance; and,
+    where chance expects six or more, any of them right in fewer than 1/1.5 of those (a reader learns to avoid
+    it). Empty below four checks, too few to tell."""
     if len(records) < 4:
         return []
     problems = []
-    for position in {right for _, right, _, _ in records}:
-        pages = [page for page, right, _, _ in records if right == position]
-        if len(pages) > len(records) / 2:
-            problems.append(f"option {position + 1} is right in {len(pages)} of {len(records)} checks ({pages})")
-    longest = [page for page, _, _, is_longest in records if is_longest]
-    if len(longest) > len(records) / 2:
-        problems.append(f"the right answer is the longest option in {len(longest)} of {len(records)} checks {longest}")
+    for position in range(max(len(lengths) for _, _, lengths in records)):
+        pages = [page for page, right, _ in records if right == position]
+        chance = sum(1 / len(lengths) for _, _, lengths in records if len(lengths) > position)
+        if clustered(len(pages), chance):
+            problems.append(
+                f"option {position + 1} is right in {len(pages)} of {len(records)} checks, "
+                f"{chance:.1f} by chance ({pages})"
+            )
+    chance = sum(1 / len(lengths) for _, _, lengths in records)
+    for extreme, pick in (("longest", max), ("shortest", min)):
+        alone = [(page, right, lengths) for page, right, lengths in records if lengths.count(lengths[right]) == 1]
+        pages = [page for page, right, lengths in alone if lengths[right] == pick(lengths)]  # a tie tells nothing
+        if clustered(len(pages), chance):
+            problems.append(
+                f"the right answer is the {extreme} option in {len(pages)} of {len(records)} checks, "
+                f"{chance:.1f} by chance {pages}"
+            )
+    return problems
+
+
+def spread_problems_by_page(records: list[Record]) -> list[str]:
+    """:func:`spread_problems` over the whole book, then over each page's own checks (a reader takes them together)."""
+    problems = spread_problems(records)
+    for page in sorted({page for page, _, _ in records}):
+        problems += [f"in {page}: {problem}" for problem in spread_problems([r for r in records if r[0] == page])]
     return problems
 
 
 class QuizError(ValueError):
-    """A quiz whose YAML does not describe one question with 3-4 explained options, one of them right."""
+    """A quiz whose YAML does not describe one question with 3-4 explained options, one of them right (and worked,
+    for a `compute: true` check)."""
 
 
 def read_quiz(text: str) -> dict:
@@ -85,9 +128,17 @@ def read_quiz(text: str) -> dict:
             raise QuizError(
                 f"option {number} needs both `answer:` and `why:` (why it tempts, why it is wrong or right)"
             )
-    right = sum(option.get("right") is True for option in options)
-    if right != 1:
-        raise QuizError(f"exactly one option must say `right: true`, found {right}")
+        if not isinstance(option["answer"], str) or not isinstance(option["why"], str):
+            raise QuizError(f"option {number}'s `answer:` and `why:` must be text: quote a bare number ('115')")
+    right = [option for option in options if option.get("right") is True]
+    if len(right) != 1:
+        raise QuizError(f"exactly one option must say `right: true`, found {len(right)}")
+    if quiz.get("compute", False) not in (True, False):
+        raise QuizError(f"`compute:` is true or false, found {quiz['compute']!r}")
+    if quiz.get("compute") and "=" not in right[0]["why"]:
+        raise QuizError(
+            "a `compute: true` check must show the working in its right option's `why:` (an equation with `=`)"
+        )
     return quiz
 
 
@@ -105,6 +156,8 @@ class QuizDirective(SphinxDirective):
         salt = salt_of(quiz["question"])
         # docutils writes classes, not data attributes: the salt and the scrambled position ride as two classes
         box = nodes.container(classes=["quiz", f"quiz-salt-{salt}", f"quiz-key-{scramble(right, salt)}"])
+        if quiz.get("compute"):
+            box += nodes.paragraph("", "", nodes.strong("", "Compute it yourself."), classes=["quiz-compute"])
         box += self.parse_text_to_nodes(quiz["question"])
         for option in quiz["options"]:
             choice = nodes.container(classes=["quiz-option"])
@@ -114,9 +167,9 @@ class QuizDirective(SphinxDirective):
             explanation += self.parse_text_to_nodes(option["why"])
             choice += [answer, explanation]
             box += choice
-        lengths = [len(option["answer"]) for option in quiz["options"]]
+        lengths = tuple(len(option["answer"]) for option in quiz["options"])
         records = self.env.__dict__.setdefault("quiz_records", {}).setdefault(self.env.docname, [])
-        records.append((self.env.docname, right, len(lengths), lengths[right] == max(lengths)))
+        records.append((self.env.docname, right, lengths))
         return [box]
 
 
@@ -125,9 +178,9 @@ def add_static_path(app: Sphinx) -> None:
 
 
 def check_spread(app: Sphinx, env) -> None:
-    """Stop the build when the right answers cluster (see :func:`spread_problems`)."""
+    """Stop the build when the right answers cluster, in the book or in one page (see :func:`spread_problems`)."""
     records = [record for page in getattr(env, "quiz_records", {}).values() for record in page]
-    problems = spread_problems(records)
+    problems = spread_problems_by_page(records)
     if problems:
         raise QuizError(
             "the checks' right answers give themselves away: "
