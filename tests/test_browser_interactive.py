@@ -1,4 +1,4 @@
-"""The book's three interactive figures, played with in Chromium: each control moved, each new number checked.
+"""The book's four interactive figures, played with in Chromium: each control moved, each new number checked.
 
 Why: a figure whose formula is right (test_interactive_figures.py) can still be wired wrong: a
 slider that redraws nothing, a select read under the wrong name, a number left from before. Here
@@ -9,17 +9,20 @@ equal labkit's for the settings the page now holds. The page may ask for nothing
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 from browser_helpers import chromium_browser, new_tab, screenshot  # noqa: F401  (the `browser` fixture)
+from PIL import Image
 from test_book import built_book  # noqa: F401  (the `html` fixture: the book, built once per session)
 
-from labkit.capacity import with_precision
+from labkit.capacity import plan, size_fleet, with_precision
 from labkit.metrics import summarize
 from labkit.sim.cost_model import CostModel, conversations_that_fit
 from labkit.sim.simulator import simulate
-from labkit.viz.interactive import FIGURE_GPUS, FIGURE_MODELS
+from labkit.viz.interactive import FIGURE_GPUS, FIGURE_MODELS, PLAN_MODELS, SCHEMES
+from labkit.viz.plan_widget import FIXED, FLEET_WAYS
 from labkit.workloads import replay_workload
 
 pytestmark = pytest.mark.browser
@@ -187,7 +190,7 @@ def luminance(css: str) -> float:
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
-@pytest.mark.parametrize("chapter", ["kv_memory", "two_numbers", "batching"])
+@pytest.mark.parametrize("chapter", ["kv_memory", "two_numbers", "batching", "capacity_planning"])
 def test_every_control_reads_in_either_colour_scheme_and_fits_a_phone(html: Path, browser, chapter, scheme) -> None:
     tab = new_tab(browser, viewport={"width": 390, "height": 844}, color_scheme=scheme)
     tab.goto((html / "book" / f"{chapter}.html").as_uri(), wait_until="load")
@@ -221,3 +224,187 @@ def test_a_list_of_replies_too_long_or_not_whole_numbers_is_refused_and_the_char
         )
         assert bars and all(count == 0 for count in bars), f"{typed[:20]}...: the charts still show {bars} bars"
     figure.close("book-browser-interactive-batching-refused")
+
+
+class CapacityPlan(Figure):
+    """Chapter 8's plan: its selects by name, its typed fields, and every figure it shows beside labkit's."""
+
+    SELECTS = ("gpu", "model", "weights", "kv", "tp")  # in the page's order
+    FIELDS = ("prompt", "answer", "promise", "load")
+
+    def choose(self, select: str, value: str) -> None:
+        """Pick the option whose key (the preset's name in labkit) is ``value``, by the label a reader sees."""
+        options = self.tab.evaluate(f"() => Bokeh.documents[0].get_model_by_name({select!r}).options")
+        label = next(
+            option[1] if isinstance(option, list) else option
+            for option in options
+            if option[0] == value or option == value
+        )
+        self.tab.locator("select").nth(self.SELECTS.index(select)).select_option(label=label)
+
+    def type(self, field: str, text: str) -> None:
+        box = self.tab.locator("input.bk-input[type=text]").nth(self.FIELDS.index(field))
+        box.fill(text)
+        box.press("Enter")
+
+    def shown(self) -> dict[str, str]:
+        """Every figure the plan shows: name -> exact value (data-value)."""
+        return dict(
+            self.tab.locator("[data-name]").evaluate_all("els => els.map(e => [e.dataset.name, e.dataset.value])")
+        )
+
+    def problem(self) -> str:
+        return self.tab.evaluate("() => Bokeh.documents[0].get_model_by_name('plan').text")
+
+    def curve_points(self) -> int:
+        return self.tab.evaluate(
+            "() => [...Bokeh.documents[0].all_models].filter(m => m.data && 'x' in m.data).map(m => m.data.x.length)"
+            ".reduce((a, b) => a + b, 0)"
+        )
+
+    def labkit_says(self) -> dict[str, float | str]:
+        """What labkit's planner (and size_fleet, given a load) says for the settings the page holds now."""
+        value = self.value
+        model = with_precision(PLAN_MODELS[value("model")], value("weights"), value("kv"))
+        promise, load = value("promise").strip(), value("load").strip()
+        settings = dict(
+            hardware=FIGURE_GPUS[value("gpu")],
+            model=model,
+            prompt_len=int(value("prompt")),
+            answer_len=int(value("answer")),
+            promise_s=float(promise) / 1e3 if promise else None,
+            **FIXED,
+        )
+        figures = plan(**settings, tensor_parallel=int(value("tp"))).to_dict()
+        if load:
+            sizing = size_fleet(float(load), tensor_parallel=FLEET_WAYS, **settings)
+            for option in sizing.options:
+                if option.gpus is None:
+                    figures[f"fleet-{option.tensor_parallel}-gpus"] = "none"
+                else:
+                    figures[f"fleet-{option.tensor_parallel}-gpus"] = option.gpus
+                    figures[f"fleet-{option.tensor_parallel}-replicas"] = option.replicas
+            figures["fleet-best-gpus"], figures["fleet-best-ways"] = sizing.best.gpus, sizing.best.tensor_parallel
+        return figures
+
+    def check(self) -> dict[str, str]:
+        """Every figure on the page equals labkit's; the page shows the plan's main figures."""
+        shown, figures = self.shown(), self.labkit_says()
+        for name, text in shown.items():
+            expected = figures[name]
+            assert (text if expected == "none" else float(text)) == expected, (name, text, expected)
+        assert {"conversations", "decode_step_s", "request_ceiling_per_s", "token_interval_s"} <= set(shown)
+        assert self.curve_points() > 0
+        return shown
+
+
+def test_the_capacity_plan_gives_labkits_plan_for_every_setting(html: Path, browser) -> None:
+    figure = CapacityPlan(browser, html / "book" / "capacity_planning.html")
+    first = figure.check()
+    assert round(float(first["request_ceiling_per_s"]), 1) == 6.9 and float(first["conversations"]) == 328
+    assert round(float(first["promise_in_flight"])) == 88  # the chapter's worked example
+    moves = [
+        lambda: figure.type("prompt", "2000"),
+        lambda: figure.type("answer", "1200"),
+        lambda: figure.type("promise", "35.5"),
+        lambda: figure.choose("kv", "fp8"),
+        lambda: figure.choose("weights", "int8"),
+        lambda: figure.choose("gpu", "h100-sxm"),
+        lambda: figure.type("load", "59"),  # a fleet for the 10x sale
+        lambda: figure.choose("tp", "2"),
+        lambda: figure.choose("model", "llama-70b"),  # 70B at 1 byte per weight, split two ways
+        lambda: figure.choose("weights", "int4"),
+        lambda: figure.choose("tp", "8"),
+        lambda: figure.choose("gpu", "b200"),
+        lambda: figure.type("promise", ""),  # no promise: the ceiling carries the load
+        lambda: figure.type("load", "0.5"),
+        lambda: figure.choose("model", "qwen3-8b"),
+        lambda: figure.choose("gpu", "rtx-4090"),
+        lambda: figure.choose("tp", "1"),
+        lambda: figure.type("answer", "40"),
+        lambda: figure.choose("model", "smollm2-135m"),
+        lambda: figure.type("promise", "20"),
+    ]
+    for move in moves:
+        before = figure.shown()
+        move()
+        assert figure.check() != before
+    figure.close("book-browser-interactive-capacity-plan")
+
+
+def test_the_capacity_plan_refuses_bad_input_and_clears_what_it_showed(html: Path, browser) -> None:
+    figure = CapacityPlan(browser, html / "book" / "capacity_planning.html")
+    for field, typed, said in (
+        ("prompt", "1e3", "prompt tokens: type a whole number from 1 to 200,000"),
+        ("prompt", "0x10", "digits only"),
+        ("answer", "-5", "answer tokens: type a whole number"),
+        ("answer", "300000", "answer tokens"),
+        ("promise", "0", "promise (ms): type a number from 1 to 10,000"),
+        ("load", "lots", "load (requests/s): type a number from 0.01"),
+    ):
+        figure.type(field, typed)
+        figure.tab.wait_for_function(
+            "said => Bokeh.documents[0].get_model_by_name('plan').text.includes(said)", arg=said
+        )
+        assert figure.shown() == {} and figure.curve_points() == 0, f"{field}={typed}: stale figures left"
+        figure.type(field, {"prompt": "1000", "answer": "300", "promise": "50", "load": ""}[field])
+        figure.check()
+    for move, said in (
+        (lambda: figure.choose("model", "llama-70b"), "split the model over 2 GPUs"),  # 141 GB on one 80 GB card
+        (lambda: figure.choose("tp", "2"), None),  # the fix it names works
+        (lambda: figure.type("promise", "5"), "No load keeps a token every 5.0 ms"),
+    ):
+        move()
+        if said is None:
+            figure.check()
+            continue
+        figure.tab.wait_for_function(
+            "said => Bokeh.documents[0].get_model_by_name('plan').text.includes(said)", arg=said
+        )
+        assert figure.shown() == {} and figure.curve_points() == 0, said
+    figure.close("book-browser-interactive-capacity-refused")
+
+
+def hex_luminance(colour: str) -> float:
+    return luminance("rgb(" + ",".join(str(int(colour[i : i + 2], 16)) for i in (1, 3, 5)) + ")")
+
+
+def contrast(first: float, second: float) -> float:
+    light, dark = sorted((first, second), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+# Each plot's background and the colours of its words (axis labels, tick labels, title, legend), as drawn now.
+PLOT_COLOURS_JS = """() => [...Bokeh.documents[0].all_models].filter(m => Array.isArray(m.left) && Array.isArray(m.renderers))
+  .map(plot => ({background: plot.background_fill_color, words: [...plot.left, ...plot.below, ...plot.center,
+    ...(plot.title && plot.title.text ? [plot.title] : [])].flatMap(part => [part.major_label_text_color,
+    part.axis_label_text_color, part.label_text_color, part.text_color]).filter(c => typeof c === 'string')}))"""
+
+
+@pytest.mark.parametrize("chapter", ["kv_memory", "two_numbers", "batching", "capacity_planning"])
+def test_plots_follow_the_readers_colour_scheme(html: Path, browser, chapter) -> None:
+    """In dark mode a plot is dark and its words light; switching the theme repaints it, and back."""
+    tab = new_tab(browser, viewport={"width": 1280, "height": 1000}, color_scheme="dark")
+    tab.goto((html / "book" / f"{chapter}.html").as_uri(), wait_until="load")
+    tab.locator("[data-name]").first.wait_for()
+    for scheme in ("dark", "light", "dark"):
+        tab.evaluate("scheme => { document.documentElement.dataset.theme = scheme; }", scheme)
+        tab.wait_for_function(
+            "colour => [...Bokeh.documents[0].all_models].some(m => m.background_fill_color === colour)",
+            arg=SCHEMES[scheme]["plot"],
+        )
+        plots = tab.evaluate(PLOT_COLOURS_JS)
+        assert plots, f"{chapter}: no plots found"
+        for plot in plots:
+            background = hex_luminance(plot["background"])
+            assert (background < 0.1) if scheme == "dark" else (background > 0.9), f"{chapter} ({scheme}): {plot}"
+            assert plot["words"], f"{chapter}: a plot without axis labels"
+            for colour in plot["words"]:
+                assert contrast(hex_luminance(colour), background) >= 4.5, f"{chapter} ({scheme}): {colour} on {plot}"
+    canvas = tab.locator("canvas").first  # what is drawn, not only what the models say: the plot's edge is dark
+    canvas.scroll_into_view_if_needed()
+    pixels = Image.open(io.BytesIO(canvas.screenshot())).convert("L")
+    corner = pixels.getpixel((3, 3))
+    assert corner < 60, f"{chapter}: the plot is drawn light in dark mode (grey level {corner} of 255)"
+    screenshot(tab, f"book-browser-dark-plots-{chapter}")
+    tab.close()

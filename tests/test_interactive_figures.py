@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 from browser_helpers import chromium_browser, new_tab  # noqa: F401  (the `browser` fixture)
 
-from labkit.capacity import KV_BYTES, WEIGHT_BYTES, with_precision
+from labkit.capacity import KV_BYTES, WEIGHT_BYTES, plan, sale_load, size_fleet, with_precision
 from labkit.metrics import summarize
 from labkit.sim.cost_model import CostModel, conversations_that_fit
 from labkit.sim.simulator import simulate
 from labkit.viz import interactive
-from labkit.viz.interactive import FIGURE_GPUS, FIGURE_MODELS, FORMULAS_JS, REPLIES
+from labkit.viz.interactive import FIGURE_GPUS, FIGURE_MODELS, FORMULAS_JS, PLAN_MODELS, REPLIES
+from labkit.viz.plan_widget import FIXED, FLEET_WAYS, PLANNER_JS, capacity_plan_figure, planner_constants
 from labkit.workloads import replay_workload
 
 pytestmark = pytest.mark.browser
@@ -36,7 +37,8 @@ def page(browser):
 
 def run_js(page, body: str, cases: list) -> list:
     """``body`` (which sees ``cases``) evaluated in Chromium with the figures' formulas and presets in scope."""
-    return page.evaluate(f"(cases) => {{ {FORMULAS_JS}\n{interactive._constants()}\n{body} }}", cases)
+    constants = interactive._constants() + planner_constants()
+    return page.evaluate(f"(cases) => {{ {FORMULAS_JS}\n{constants}\n{body} }}", cases)
 
 
 def test_conversations_that_fit_match_labkit(page) -> None:
@@ -106,7 +108,132 @@ def test_static_and_continuous_steps_match_labkits_schedulers(page) -> None:
 
 def test_the_figures_load_nothing_from_the_network() -> None:
     """Every figure's HTML carries BokehJS inline: no <script src>, no CDN address."""
-    for make in (interactive.kv_capacity_figure, interactive.step_time_figure, interactive.batching_figure):
+    makers = (interactive.kv_capacity_figure, interactive.step_time_figure, interactive.batching_figure)
+    for make in (*makers, capacity_plan_figure):
         html = interactive.page_html(make())
         assert "<script" in html and not re.search(r"<script[^>]*\ssrc=", html), make.__name__
         assert "cdn.bokeh.org" not in html, make.__name__
+
+
+def plan_cases() -> list[tuple]:
+    """GPUs, models, storage, splits, lengths and promises: plans that fit, that do not, promises none keeps."""
+    return list(
+        itertools.product(
+            FIGURE_GPUS,
+            PLAN_MODELS,
+            ["bf16", "int8", "int4"],
+            ["bf16", "fp8"],
+            [1, 2, 8],
+            [(1000, 300), (6144, 2048), (50, 20)],
+            [None, 50.0, 12.5],
+        )
+    )
+
+
+def labkit_plan(gpu, model, weights, kv, ways, lengths, promise_ms):
+    """What labkit's planner says for one case: the plan, or None where it refuses the settings."""
+    spec = with_precision(PLAN_MODELS[model], weights=weights, kv=kv)
+    promise_s = None if promise_ms is None else promise_ms / 1e3
+    try:
+        return plan(FIGURE_GPUS[gpu], spec, *lengths, promise_s=promise_s, tensor_parallel=ways, **FIXED)
+    except ValueError:
+        return None
+
+
+# The plan's figures the page shows (CapacityPlan.to_dict names): each must be computed and equal labkit's.
+SHOWN_FIGURES = {
+    "conversations",
+    "kv_budget_bytes",
+    "kv_bytes_per_conversation",
+    "decode_memory_s",
+    "decode_compute_s",
+    "decode_step_s",
+    "prefill_s",
+    "gpu_s_per_request",
+    "request_ceiling_per_s",
+    "tokens_per_s",
+    "speedup_over_single_stream",
+    "cost_per_million_tokens",
+    "decode_share",
+    "token_interval_s",
+    "promise_load_per_s",
+    "promise_in_flight",
+    "tensor_parallel",
+}
+
+
+def test_the_capacity_plan_matches_labkits_planner(page) -> None:
+    """Every figure the chapter 8 widget shows equals plan()'s, and it refuses exactly what plan() refuses."""
+    grid = plan_cases()
+    got = run_js(
+        page,
+        PLANNER_JS
+        + """return cases.map(([gpu, model, w, kv, ways, [prompt, answer], promise]) => {
+             const m = {...MODELS[model], bytes_per_param: WEIGHT_BYTES[w], kv_bytes_per_value: KV_BYTES[kv]};
+             try {
+               const p = planCapacity(GPUS[gpu], m, prompt, answer, FIXED.memory_fraction, FIXED.overhead_s,
+                                      promise === null ? null : promise / 1e3, FIXED.price_per_gpu_hour, ways);
+               delete p.stepAt;
+               return p;
+             } catch (error) { if (error instanceof PlanError) return error.message; throw error; }
+           });""",
+        grid,
+    )
+    refused = 0
+    for case, page_says in zip(grid, got):
+        expected = labkit_plan(*case)
+        if expected is None:
+            assert isinstance(page_says, str) and page_says.endswith("."), (case, page_says)
+            refused += 1
+            continue
+        assert isinstance(page_says, dict), (case, page_says)
+        figures = expected.to_dict()
+        for name, value in page_says.items():
+            if name in figures:
+                assert value == figures[name], (case, name, value, figures[name])
+        assert SHOWN_FIGURES <= set(page_says), (case, SHOWN_FIGURES - set(page_says))
+    assert 0 < refused < len(grid) / 2  # the grid holds plans and refusals
+
+
+def test_the_fleet_matches_labkits_size_fleet(page) -> None:
+    """The fewest GPUs, and each split's replicas, for loads from a fraction of one card to a 10x sale."""
+    grid = [
+        (gpu, model, weights, promise, load)
+        for gpu in ("sale-gpu", "h100-sxm", "friends-gpu", "mi355x")
+        for model in ("llama-8b", "llama-70b")
+        for weights in ("bf16", "int4")
+        for promise in (None, 50.0)
+        for load in (0.5, sale_load(10), 300.0)
+    ]
+    got = run_js(
+        page,
+        PLANNER_JS
+        + """return cases.map(([gpu, model, w, promise, load]) => {
+             const m = {...MODELS[model], bytes_per_param: WEIGHT_BYTES[w]};
+             try {
+               const fleet = sizeFleet(load, GPUS[gpu], m, 1000, 300, FIXED.memory_fraction, FIXED.overhead_s,
+                                       promise === null ? null : promise / 1e3, FIXED.price_per_gpu_hour);
+               return {best: [fleet.best.ways, fleet.best.replicas], replicas: fleet.options.map(o => o.replicas ?? null)};
+             } catch (error) { if (error instanceof PlanError) return error.message; throw error; }
+           });""",
+        grid,
+    )
+    for (gpu, model, weights, promise, load), page_says in zip(grid, got):
+        where = (gpu, model, weights, promise, load)
+        try:
+            sizing = size_fleet(
+                load,
+                FIGURE_GPUS[gpu],
+                with_precision(PLAN_MODELS[model], weights=weights),
+                1000,
+                300,
+                promise_s=None if promise is None else promise / 1e3,
+                tensor_parallel=FLEET_WAYS,
+                **FIXED,
+            )
+        except ValueError:
+            assert isinstance(page_says, str), where
+            continue
+        assert page_says["best"] == [sizing.best.tensor_parallel, sizing.best.replicas], where
+        assert page_says["replicas"] == [o.replicas for o in sizing.options], where
+    assert any(isinstance(said, str) for said in got) and any(isinstance(said, dict) for said in got)

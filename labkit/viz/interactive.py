@@ -19,12 +19,24 @@ from bokeh.document import Document
 from bokeh.embed import components
 from bokeh.events import DocumentReady
 from bokeh.layouts import column, row
-from bokeh.models import ColumnDataSource, CustomJS, Div, InlineStyleSheet, Range1d, Select, Slider, Span, TextInput
+from bokeh.models import (
+    ColumnDataSource,
+    CustomJS,
+    Div,
+    InlineStyleSheet,
+    Plot,
+    Range1d,
+    Select,
+    Slider,
+    Span,
+    TextInput,
+)
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 from bokeh.resources import INLINE
 
-from labkit.capacity import FRIENDS_GPU, KV_BYTES, LESSON_LLAMA_8B, SALE_GPU, WEIGHT_BYTES
+from labkit.capacity import FRIENDS_GPU, KV_BYTES, LESSON_LLAMA_8B, LLAMA_3_1_70B, SALE_GPU, WEIGHT_BYTES
+from labkit.capacity.parallel import hidden_size_of
 from labkit.sim.cost_model import MODELS
 from labkit.sim.hardware import PRESETS
 
@@ -92,14 +104,74 @@ function fmt(x, digits = 0) { return x.toLocaleString('en-US', {maximumFractionD
 """
 
 ANSWER_STYLE = {"font-size": "15px"}  # the figure's result line, as large as the chapter's prose
-# The figure sits on a light card in either colour scheme (the book's theme keeps outputs light), so its
-# controls are set to light colours too, explicitly: inherited, dark mode's light text fell on the inputs' white.
+# A figure follows the book's colour scheme (pydata-sphinx-theme sets data-theme="light" or "dark" on <html>).
+# Its controls live in Bokeh's shadow roots, which no page rule reaches; custom properties do inherit into
+# them, so the page's <style> (WIDGET_CSS) sets the colours and each control's stylesheet reads them.
 THEMED_CONTROL_CSS = (
-    ".bk-input, select.bk-input { color: #1f2328; background-color: #fff; border-color: #c9ccd1; } "
-    "label, .bk-slider-title, .bk-input-group { color: #1f2328; }"
+    ".bk-input, select.bk-input { color: var(--labkit-ink, #1f2328); background-color: var(--labkit-field, #fff); "
+    "border-color: var(--labkit-edge, #c9ccd1); } "
+    "label, .bk-slider-title, .bk-input-group { color: var(--labkit-ink, #1f2328); }"
 )
 # Rows of controls wrap onto the next line on a narrow screen (a phone) instead of running off its side.
 WRAPPING_ROW_CSS = ":host { flex-wrap: wrap; column-gap: 12px; }"
+# The colours of each scheme, for the controls (CSS) and the plots (set by PAINT_JS on the Bokeh models).
+SCHEMES = {
+    "light": dict(
+        ink="#1f2328",
+        field="#ffffff",
+        edge="#c9ccd1",
+        problem="#b3261e",
+        plot="#ffffff",
+        axis="#57606a",
+        grid="#e5e7ea",
+    ),
+    "dark": dict(
+        ink="#e6e8eb",
+        field="#1e2228",
+        edge="#5b6470",
+        problem="#ff8a80",
+        plot="#1b1f24",
+        axis="#9aa4b0",
+        grid="#363d46",
+    ),
+}
+# In dark mode the theme paints every HTML output on a light card; a figure that follows the scheme needs none.
+WIDGET_CSS = (
+    ".labkit-widget {{ --labkit-ink: {light[ink]}; --labkit-field: {light[field]}; --labkit-edge: {light[edge]}; "
+    "--labkit-problem: {light[problem]}; color: var(--labkit-ink); }} "
+    "html[data-theme=dark] .labkit-widget {{ --labkit-ink: {dark[ink]}; --labkit-field: {dark[field]}; "
+    "--labkit-edge: {dark[edge]}; --labkit-problem: {dark[problem]}; }} "
+    "html[data-theme=dark] .bd-content div.cell_output div.text_html:has(> div.labkit-widget) "
+    "{{ background-color: transparent; }}"
+).format(**SCHEMES)
+# Paint every plot of the figure in the page's scheme now, and again whenever the reader switches it.
+PAINT_JS = """
+const paint = () => {
+  const c = SCHEMES[document.documentElement.dataset.theme === 'dark' ? 'dark' : 'light'];
+  for (const plot of plots) {
+    plot.setv({background_fill_color: c.plot, border_fill_color: c.plot, outline_line_color: c.grid});
+    if (plot.title) plot.title.text_color = c.ink;
+    for (const part of [...plot.left, ...plot.right, ...plot.above, ...plot.below, ...plot.center]) {
+      if ('axis_line_color' in part) {
+        part.setv({axis_line_color: c.axis, major_tick_line_color: c.axis, major_label_text_color: c.ink,
+                   axis_label_text_color: c.ink});
+        if (part.minor_tick_line_color != null) part.minor_tick_line_color = c.axis;
+      } else if ('grid_line_color' in part) {
+        if (part.grid_line_color != null) part.grid_line_color = c.grid;
+      } else if ('label_text_color' in part) {
+        part.setv({label_text_color: c.ink, background_fill_color: c.plot, border_line_color: c.grid});
+      }
+    }
+    for (const renderer of plot.renderers) {  // lines drawn in the ink, edges in the background, by their tags
+      const glyph = renderer.glyph;
+      if (glyph && glyph.tags.includes('ink')) glyph.line_color = c.ink;
+      if (glyph && glyph.tags.includes('edge')) glyph.line_color = c.plot;
+    }
+  }
+};
+paint();
+new MutationObserver(paint).observe(document.documentElement, {attributes: true, attributeFilter: ['data-theme']});
+"""
 
 
 def _control() -> dict:
@@ -112,31 +184,41 @@ MAX_REPLIES = 40  # the batching figure schedules at most this many replies: mor
 
 # The choices offered, each a labkit preset; the keys are what the page's selects hold.
 FIGURE_MODELS = {"llama-8b": LESSON_LLAMA_8B, "qwen3-8b": MODELS["qwen3-8b"], "smollm2-135m": MODELS["smollm2-135m"]}
+PLAN_MODELS = {**FIGURE_MODELS, "llama-70b": LLAMA_3_1_70B}  # the capacity plan also splits a model over GPUs
 FIGURE_GPUS = {"sale-gpu": SALE_GPU, "friends-gpu": FRIENDS_GPU, **PRESETS}
 REPLIES = [21, 5, 8, 47, 32, 35, 6, 3, 8, 37]  # book/batching.md's ten replies: 84 steps against 58 with five seats
+
+
+def _numbers(preset) -> dict:
+    """A preset's numbers (its name and notes stay in Python: the page needs only the figures)."""
+    return {key: value for key, value in asdict(preset).items() if not isinstance(value, str)}
 
 
 def _constants() -> str:
     """The presets as JavaScript constants, numbers exactly as labkit holds them."""
     data = {
-        "MODELS": {key: asdict(model) for key, model in FIGURE_MODELS.items()},
-        "GPUS": {key: asdict(gpu) for key, gpu in FIGURE_GPUS.items()},
+        "MODELS": {key: dict(_numbers(model), hidden_size=hidden_size_of(model)) for key, model in PLAN_MODELS.items()},
+        "GPUS": {key: _numbers(gpu) for key, gpu in FIGURE_GPUS.items()},
         "WEIGHT_BYTES": WEIGHT_BYTES,
         "KV_BYTES": KV_BYTES,
         "PALETTE": list(Category10_10),
         "MAX_REPLIES": MAX_REPLIES,
+        "SCHEMES": SCHEMES,
     }
     return "".join(f"const {name} = {json.dumps(value)};\n" for name, value in data.items())
 
 
 def _wire(layout, widgets: list, args: dict, body: str):
-    """Run ``body`` (with the formulas and presets in scope) when the page opens and when a widget moves."""
+    """Run ``body`` (with the formulas and presets in scope) when the page opens and when a widget moves;
+    paint the plots in the page's colour scheme when it opens and whenever the scheme changes."""
     callback = CustomJS(args=args, code=FORMULAS_JS + _constants() + body)
     for widget in widgets:
         widget.js_on_change("value", callback)
-    document = Document()  # the page's document runs the callback once it is ready, to draw the first picture
+    plots = list(layout.select({"type": Plot}))
+    document = Document()  # the page's document runs the callbacks once it is ready, to draw the first picture
     document.add_root(layout)
     document.js_on_event(DocumentReady, callback)
+    document.js_on_event(DocumentReady, CustomJS(args=dict(plots=plots), code=_constants() + PAINT_JS))
     return layout
 
 
@@ -238,7 +320,7 @@ def step_time_figure():
     )
     plot.line("b", "memory", source=terms, line_width=2, color="#1f77b4", legend_label="moving weights + KV")
     plot.line("b", "compute", source=terms, line_width=2, color="darkorange", legend_label="arithmetic")
-    plot.line("b", "step", source=terms, line_width=3, color="black", alpha=0.6, legend_label="the pass takes")
+    plot.line("b", "step", source=terms, line_width=3, alpha=0.6, legend_label="the pass takes", tags=["ink"])
     plot.scatter("b", "y", source=here, size=10, color="crimson")
     critical = Span(dimension="height", line_dash="dashed", line_color="grey", location=1)
     plot.add_layout(critical)
@@ -303,6 +385,7 @@ def batching_figure():
             source=source,
             fill_color="color",
             line_color="white",
+            tags=["edge"],  # seats drawn apart by lines of the background's colour
             hatch_pattern="hatch",
             hatch_color="grey",
         )
@@ -351,4 +434,4 @@ def batching_figure():
 def page_html(layout) -> str:
     """One figure as an HTML fragment for a chapter: BokehJS inlined (no CDN), the figure and its callbacks."""
     script, div = components(layout)
-    return RESOURCES.render_js() + script + div
+    return f'{RESOURCES.render_js()}{script}<div class="labkit-widget"><style>{WIDGET_CSS}</style>{div}</div>'
