@@ -27,6 +27,7 @@ from labkit.labs.manifest import LABS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
 from colophon import bibtex, licence_summary  # noqa: E402  (the book's own extensions)
+from offline_search import searchable_text  # noqa: E402
 from quiz import QuizError, read_quiz, salt_of, scramble, spread_problems  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -316,6 +317,21 @@ def test_the_figure_check_names_each_unusable_picture(tmp_path: Path) -> None:
     ]
 
 
+def test_search_ships_each_pages_sections_and_text_without_code_scripts_or_answers() -> None:
+    """What the search page shows excerpts from when it may not fetch the page (file://)."""
+    page = (
+        '<nav>menu</nav><main id="main-content" role="main"><div class="header-article">.md .pdf</div>'
+        '<article class="bd-article"><!-- a comment --><section id="batching"><h1>Batching'
+        '<a class="headerlink" href="#batching">#</a></h1><div class="cell_input"><pre>import numpy</pre></div>'
+        '<p>Prefill <em>and</em> decode.</p><script>var x = 1;</script><img src="a.svg" alt="chart">'
+        '<div class="quiz-explanation">Right.</div></section></article></main>'
+    )
+    assert (
+        searchable_text(page) == '<div role="main"><section id="batching">Batching Prefill and decode. </section></div>'
+    )
+    assert searchable_text("<p>no main content</p>") == ""
+
+
 # --- licence and citation ------------------------------------------------------------------
 
 
@@ -505,10 +521,14 @@ def test_a_reader_finds_the_code_the_setup_and_the_glossary(html: Path) -> None:
     intro_html = (html / "book" / "intro.html").read_text(encoding="utf-8")
     intro = re.sub(r"<[^>]+>", "", intro_html)
     assert re.search(r"built on \d{4}-\d\d-\d\d from (commit \w+|a copy outside git)", intro), "intro: no build date"
-    for told in ("MIT", "CC BY 4.0", "@book{", "To cite the book"):
+    title = yaml.safe_load((REPO / "_config.yml").read_text())["title"]
+    for told in ("MIT", "CC BY 4.0", "@book{", "To cite the book", f"title  = {{{title}}}"):
         assert told in intro, f"intro.html does not show {told!r} (licence and citation: book/_ext/colophon.py)"
     assert 'href="https://creativecommons.org/licenses/by/4.0/"' in intro_html, "intro: the CC BY 4.0 link is not live"
     assert (f"url    = {{{url}}}" in intro) == bool(url), "intro: the citation names a repository only when one is set"
+    printed = (html.parent / "pdf" / "book.pdf").is_file()  # make book-pdf prints it beside html/
+    assert ('href="../book.pdf"' in intro_html) == printed, "intro: the PDF is linked exactly when it was printed"
+    assert (html / "book.pdf").is_file() == printed, "the printed PDF is not shipped beside the HTML"
     links = re.findall(r'href="(https?://[^"]+)"', intro_html)
     elsewhere = [link for link in links if "creativecommons.org" not in link and link != url]
     assert not elsewhere, f"intro.html links outside the book where no repository is set: {elsewhere}"

@@ -54,7 +54,7 @@ def set_up(app: Sphinx, config: Config) -> None:
     sha = commit()
     copy = f"built on {built} from " + (f"commit `{sha}`" if sha else "a copy outside git")
     url = (config.html_theme_options or {}).get("repository_url", "")
-    title, author, year = config.project, config.author, str(config.copyright)
+    title, author, year = config.html_title, config.author, str(config.copyright)  # _config.yml's title is html_title
     where = f", <{url}>" if url else ""
     config.myst_substitutions = {
         **config.myst_substitutions,

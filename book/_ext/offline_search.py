@@ -10,29 +10,36 @@ search page loads it with ``offline_search.js``, which answers Sphinx's requests
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
-from bs4 import BeautifulSoup
+from bs4 import BeautifulSoup, Comment
 from sphinx.application import Sphinx
 
 STATIC = Path(__file__).with_name("offline_search_static")
 PAGES_JS = "search_pages.js"
 LEFT_OUT = "script, style, svg, img, .headerlink, .cell_input, .quiz-explanation"
+INLINE = {"a", "abbr", "b", "cite", "code", "em", "i", "kbd", "mark", "small", "span", "strong", "sub", "sup", "var"}
 
 
-def page_text(html: str) -> str:
+def searchable_text(html: str) -> str:
     """A page's main content as Sphinx's excerpt code reads it: <section id=...> around plain text."""
     main = BeautifulSoup(html, "html.parser").select_one('[role="main"]')
     if main is None:
         return ""
+    main = main.select_one("article") or main  # the page itself, not the theme's buttons and contents list
+    for comment in main.find_all(string=lambda text: isinstance(text, Comment)):
+        comment.extract()
     for tag in main.select(LEFT_OUT):
         tag.decompose()
     for tag in main.find_all(True):
         if tag.name == "section" and tag.get("id"):
             tag.attrs = {"id": tag["id"]}
-        else:
-            tag.unwrap()
-    return f'<div role="main">{main.decode_contents()}</div>'
+            continue
+        if tag.name not in INLINE:
+            tag.append(" ")  # a heading's last word and the next paragraph's first stay two words
+        tag.unwrap()
+    return '<div role="main">' + re.sub(r"\s+", " ", main.decode_contents()).strip() + "</div>"
 
 
 def write_pages(app: Sphinx, exception: Exception | None) -> None:
@@ -44,7 +51,7 @@ def write_pages(app: Sphinx, exception: Exception | None) -> None:
     for docname in sorted(app.env.found_docs):
         page = out / f"{docname}{app.builder.out_suffix}"
         if page.is_file():
-            pages[page.relative_to(out).as_posix()] = page_text(page.read_text(encoding="utf-8"))
+            pages[page.relative_to(out).as_posix()] = searchable_text(page.read_text(encoding="utf-8"))
     text = json.dumps(pages, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
     (out / "_static" / PAGES_JS).write_text(f"window.SEARCH_PAGES = {text};\n", encoding="utf-8")
 
