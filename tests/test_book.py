@@ -322,7 +322,8 @@ def test_search_ships_each_pages_sections_and_text_without_code_scripts_or_answe
     page = (
         '<nav>menu</nav><main id="main-content" role="main"><div class="header-article">.md .pdf</div>'
         '<article class="bd-article"><!-- a comment --><section id="batching"><h1>Batching'
-        '<a class="headerlink" href="#batching">#</a></h1><div class="cell_input"><pre>import numpy</pre></div>'
+        '<a class="headerlink" href="#batching">#</a></h1><details class="hide above-input"><summary>Show code cell source'
+        '</summary><div class="cell_input"><pre>import numpy</pre></div></details>'
         '<p>Prefill <em>and</em> decode.</p><script>var x = 1;</script><img src="a.svg" alt="chart">'
         '<div class="quiz-explanation">Right.</div></section></article></main>'
     )

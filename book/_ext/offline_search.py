@@ -18,7 +18,7 @@ from sphinx.application import Sphinx
 
 STATIC = Path(__file__).with_name("offline_search_static")
 PAGES_JS = "search_pages.js"
-LEFT_OUT = "script, style, svg, img, .headerlink, .cell_input, .quiz-explanation"
+LEFT_OUT = "script, style, svg, img, .headerlink, details.above-input, .cell_input, .quiz-explanation"  # hidden code
 INLINE = {"a", "abbr", "b", "cite", "code", "em", "i", "kbd", "mark", "small", "span", "strong", "sub", "sup", "var"}
 
 
