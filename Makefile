@@ -13,7 +13,7 @@ STAMP := $(VENV)/.labkit-installed
 PYTEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
 
-.PHONY: all setup model book test test-busy lint labs lab clean
+.PHONY: all setup model book book-pdf test test-busy lint labs lab clean
 
 all: book
 
@@ -40,6 +40,13 @@ model: setup
 book: model
 	$(VENV)/bin/jupyter-book build . -W --keep-going
 	@echo "Book: $(CURDIR)/_build/html/index.html"
+
+# The whole book as one PDF (_build/pdf/book.pdf, printed by the system's chromium: scripts/book_pdf.sh), then the
+# HTML again, which links it from the intro page. Two builds of the book: minutes, so not part of `make` or CI.
+book-pdf: model
+	scripts/book_pdf.sh $(VENV)/bin/jupyter-book $(PY)
+	$(VENV)/bin/jupyter-book build . -W --keep-going
+	@echo "PDF: $(CURDIR)/_build/pdf/book.pdf (linked from the book's intro page)"
 
 # Every test once. The model is converted once, before the workers start, so no two of them convert it at
 # once. The tests marked `timing` (verdicts a slow machine could move) run on their own afterwards, with

@@ -26,7 +26,9 @@ from browser_helpers import ARTIFACTS, CHROMIUM_FLAGS, chromium
 from labkit.labs.manifest import LABS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
-from quiz import QuizError, read_quiz, salt_of, scramble, spread_problems, spread_problems_by_page  # noqa: E402  (the book's own extension)
+from colophon import bibtex, licence_summary  # noqa: E402  (the book's own extensions)
+from offline_search import searchable_text  # noqa: E402
+from quiz import QuizError, read_quiz, salt_of, scramble, spread_problems, spread_problems_by_page  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = Path(__file__).resolve().parents[2] / "shared" / "sources"
@@ -353,6 +355,154 @@ def test_a_malformed_check_is_refused_with_the_fix(body: str, complaint: str) ->
         read_quiz(body)
 
 
+# --- the figures -------------------------------------------------------------------------------
+
+COLUMN_PX = 688  # the text column of a 1280 px window: a wider figure is shrunk to it
+SMALLEST_TEXT_PX = 9  # a label shown smaller than this is a smudge, not a word
+FIGURE_CELL = re.compile(r"```\{code-cell\}[^\n]*\n(.*?)\n```", re.S)
+PATH_LIKE = re.compile(r"^\S*[/.]\S*$")  # a file name or path, a URL: what docutils writes when no alt is given
+
+
+def test_every_figure_cell_describes_its_figure_and_draws_svg() -> None:
+    """A cell that shows a matplotlib figure carries an alt sentence (`:mystnb: {image: {alt: ...}}`), and its
+    chapter turns SVG output on (labkit.viz.use_svg_figures) before the first figure."""
+    problems = []
+    for doc in chapter_docs():
+        text = (REPO / f"{doc}.md").read_text(encoding="utf-8")
+        cells = [cell for cell in FIGURE_CELL.findall(text) if "plt.show()" in cell]
+        for cell in cells:
+            found = re.search(r'^:mystnb: \{image: \{alt: "([^"]+)"\}\}$', cell, flags=re.M)
+            if not found or len(found.group(1).split()) < 8:
+                problems.append(f"{doc}: a figure cell without an alt sentence: {cell.splitlines()[-3:]}")
+        if cells and "use_svg_figures()" not in text.split("plt.show()")[0]:
+            problems.append(f"{doc}: no use_svg_figures() before the first figure")
+    assert not problems, "\n".join(problems)
+
+
+class Images(HTMLParser):
+    """Every <img> of a page: its src, alt and width attributes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[dict[str, str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "img":
+            self.images.append({key: value or "" for key, value in attrs})
+
+
+def css_px(length: str) -> float:
+    """An SVG width ('432pt', '600px', '600') in CSS pixels."""
+    number = float(re.match(r"[\d.]+", length).group())
+    return number * 4 / 3 if length.endswith("pt") else number
+
+
+def smallest_text_px(svg: str) -> float | None:
+    """The size, in screen pixels, of the smallest text of an SVG shown at most COLUMN_PX wide; None if no text."""
+    root = re.search(r"<svg\b[^>]*>", svg).group()
+    width = css_px(re.search(r'\bwidth="([^"]+)"', root).group(1))
+    view_box = re.search(r'\bviewBox="([^"]+)"', root)
+    user_width = float(view_box.group(1).split()[2]) if view_box else width
+    sizes = [float(size) for size in re.findall(r'font-size(?::\s*|=")([\d.]+)', svg)]
+    sizes += [float(size) for size in re.findall(r"\bfont:\s*(?:\w+\s+)*?([\d.]+)px", svg)]
+    return min(sizes) * min(width, COLUMN_PX) / user_width if sizes else None
+
+
+def png_width(path: Path) -> int:
+    return int.from_bytes(path.read_bytes()[16:20], "big")  # the IHDR chunk's width
+
+
+def figure_problems(root: Path) -> list[str]:
+    """'page: src (why)' for every picture a reader cannot use: no alt sentence, a PNG not drawn at twice the pixels
+    it is shown at, or text shown smaller than SMALLEST_TEXT_PX."""
+    problems = []
+    for page in sorted(root.rglob("*.html")):
+        if page.relative_to(root).parts[0].startswith("_"):
+            continue  # Sphinx's own folders
+        parsed = Images()
+        parsed.feed(page.read_text(encoding="utf-8"))
+        for image in parsed.images:
+            src, alt = image.get("src", ""), image.get("alt", "").strip()
+            where = f"{page.relative_to(root)}: {src}"
+            if not alt or PATH_LIKE.match(alt) or len(alt.split()) < 5:
+                problems.append(f"{where} (alt {alt!r} says nothing of what it shows)")
+            file = (page.parent / src).resolve()
+            if src.endswith(".svg") and file.is_file():
+                smallest = smallest_text_px(file.read_text(encoding="utf-8"))
+                if smallest is not None and smallest < SMALLEST_TEXT_PX:
+                    problems.append(f"{where} (text shown at {smallest:.1f} px)")
+            elif src.endswith(".png") and file.is_file():
+                shown = min(float(image.get("width") or png_width(file)), COLUMN_PX)
+                if png_width(file) < 2 * shown:
+                    problems.append(f"{where} (a {png_width(file)} px PNG shown {shown:.0f} px wide: not 2x)")
+            elif not file.is_file():
+                problems.append(f"{where} (no such file)")
+    return problems
+
+
+def svg(width_pt: float, font_px: float) -> str:
+    return (
+        f'<svg width="{width_pt}pt" height="100pt" viewBox="0 0 {width_pt} 100" xmlns="http://www.w3.org/2000/svg">'
+        f'<text style="font-size: {font_px}px; font-family: sans-serif">label</text></svg>'
+    )
+
+
+def test_the_figure_check_names_each_unusable_picture(tmp_path: Path) -> None:
+    """A hand-made page: a good SVG, a path for an alt, a 9-inch SVG with 7-point labels, a 1x and a 2x PNG."""
+    (tmp_path / "good.svg").write_text(svg(504, 9))  # 7 in: shown at 672 px, 9 pt -> 12 px
+    (tmp_path / "tiny.svg").write_text(svg(648, 7))  # 9 in: shrunk to 688 px, 7 pt -> 7.4 px
+    png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + (900).to_bytes(4, "big") + (300).to_bytes(4, "big")
+    (tmp_path / "plot.png").write_bytes(png + bytes(20))
+    sentence = "Line chart of the backlog against time: it climbs, then drains."
+    (tmp_path / "index.html").write_text(
+        f'<img src="good.svg" alt="{sentence}"><img src="good.svg" alt="../_images/good.svg">'
+        f'<img src="tiny.svg" alt="{sentence}"><img src="plot.png" alt="{sentence}">'
+        f'<img src="plot.png" width="450" alt="{sentence}"><img src="gone.svg" alt="{sentence}">'
+    )
+    assert figure_problems(tmp_path) == [
+        "index.html: good.svg (alt '../_images/good.svg' says nothing of what it shows)",
+        "index.html: tiny.svg (text shown at 7.4 px)",
+        "index.html: plot.png (a 900 px PNG shown 688 px wide: not 2x)",
+        "index.html: gone.svg (no such file)",
+    ]
+
+
+def test_search_ships_each_pages_sections_and_text_without_code_scripts_or_answers() -> None:
+    """What the search page shows excerpts from when it may not fetch the page (file://)."""
+    page = (
+        '<nav>menu</nav><main id="main-content" role="main"><div class="header-article">.md .pdf</div>'
+        '<article class="bd-article"><!-- a comment --><section id="batching"><h1>Batching'
+        '<a class="headerlink" href="#batching">#</a></h1><details class="hide above-input"><summary>Show code cell source'
+        '</summary><div class="cell_input"><pre>import numpy</pre></div></details>'
+        '<p>Prefill <em>and</em> decode.</p><script>var x = 1;</script><img src="a.svg" alt="chart">'
+        '<div class="quiz-explanation">Right.</div></section></article></main>'
+    )
+    assert (
+        searchable_text(page) == '<div role="main"><section id="batching">Batching Prefill and decode. </section></div>'
+    )
+    assert searchable_text("<p>no main content</p>") == ""
+
+
+# --- licence and citation ------------------------------------------------------------------
+
+
+def test_the_licence_is_stated_once_and_the_intro_quotes_it() -> None:
+    """LICENSE's first paragraph names both licences and what each covers; the intro shows it, links made live."""
+    summary = licence_summary((REPO / "LICENSE").read_text(encoding="utf-8"))
+    assert "MIT" in summary and "labkit/" in summary, summary
+    assert "CC BY 4.0" in summary and "<https://creativecommons.org/licenses/by/4.0/>" in summary, summary
+    assert "{{ licence }}" in (REPO / "book" / "intro.md").read_text(encoding="utf-8")
+
+
+def test_the_bibtex_entry_names_a_repository_only_when_one_is_set() -> None:
+    without = bibtex("Serving many users at once", "labkit course team", "2026", "This copy built on 2026-01-02", "")
+    assert without.startswith("```bibtex\n@book{labkit2026serving,\n") and without.endswith("}\n```"), without
+    assert "title  = {Serving many users at once}," in without and "author = {{labkit course team}}," in without
+    assert "url" not in without
+    url = "https://example.org/course"
+    assert f"url    = {{{url}}}," in bibtex("Serving many users at once", "labkit course team", "2026", "", url)
+
+
 # --- the build -----------------------------------------------------------------------------
 
 
@@ -459,8 +609,8 @@ def test_chapter_renders_figures_math_answers_and_navigation(html: Path, doc: st
     assert page.is_file(), f"{doc}.html was not built; is {doc}.md listed in _toc.yml?"
     seen = parse(page)
 
-    figures = [src for src in seen.images if src.endswith(".png") and "_images/" in src]
-    assert figures, f"{doc}: no figure computed at build time (expected an <img> of a generated png)"
+    figures = [src for src in seen.images if src.endswith(".svg") and "_images/" in src]
+    assert figures, f"{doc}: no figure computed at build time (expected an <img> of a generated svg)"
     for src in figures:
         image = (page.parent / src).resolve()
         assert image.is_file() and image.stat().st_size > 5_000, f"{doc}: figure {src} is missing or nearly empty"
@@ -474,6 +624,14 @@ def test_chapter_renders_figures_math_answers_and_navigation(html: Path, doc: st
     chapters = {Path(other).name + ".html" for other in chapter_docs()}
     in_sidebar = {Path(href.split("#")[0]).name for href in seen.sidebar_links} | {page.name}
     assert chapters <= in_sidebar, f"{doc}: sidebar lacks {sorted(chapters - in_sidebar)}"
+
+
+def test_every_figure_in_the_built_book_has_an_alt_sentence_and_legible_text(html: Path) -> None:
+    problems = figure_problems(html)
+    assert not problems, (
+        "figures a reader cannot use (describe it in :mystnb: {image: {alt: ...}}, enlarge text):\n"
+        + ("\n".join(problems))
+    )
 
 
 def test_every_chapter_page_has_its_checks_with_every_explanation(html: Path) -> None:
@@ -517,8 +675,20 @@ def test_a_reader_finds_the_code_the_setup_and_the_glossary(html: Path) -> None:
     assert {f"serving-many-users/{name}" for name in wanted} <= names, "course.zip lacks part of the learner's kit"
     kept_back = [name for name in names if "/labs/source/" in name or "/tests/" in name]
     assert not kept_back, f"course.zip holds the solutions or the tests: {kept_back[:3]}"
-    intro = re.sub(r"<[^>]+>", "", (html / "book" / "intro.html").read_text(encoding="utf-8"))
+    intro_html = (html / "book" / "intro.html").read_text(encoding="utf-8")
+    intro = re.sub(r"<[^>]+>", "", intro_html)
     assert re.search(r"built on \d{4}-\d\d-\d\d from (commit \w+|a copy outside git)", intro), "intro: no build date"
+    title = yaml.safe_load((REPO / "_config.yml").read_text())["title"]
+    for told in ("MIT", "CC BY 4.0", "@book{", "To cite the book", f"title  = {{{title}}}"):
+        assert told in intro, f"intro.html does not show {told!r} (licence and citation: book/_ext/colophon.py)"
+    assert 'href="https://creativecommons.org/licenses/by/4.0/"' in intro_html, "intro: the CC BY 4.0 link is not live"
+    assert (f"url    = {{{url}}}" in intro) == bool(url), "intro: the citation names a repository only when one is set"
+    printed = (html.parent / "pdf" / "book.pdf").is_file()  # make book-pdf prints it beside html/
+    assert ('href="../book.pdf"' in intro_html) == printed, "intro: the PDF is linked exactly when it was printed"
+    assert (html / "book.pdf").is_file() == printed, "the printed PDF is not shipped beside the HTML"
+    links = re.findall(r'href="(https?://[^"]+)"', intro_html)
+    elsewhere = [link for link in links if "creativecommons.org" not in link and link != url]
+    assert not elsewhere, f"intro.html links outside the book where no repository is set: {elsewhere}"
 
     index = (html / "genindex.html").read_text(encoding="utf-8")
     for term in ("TTFT", "TPOT", "ITL", "E2EL", "goodput", "SLO", "block", "preemption", "critical batch"):

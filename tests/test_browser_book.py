@@ -92,13 +92,13 @@ def test_every_internal_link_and_anchor_resolves(html: Path) -> None:
     assert not broken, "broken links (page -> target):\n" + "\n".join(broken)
 
 
-def open_page(browser, page: Path):
-    """A fresh tab showing the page once MathJax has finished, and the errors it logged on the way."""
+def open_page(browser, page: Path, query: str = ""):
+    """A fresh tab showing the page (with ``?query``, if given) once MathJax has finished, and the errors it logged."""
     tab = new_tab(browser, viewport={"width": 1280, "height": 1000})
     errors: list[str] = []
     tab.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
     tab.on("pageerror", lambda error: errors.append(f"uncaught {error}"))
-    tab.goto(page.as_uri(), wait_until="load")
+    tab.goto(page.as_uri() + (f"?{query}" if query else ""), wait_until="load")
     tab.evaluate("() => window.MathJax?.startup?.promise")  # typesetting finishes after the load event
     return tab, errors
 
@@ -249,3 +249,23 @@ def test_each_check_option_shows_its_own_explanation_when_clicked(html: Path, op
             screenshot(tab, "book-browser-check-answered")
         assert not errors, f"{doc}: console errors: {errors}"
     assert not spread_problems_by_page(marked), spread_problems_by_page(marked)
+
+
+# Every result of a finished search that is a page (not an index entry, which has a description) has its excerpt.
+EXCERPTS_SHOWN_JS = """() => {
+    const status = document.querySelector('#search-results .search-summary')?.textContent ?? '';
+    const pages = [...document.querySelectorAll('#search-results li')].filter(item => !item.querySelector('span'));
+    return /found \\d+ page/.test(status) && pages.every(item => item.querySelector('p.context'));
+}"""
+
+
+def test_search_in_the_book_opened_from_disk_shows_excerpts_and_logs_no_error(html: Path, browser) -> None:
+    """Opened as files (file://), the search page may not fetch the pages it found: their text ships with it."""
+    tab, errors = open_page(browser, html / "search.html", "q=prefill")
+    tab.wait_for_function(EXCERPTS_SHOWN_JS)
+    excerpts = tab.locator("#search-results p.context").all_inner_texts()
+    screenshot(tab, "book-browser-search")
+    tab.close()
+    assert len(excerpts) >= 5, f"a search for 'prefill' showed {len(excerpts)} excerpts"
+    assert all("prefill" in excerpt.lower() for excerpt in excerpts), excerpts
+    assert not errors, f"the search page logged errors: {errors[:3]}"

@@ -23,6 +23,7 @@ from labkit.viz import (
     plot_token_gaps,
     request_segments,
     snapshot_blocks,
+    use_svg_figures,
 )
 
 
@@ -209,3 +210,24 @@ def test_roofline_bound_rises_with_the_batch_then_meets_the_roof_at_the_knee():
 def test_batch_spans_follow_each_batch_to_its_own_longest_member():
     assert batch_spans([10, 500], 2) == [(0, 10, 490), (0, 500, 0)]
     assert batch_spans([3, 1, 4], 2) == [(0, 3, 0), (0, 1, 2), (3, 4, 0)]
+
+
+def test_svg_figures_keep_their_words_as_text_and_carry_no_date(tmp_path) -> None:
+    """The book's figures: labels a reader can select and a test can measure; the same figure, the same bytes."""
+    import io
+
+    before = matplotlib.rcParams["svg.fonttype"]
+    try:
+        use_svg_figures()  # outside IPython: only the SVG settings change
+        fig, ax = plt.subplots(figsize=(4, 2))
+        ax.set_title("tokens per second", fontsize=9)
+        drawn = []
+        for _ in range(2):
+            out = io.StringIO()
+            fig.savefig(out, format="svg", metadata={"Date": None})
+            drawn.append(out.getvalue())
+        plt.close(fig)
+    finally:
+        matplotlib.rcParams["svg.fonttype"] = before
+    assert ">tokens per second</text>" in drawn[0] and "font-size: 9px" in drawn[0]
+    assert drawn[0] == drawn[1]

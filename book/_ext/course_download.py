@@ -8,12 +8,15 @@ the header's repository button and the Get started page link to it. The MyST sub
 
 - ``{{ code_link }}``: the repository's address if one is set, else the download;
 - ``{{ download }}``: the download;
-- ``{{ build_info }}``: the build's date and the commit it was built from.
+- ``{{ book_pdf }}``: a sentence linking the whole book as one PDF, where ``make book-pdf`` has printed one
+  (``_build/pdf/book.pdf``, beside this build's ``html/``); nothing where none was printed.
+
+The build's date and commit, the licence and how to cite the book are book/_ext/colophon.py's.
 """
 
 from __future__ import annotations
 
-import datetime
+import shutil
 import subprocess
 import tempfile
 import zipfile
@@ -33,21 +36,14 @@ KIT = (
     "scripts",
     "Makefile",
     "README.md",
+    "LICENSE",
     "pyproject.toml",
     "environment.yml",
     "_config.yml",
     "_toc.yml",
 )
 LEFT_OUT = ("labs/source/",)
-
-
-def commit() -> str | None:
-    """The short commit the book is built from, or None outside a git checkout."""
-    try:
-        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    except OSError:
-        return None
-    return found.stdout.strip() or None
+PDF = "book.pdf"
 
 
 def kit_files() -> list[Path]:
@@ -70,23 +66,30 @@ def write_archive(folder: Path) -> Path:
     return archive
 
 
+def printed_pdf(html_folder: Path) -> Path | None:
+    """The PDF ``make book-pdf`` printed beside this build's HTML folder, or None."""
+    pdf = html_folder.parent / "pdf" / PDF
+    return pdf if pdf.is_file() else None
+
+
 def set_up(app: Sphinx, config: Config) -> None:
     """Build the archive beside the HTML, point the substitutions at it, and hide an unset repository's button."""
     extra = Path(tempfile.mkdtemp(prefix="course-download-"))
     write_archive(extra)
+    pdf = printed_pdf(Path(app.outdir))
+    if pdf:
+        shutil.copy(pdf, extra / PDF)
     config.html_extra_path = [*config.html_extra_path, str(extra)]
     theme = dict(config.html_theme_options or {})
     url = theme.get("repository_url", "")
     config.html_theme_options = {**theme, "use_repository_button": bool(url)}
     # Pages sit one folder down (book/, labs/), the archive at the root of the HTML.
     download = f'<a href="../{ARCHIVE}" download>{ARCHIVE}</a>'
-    built = datetime.date.today().isoformat()
-    sha = commit()
     config.myst_substitutions = {
         **config.myst_substitutions,
         "download": download,
         "code_link": f"[{url}]({url})" if url else download,
-        "build_info": f"built on {built} from commit `{sha}`" if sha else f"built on {built} from a copy outside git",
+        "book_pdf": f'The whole book is also one PDF: <a href="../{PDF}" download>{PDF}</a>.' if pdf else "",
     }
 
 

@@ -11,13 +11,15 @@ summary or plain numbers, so runs of the real engine and of the simulator draw t
 - :mod:`~labkit.viz.latency`: TTFT/ITL percentiles and throughput against arrival rate,
   and every token gap over time;
 - :mod:`~labkit.viz.roofline`: tokens/s against tokens per pass under a machine's roofline;
-- :mod:`~labkit.viz.serving`: a live server's gauges (running, waiting, KV usage) over time.
+- :mod:`~labkit.viz.serving`: a live server's gauges (running, waiting, KV usage) over time;
+- :mod:`~labkit.viz.svg`: figures shown as SVG with their words as text (the book's figures).
 """
 
 from labkit.viz.blocks import BlockSnapshot, block_map_slider, plot_block_map, plot_block_maps, snapshot_blocks
 from labkit.viz.latency import plot_latency_vs_rate, plot_throughput_vs_rate, plot_token_gaps
 from labkit.viz.roofline import Roofline, plot_roofline
 from labkit.viz.serving import plot_server_gauges
+from labkit.viz.svg import use_svg_figures
 from labkit.viz.timeline import (
     Segment,
     batch_spans,
@@ -45,4 +47,5 @@ __all__ = [
     "plot_token_gaps",
     "request_segments",
     "snapshot_blocks",
+    "use_svg_figures",
 ]

@@ -148,14 +148,14 @@ def plot_timeline(
             if rid in rows:
                 ax.plot(step.start if x == "time" else index, rows[rid], "x", color="black")
     ax.set_ylim(len(ids) - 0.5, -0.5)
-    ax.set_yticks(range(len(ids)), ids, fontsize=7 if len(ids) > 20 else 9)
+    ax.set_yticks(range(len(ids)), ids, fontsize=8 if len(ids) > 20 else 9)
     ax.set_xlabel("time (s)" if x == "time" else "step")
     ax.set_ylabel("request")
     shown = {kind for _, kind in spans}
     handles = [Patch(color=COLOURS[k], label=k) for k in KINDS if k in shown]
     if any(s.preempted for s in trace.steps):
         handles.append(Line2D([], [], marker="x", linestyle="", color="black", label="preemption"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9)
     ax.set_title(title or _default_title(trace))
     return ax
 
@@ -201,7 +201,7 @@ def plot_batch_composition(
     ax.set_xlabel("step")
     ax.set_ylabel(unit)
     ax.set_xlim(-0.5, len(trace.steps) - 0.5)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9)
     ax.set_title(title or _default_title(trace))
     return ax
 
