@@ -135,7 +135,7 @@ def test_the_replay_table_has_a_row_per_policy_and_serves_every_request_once():
     prompts = [shared + [60 + i] * 20 for i in range(5)]
     timing = replay_workload([0.1 * i for i in range(5)], [len(p) for p in prompts], [3] * 5)
     workload = replace(timing, requests=tuple(replace(spec, prompt=p) for spec, p in zip(timing, prompts)))
-    routers = replay.policies(right)
+    routers = replay.routing_policies(right)
     rows = [
         replay.row(name, replay.replay(model, workload, router, served_before=shared + [7]))
         for name, router in routers.items()
