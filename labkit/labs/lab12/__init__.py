@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from labkit.engine.fleet import CacheAware, LeastLoaded
+from labkit.engine.fleet import CacheAware
 from labkit.engine.interfaces import ReplicaView
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
@@ -61,7 +61,9 @@ BOUND_HINT = (
 MISTAKES: dict[str, Callable[[Sequence[ReplicaView], float], int]] = {
     "This routes by load alone: it picked the least loaded replica although another within the bound holds more "
     "of the prompt in its cache. Among the replicas within the bound, the most cached tokens win; load only "
-    "bounds the choice and breaks ties.": lambda replicas, bound: LeastLoaded().route(None, replicas),
+    "bounds the choice and breaks ties.": lambda replicas, bound: (
+        min(replicas, key=lambda replica: (replica.unfinished, replica.index)).index
+    ),
     "This routes by cache alone, with no load bound: it picked the replica with the most cached tokens although "
     "it is more than max_imbalance requests busier than the least loaded one. Leave out every replica with "
     "unfinished - least > max_imbalance before looking at the cache (one hot prefix, a shared system prompt, "

@@ -39,7 +39,9 @@ class BoundRouter:
         return self.choose(replicas, self.max_imbalance)
 
 
-def routing_policies(cache_aware_route: Callable[[Sequence[ReplicaView], float], int], bound: int = 2) -> dict[str, Router]:
+def routing_policies(
+    cache_aware_route: Callable[[Sequence[ReplicaView], float], int], bound: int = 2
+) -> dict[str, Router]:
     """The four policies the lab compares: two blind to the cache, yours without a bound and with one."""
     return {
         "round robin": RoundRobin(),
