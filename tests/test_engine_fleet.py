@@ -4,13 +4,17 @@ The simulator drives the same loop on the cost model's clock (test_sim_fleet.py)
 prompts that share a system prompt, so a router that looks at the replicas' caches has something to find.
 """
 
+from dataclasses import replace
+
 import pytest
 
 from labkit.engine import LLM
-from labkit.engine.fleet import generate_on_fleet
+from labkit.engine.fleet import generate_on_fleet, serve_workload_on_fleet
+from labkit.engine.llm import serve_workload
 from labkit.engine.reference import solo_greedy
 from labkit.models import tiny_model
 from labkit.sampling import SamplingParams
+from labkit.workloads import as_token_ids, sharegpt_multiturn
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -67,3 +71,51 @@ def test_a_router_that_reads_the_caches_sends_the_shared_prompt_where_it_is_cach
     outputs, where = generate_on_fleet(replicas, PROMPTS[:2], PARAMS, router=router)
     assert router.shown[0] == [0, len(SYSTEM)] and where == [1, 1]
     assert all(output.finished for output in outputs)
+
+
+def multiturn_token_workload(model, conversations: int = 5):
+    """Multi-turn ShareGPT chats behind one system prompt, as stand-in token ids within the tiny model's vocabulary:
+    every turn's prompt starts with the previous turn's."""
+    workload = sharegpt_multiturn(
+        conversations,
+        seed=1,
+        max_turns=3,
+        max_prompt_tokens=160,
+        max_output_tokens=4,
+        think_time_s=2.0,
+        conversation_gap_s=0.1,
+        system_prompt="You are a helpful assistant of a shop; answer briefly.",
+    )
+    vocab = model.config.vocab_size
+    requests = [
+        replace(spec, prompt=[2 + token % (vocab - 2) for token in spec.prompt], output_len=min(spec.output_len, 4))
+        for spec in as_token_ids(workload)
+    ]
+    return replace(workload, requests=tuple(requests))
+
+
+def test_a_replayed_workload_on_one_replica_is_exactly_one_engine(model):
+    workload = multiturn_token_workload(model, 3)
+    workload = workload.with_arrival_times([0.0] * len(workload))  # arrivals alike on both clocks
+    alone = LLM(model, **DIALS)
+    serve_workload(alone, workload)
+    replica = LLM(model, **DIALS)
+    run = serve_workload_on_fleet([replica], workload, router="cache_aware")
+    assert list(run.replica_of.values()) == [0] * len(workload) and run.router == "cache_aware"
+    position = {spec.request_id: str(index) for index, spec in enumerate(workload)}  # generate() numbers them
+    fleet_plans = [{position[key]: n for key, n in step.scheduled.items()} for step in run.traces[0].steps]
+    assert [dict(step.scheduled) for step in alone.trace.steps] == fleet_plans  # the same steps, token by token
+    assert [r.output_len for r in alone.trace.requests] == [r.output_len for r in run.traces[0].requests]
+
+
+def test_cache_aware_finds_more_cached_tokens_than_round_robin_on_a_multiturn_replay(model):
+    workload = multiturn_token_workload(model)
+    runs = {
+        router: serve_workload_on_fleet([LLM(model, **DIALS) for _ in range(2)], workload, router=router)
+        for router in ("round_robin", "cache_aware")
+    }
+    hits = {router: run.summary().prefix_cache_hits for router, run in runs.items()}
+    assert hits["cache_aware"] > 1.5 * hits["round_robin"], hits
+    for run in runs.values():  # every request served once, on the replica it was sent to
+        served = {r.request_id: index for index, trace in enumerate(run.traces) for r in trace.requests}
+        assert served == run.replica_of and sorted(served) == sorted(spec.request_id for spec in workload)

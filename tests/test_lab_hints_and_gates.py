@@ -228,5 +228,5 @@ def test_every_lab_states_its_time_and_how_it_was_obtained(lab):
     match = re.search(r"\*\*Time: about (\d+) minutes\.\*\* How we got it: the solved notebook runs in", intro)
     assert match, f"{lab}: no time estimate with how it was obtained"
     exercises = sum(any(t.startswith("exercise:") for t in c.metadata.get("tags", [])) for c in cells)
-    assert f"({exercises} exercises)" in intro
+    assert f"({exercises} exercise{'' if exercises == 1 else 's'})" in intro
     assert abs(int(match.group(1)) - (12 * exercises + 10)) <= 5

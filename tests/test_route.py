@@ -18,13 +18,13 @@ import pytest
 from test_serve import chat_model, make_llm, scrape, slow_attention, stream_events, wait_for
 
 from labkit.engine import LLM
-from labkit.engine.fleet import generate_on_fleet
+from labkit.engine.fleet import CacheAware, generate_on_fleet
 from labkit.engine.interfaces import ReplicaView
 from labkit.models import tiny_model
 from labkit.sampling import SamplingParams
 from labkit.serve.router_app import Routing
 from labkit.serve.router_metrics import RouterMetrics
-from labkit.serve.router_policies import CacheAware, ShadowIndex, make_policy, prompt_text
+from labkit.serve.router_policies import ShadowIndex, make_policy, prompt_text
 from labkit.serve.router_relay import REPLICA_HEADER
 from labkit.serve.router_server import RouterThread
 from labkit.serve.server import ServerThread

@@ -1,19 +1,20 @@
 """Replicas behind a router on one cost-model clock: nothing lost, R = 1 is the simulator, the routers' choices."""
 
+import math
 from dataclasses import asdict
 
 import pytest
 
 from labkit.capacity import LESSON_LLAMA_8B, SALE_GPU, plan
 from labkit.capacity.parallel import LLAMA_3_1_70B, tensor_split
-from labkit.engine.fleet import LeastLoaded, RoundRobin
+from labkit.engine.fleet import CacheAware, LeastLoaded, RoundRobin
 from labkit.engine.interfaces import MissingPartError, ReplicaView
 from labkit.engine.scheduler import make_policy
 from labkit.metrics import summarize
 from labkit.sim import CostModel, simulate_fleet
 from labkit.sim.simulator import blocks_that_fit, simulate
 from labkit.slo import Promise, from_summary, highest_rate
-from labkit.workloads import replay_workload, sale_workload, synthetic_workload
+from labkit.workloads import as_token_ids, replay_workload, sale_workload, sharegpt_multiturn, synthetic_workload
 
 COST = CostModel.from_parts(SALE_GPU, LESSON_LLAMA_8B, overhead_s=0.003)
 BLOCKS = blocks_that_fit(SALE_GPU, LESSON_LLAMA_8B)
@@ -167,7 +168,9 @@ def test_a_fleet_needs_a_whole_number_of_replicas(replicas):
 
 
 def test_an_unknown_router_is_named_with_the_ones_there_are():
-    with pytest.raises(ValueError, match=r"unknown router 'random'; use one of \['least_loaded', 'round_robin'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown router 'random'; use one of \['cache_aware', 'least_loaded', 'round_robin'\]"
+    ):
         simulate_fleet(skewed(4), COST, replicas=2, router="random", num_blocks=BLOCKS)
     with pytest.raises(ValueError, match="chose replica 5; choose 0 to 1"):
         simulate_fleet(skewed(4), COST, replicas=2, router=lambda loads, turn: 5, num_blocks=BLOCKS)
@@ -242,3 +245,51 @@ def test_a_router_without_a_name_is_refused_with_what_it_lacks():
 
     with pytest.raises(MissingPartError, match="routing needs the router to have name"):
         simulate_fleet(skewed(4), COST, replicas=2, router=Nameless(), num_blocks=BLOCKS)
+
+
+SYSTEM_PROMPT = "You are the support assistant of an online shop. Answer briefly and politely. " * 3
+
+
+def chats(conversations: int = 60, gap_s: float = 0.1):
+    """Multi-turn ShareGPT chats behind one shared system prompt, as token ids the simulator compares."""
+    workload = sharegpt_multiturn(
+        conversations,
+        seed=0,
+        max_turns=4,
+        max_prompt_tokens=3000,
+        max_output_tokens=300,
+        think_time_s=5.0,
+        conversation_gap_s=gap_s,
+        system_prompt=SYSTEM_PROMPT,
+    )
+    return as_token_ids(workload)
+
+
+def test_cache_aware_routing_finds_more_of_each_conversation_cached_than_routing_by_load():
+    runs = {
+        name: simulate_fleet(chats(), COST, "chunked", replicas=4, router=name, num_blocks=BLOCKS).summary()
+        for name in ("round_robin", "least_loaded", "cache_aware")
+    }
+    hits = {name: summary.prefix_cache_hits for name, summary in runs.items()}
+    assert hits["cache_aware"] > 1.5 * max(hits["round_robin"], hits["least_loaded"]), hits
+    computed = {name: s.prefix_cache_queries - s.prefix_cache_hits for name, s in runs.items()}
+    assert computed["cache_aware"] < min(computed["round_robin"], computed["least_loaded"]), computed
+
+
+def test_the_load_bound_stops_one_hot_prefix_piling_every_request_on_one_replica():
+    """Every chat starts with the same system prompt: by the cache alone, the replica that first held it gets all."""
+    workload = chats(100, gap_s=0.05)
+    unbounded = simulate_fleet(workload, COST, "chunked", replicas=4, router=CacheAware(math.inf), num_blocks=BLOCKS)
+    bounded = simulate_fleet(workload, COST, "chunked", replicas=4, router=CacheAware(4), num_blocks=BLOCKS)
+    assert set(unbounded.replica_of.values()) == {0}
+    served = [summary.num_completed for summary in bounded.replica_summaries()]
+    assert min(served) > len(workload) / 8, served  # every replica takes a fair share
+    assert bounded.summary().ttft_ms.p99 < unbounded.summary().ttft_ms.p99 / 5
+    assert bounded.summary().prefix_cache_hits > 0.8 * unbounded.summary().prefix_cache_hits  # most of the cache kept
+
+
+def test_cache_aware_without_a_bound_is_refused_below_zero_and_accepts_infinity():
+    with pytest.raises(ValueError, match="max_imbalance must be 0 or more"):
+        CacheAware(-1)
+    views = [ReplicaView(0, 50, 64), ReplicaView(1, 0, 0)]
+    assert CacheAware(math.inf).route(None, views) == 0 and CacheAware(49).route(None, views) == 1

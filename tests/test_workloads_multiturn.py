@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from labkit.models.tokens import encode_prompt
-from labkit.workloads import sharegpt_multiturn
+from labkit.workloads import as_token_ids, sharegpt_multiturn
 from labkit.workloads.multiturn import exchanges, turn_messages
+from labkit.workloads.tokens import stand_in_token_ids
 
 LIMIT = 600  # conversations read from the wheel's file: enough for a few multi-turn ones, quick to read
 
@@ -99,3 +100,30 @@ def test_bad_settings_are_clear_errors(kwargs, message):
 def test_asking_for_more_than_the_file_holds_says_what_to_change():
     with pytest.raises(ValueError, match="raise limit"):
         sharegpt_multiturn(50, min_turns=4, limit=40)
+
+
+SYSTEM = "You are the support assistant of a shop."
+
+
+def test_a_system_prompt_leads_every_turn_and_the_token_ids_extend_the_turn_before():
+    workload = as_token_ids(sharegpt_multiturn(4, seed=1, max_prompt_tokens=2000, limit=LIMIT, system_prompt=SYSTEM))
+    assert workload.meta["system_prompt"] == SYSTEM
+    header = stand_in_token_ids("<|system|>") + stand_in_token_ids(SYSTEM)
+    for turns in by_conversation(workload).values():
+        for before, after in zip(turns, turns[1:]):
+            assert after.prompt[: len(before.prompt)] == before.prompt  # the history, then the new message
+        assert all(spec.prompt[: len(header)] == header and spec.prompt_len == len(spec.prompt) for spec in turns)
+
+
+def test_token_ids_come_from_a_tokenizer_when_given_and_a_workload_without_messages_is_refused():
+    tokenizer = WordTokenizer()
+    chats = sharegpt_multiturn(2, seed=0, max_prompt_tokens=2000, limit=LIMIT, system_prompt=SYSTEM)
+    with_tokenizer = as_token_ids(chats, tokenizer)
+    assert [spec.prompt for spec in with_tokenizer] == [encode_prompt(tokenizer, spec.prompt) for spec in chats]
+    with pytest.raises(ValueError, match="has no chat messages to turn into token ids"):
+        as_token_ids(with_tokenizer)
+
+
+def test_stand_in_ids_cut_words_in_pieces_of_four_and_agree_on_equal_text():
+    assert len(stand_in_token_ids("shopping, cart")) == 4  # shop ping , cart: about a BPE token each
+    assert stand_in_token_ids("a cart")[1:] == stand_in_token_ids("cart") != stand_in_token_ids("card")

@@ -8,26 +8,30 @@ every replica whose step in flight has ended takes its next step. The clock belo
 :func:`labkit.sim.fleet.simulate_fleet` moves it event by event, :func:`generate_on_fleet` reads the wall
 clock. With one replica the fleet is exactly that replica's engine.
 
-Routers here are a few lines each over that view: :class:`RoundRobin` and :class:`LeastLoaded`, or a function
-``(loads, n) -> replica index`` of your own (wrapped as a :class:`FunctionRouter`).
+Routers here are a few lines each over that view: :class:`RoundRobin`, :class:`LeastLoaded` and
+:class:`CacheAware` (the longest cached prefix within a load bound; ``labkit route`` runs the same object over
+HTTP), or a function ``(loads, n) -> replica index`` of your own (wrapped as a :class:`FunctionRouter`).
+:func:`serve_workload_on_fleet` replays a workload on real engines, each timed as if on a machine of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from labkit.engine.core import EngineCore, Executor, StepOutcome
+from labkit.engine.fleet_run import FleetRun
 from labkit.engine.interfaces import ReplicaView, Router, require
 from labkit.engine.request import Request
+from labkit.sampling_params import SamplingParams
 from labkit.trace import RequestRecord
 
 if TYPE_CHECKING:
     from labkit.engine.llm import LLM
     from labkit.engine.request import RequestOutput
     from labkit.models.tokens import Prompt
-    from labkit.sampling_params import SamplingParams
+    from labkit.workloads import Workload
 
 
 class RoundRobin:
@@ -68,7 +72,34 @@ class FunctionRouter:
         return index
 
 
-ROUTERS: dict[str, type] = {"round_robin": RoundRobin, "least_loaded": LeastLoaded}
+DEFAULT_MAX_IMBALANCE = 4  # requests; SGLang's router balances once loads differ by more than a few dozen
+
+
+class CacheAware:
+    """The longest cached prefix wins, within a load bound.
+
+    A replica more than ``max_imbalance`` requests busier than the least busy one is not chosen, whatever it
+    holds: without the bound, a system prompt every request shares would send every request to one replica.
+    Among the rest, the most cached tokens win; then the fewest unfinished requests; then the lowest index.
+    With nothing cached anywhere it is :class:`LeastLoaded`. SGLang's router and llm-d route the same way
+    (prefix match first, load as the bound). ``max_imbalance=math.inf`` is the cache alone, unbounded.
+    """
+
+    name = "cache_aware"
+
+    def __init__(self, max_imbalance: float = DEFAULT_MAX_IMBALANCE):
+        if not max_imbalance >= 0:
+            raise ValueError(f"max_imbalance must be 0 or more requests (math.inf: no bound), got {max_imbalance}")
+        self.max_imbalance = max_imbalance
+
+    def route(self, request: Request | None, replicas: Sequence[ReplicaView]) -> int:
+        least = min(replica.unfinished for replica in replicas)
+        allowed = [replica for replica in replicas if replica.unfinished - least <= self.max_imbalance]
+        best = max(allowed, key=lambda replica: (replica.cached_tokens, -replica.unfinished, -replica.index))
+        return best.index
+
+
+ROUTERS: dict[str, type] = {"round_robin": RoundRobin, "least_loaded": LeastLoaded, "cache_aware": CacheAware}
 
 
 def make_router(router: str | Router | Callable[[Sequence[int], int], int]) -> Router:
@@ -86,6 +117,19 @@ def make_router(router: str | Router | Callable[[Sequence[int], int], int]) -> R
     if callable(router):
         return FunctionRouter(router)
     raise TypeError(f"a router is a name, an object with route(request, replicas), or a function; got {router!r}")
+
+
+class ArrivalQueue(Protocol):
+    """Requests in order of arrival, as :meth:`Fleet.serve` takes them."""
+
+    @property
+    def next_time(self) -> float | None:
+        """When the next request arrives; None once every request has."""
+        ...
+
+    def due(self, now: float) -> Iterator[Request]:
+        """The requests arriving at or before ``now``, in order."""
+        ...
 
 
 @dataclass
@@ -138,6 +182,18 @@ class Fleet:
         ends = [replica.step_end for replica in self.replicas if replica.core.has_unfinished()]
         return min(ends) if ends else None
 
+    def serve(self, arrivals: ArrivalQueue, on_step: Callable[[int, StepOutcome], object] | None = None) -> None:
+        """Run until every request has arrived and finished, moving the clock event by event: to the next arrival
+        or to the earliest end of a replica's step, whichever comes first (the simulator's clock, and
+        :func:`serve_workload_on_fleet`'s). ``on_step(replica index, outcome)`` follows every step."""
+        while arrivals.next_time is not None or self.has_unfinished():
+            now = min(time for time in (self.next_step_end(), arrivals.next_time) if time is not None)
+            for request in arrivals.due(now):
+                self.route(request, now)
+            for index, outcome in self.step(now):
+                if on_step is not None:
+                    on_step(index, outcome)
+
     def step(self, now: float) -> list[tuple[int, StepOutcome]]:
         """Every replica with work whose step has ended by ``now`` takes its next step: (its index, the outcome)."""
         outcomes = []
@@ -174,3 +230,43 @@ def generate_on_fleet(
             finished.update((out.request_id, out) for out in llms[index].collect(outcome) if out.finished)
     ids = [str(index) for index in range(len(prompts))]
     return [finished[request_id] for request_id in ids], [fleet.replica_of[request_id] for request_id in ids]
+
+
+class _Arrivals:
+    """A workload's requests as the fleet's event loop takes them, made into engine requests (tokenized) only as
+    they arrive."""
+
+    def __init__(self, llm: LLM, workload: Workload):
+        self.llm, self.workload, self.position = llm, workload, 0
+
+    @property
+    def next_time(self) -> float | None:
+        return self.workload[self.position].arrival_time if self.position < len(self.workload) else None
+
+    def due(self, now: float) -> Iterator[Request]:
+        while (arrival := self.next_time) is not None and arrival <= now:
+            spec = self.workload[self.position]
+            self.position += 1
+            params = SamplingParams(max_tokens=int(spec.output_len), ignore_eos=True)
+            yield self.llm.request(spec.prompt, params, request_id=spec.request_id, arrival_time=arrival)
+
+
+def serve_workload_on_fleet(
+    llms: Sequence[LLM],
+    workload: Workload,
+    router: str | Router | Callable[[Sequence[int], int], int] = "round_robin",
+) -> FleetRun:
+    """Replay ``workload`` on real engines behind ``router``, each replica as if on a machine of its own.
+
+    Every forward pass is real and timed; a replica's clock moves by its passes' measured times, and the fleet's
+    clock jumps from event to event (an arrival, the end of a replica's pass) as the simulator's does. So two
+    replicas in this process are two machines, not two halves of one, and a replica the router overloads
+    queues while the other idles. Each request answers exactly its intended length (``ignore_eos``). Returns the
+    same :class:`FleetRun` as :func:`labkit.sim.fleet.simulate_fleet`; each replica's trace is also its
+    ``llm.trace``.
+    """
+    fleet = Fleet([llm.as_timed_replica() for llm in llms], make_router(router))
+    for llm in llms:
+        llm.start_run()
+    fleet.serve(_Arrivals(llms[0], workload), lambda index, outcome: llms[index].collect(outcome))
+    return FleetRun([llm.trace for llm in llms], fleet.replica_of, fleet.router.name)

@@ -40,6 +40,10 @@ _WHERE = {
     "parse_metrics": "labkit.labs.lab9.dashboard",
     # lab 10: a model whose weights went through a learner's quantize-then-dequantize
     "model_with_weights": "labkit.labs.lab10.runs",
+    # lab 12: multi-turn chats replayed on two replicas, one routing policy at a time
+    "chat_replay": "labkit.labs.lab12.replay",
+    "compare_policies": "labkit.labs.lab12.replay",
+    "routing_policies": "labkit.labs.lab12.replay",
 }
 
 __all__ = sorted(_WHERE)

@@ -11,8 +11,8 @@ from the engines themselves): one router, both clocks.
 - ``least_outstanding``: the replica with the fewest requests in flight (lowest index among equals).
 - ``cache_aware``: the replica holding the longest cached prefix of the prompt, among those at most
   ``max_imbalance`` requests busier than the least busy one (the load bound: one hot prefix cannot pile every
-  request on one replica); fewest in flight, then lowest index, among equals. SGLang's router and llm-d route
-  the same way (prefix match first, load as the bound).
+  request on one replica); fewest in flight, then lowest index, among equals (the engine's :class:`CacheAware`,
+  the same object the engine's and the simulator's fleets run).
 """
 
 from __future__ import annotations
@@ -21,12 +21,10 @@ import json
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from labkit.engine.fleet import LeastLoaded, RoundRobin
-from labkit.engine.interfaces import ReplicaView, Router
-from labkit.engine.request import Request
+from labkit.engine.fleet import DEFAULT_MAX_IMBALANCE, CacheAware, LeastLoaded, RoundRobin
+from labkit.engine.interfaces import Router
 from labkit.kv.prefix_cache import block_hashes
 
-DEFAULT_MAX_IMBALANCE = 4  # requests; SGLang's router balances once loads differ by more than a few dozen
 DEFAULT_CHUNK_CHARS = 64  # characters per shadow block: about 16 tokens of English, the engine's block size
 DEFAULT_INDEX_BLOCKS = 65536  # shadow blocks remembered per replica (~4 M characters of prompts)
 
@@ -35,29 +33,6 @@ class LeastOutstanding(LeastLoaded):
     """The replica with the fewest requests in flight; the lowest index among equals (Envoy's "least request")."""
 
     name = "least_outstanding"
-
-
-class CacheAware:
-    """The longest cached prefix wins, within a load bound.
-
-    A replica more than ``max_imbalance`` requests busier than the least busy one is not chosen, whatever it
-    holds: without the bound, a system prompt every request shares would send every request to one replica.
-    Among the rest, the most cached tokens win; then the fewest unfinished requests; then the lowest index.
-    With nothing cached anywhere it is ``least_outstanding``.
-    """
-
-    name = "cache_aware"
-
-    def __init__(self, max_imbalance: int = DEFAULT_MAX_IMBALANCE):
-        if max_imbalance < 0:
-            raise ValueError(f"max_imbalance must be 0 or more requests, got {max_imbalance}")
-        self.max_imbalance = max_imbalance
-
-    def route(self, request: Request | None, replicas: Sequence[ReplicaView]) -> int:
-        least = min(replica.unfinished for replica in replicas)
-        allowed = [replica for replica in replicas if replica.unfinished - least <= self.max_imbalance]
-        best = max(allowed, key=lambda replica: (replica.cached_tokens, -replica.unfinished, -replica.index))
-        return best.index
 
 
 POLICIES = ("round_robin", "least_outstanding", "cache_aware")

@@ -14,6 +14,8 @@ The loop itself is the engine's (:class:`labkit.engine.fleet.Fleet`); this modul
 * ``"round_robin"``: request n goes to replica n mod R, whatever each is doing;
 * ``"least_loaded"``: to the replica with the fewest unfinished requests, ties to the lowest index
   (a load balancer's "least requests"; Envoy's compares two replicas drawn at random, this one all);
+* ``"cache_aware"``: to the replica holding the longest cached prefix of the request, within a load bound
+  (:class:`~labkit.engine.fleet.CacheAware`, the policy ``labkit route`` runs);
 * a :class:`~labkit.engine.interfaces.Router` object of your own, which also sees how much of each
   request's prompt every replica has cached;
 * or a function ``(loads, n) -> replica index`` of your own, ``loads`` being each replica's unfinished requests.
@@ -38,81 +40,18 @@ Left out: the network between the router and the replicas, and a router's own de
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from labkit.engine.config import EngineConfig
 from labkit.engine.fleet import Fleet, make_router
+from labkit.engine.fleet_run import FleetRun
 from labkit.engine.interfaces import Router, SchedulerPolicy
-from labkit.metrics import Summary, summarize
 from labkit.sim.cost_model import CostModel
 from labkit.sim.simulator import Arrivals, simulated_core
-from labkit.trace import RequestRecord, Trace
 from labkit.workloads import Workload
-
-
-@dataclass(frozen=True)
-class FleetRequest:
-    """What one request's user saw, and where it was served (times in seconds; None where there is none)."""
-
-    request_id: str
-    replica: int
-    ttft_s: float | None  # first token - arrival
-    tpot_s: float | None  # (finish - first token) / (tokens - 1), for answers of two tokens or more
-    finish_time: float | None
-    finish_reason: str | None
-
-
-@dataclass
-class FleetRun:
-    """A fleet's run: each replica's trace (the shape :func:`~labkit.sim.simulator.simulate` returns) and the routing."""
-
-    traces: list[Trace]  # one per replica, in replica order
-    replica_of: dict[str, int]  # request id -> the replica it was sent to, in order of arrival
-    router: str
-
-    @property
-    def replicas(self) -> int:
-        return len(self.traces)
-
-    @property
-    def trace(self) -> Trace:
-        """Every replica's requests (in order of arrival) and steps (by start time) in one trace, for fleet metrics."""
-        records = {record.request_id: record for trace in self.traces for record in trace.requests}
-        steps = sorted((step for trace in self.traces for step in trace.steps), key=lambda step: step.start)
-        meta = dict(self.traces[0].meta, replicas=self.replicas, router=self.router)
-        return Trace(requests=[records[request_id] for request_id in self.replica_of], steps=steps, meta=meta)
-
-    def summary(self, slo: str | Iterable[str] | Mapping[str, float] | None = None) -> Summary:
-        """The fleet's :func:`~labkit.metrics.summarize`: p99s over every request, whichever replica served it."""
-        return summarize(self.trace, slo)
-
-    def replica_summaries(self) -> list[Summary | None]:
-        """Each replica's own summary; None for a replica the router sent nothing."""
-        return [summarize(trace) if trace.requests else None for trace in self.traces]
-
-    def requests(self) -> list[FleetRequest]:
-        """One row per request, in order of arrival: its replica, TTFT, TPOT and finish."""
-        records = {record.request_id: record for trace in self.traces for record in trace.requests}
-        return [_row(records[request_id], replica) for request_id, replica in self.replica_of.items()]
-
-
-def _row(record: RequestRecord, replica: int) -> FleetRequest:
-    first = record.first_token_time
-    tpot = None
-    if record.output_len > 1 and record.finish_time is not None and first is not None:
-        tpot = (record.finish_time - first) / (record.output_len - 1)
-    return FleetRequest(
-        record.request_id,
-        replica,
-        None if first is None else first - record.arrival_time,
-        tpot,
-        record.finish_time,
-        record.finish_reason,
-    )
 
 
 def simulate_fleet(
@@ -152,14 +91,11 @@ def simulate_fleet(
         ],
         chosen,
     )
-    arrivals = Arrivals(workload)
     with tqdm(total=len(workload), desc=f"simulate_fleet ({chosen.name})", disable=not use_tqdm) as bar:
-        while arrivals.next_time is not None or fleet.has_unfinished():
-            # The next event: the next arrival, or the earliest end of a busy replica's step.
-            events = [time for time in (fleet.next_step_end(), arrivals.next_time) if time is not None]
-            now = min(events)
-            for request in arrivals.due(now):
-                fleet.route(request, now)
-            for _, outcome in fleet.step(now):
-                bar.update(len(outcome.rejected) + sum(request.is_finished for request in outcome.progressed))
+        fleet.serve(
+            Arrivals(workload),
+            lambda _, outcome: bar.update(
+                len(outcome.rejected) + sum(request.is_finished for request in outcome.progressed)
+            ),
+        )
     return FleetRun([replica.core.trace for replica in fleet.replicas], fleet.replica_of, chosen.name)

@@ -9,7 +9,7 @@
 
 from labkit.workloads.arrivals import LogNormal, arrival_times, replay_workload, sample_lengths, synthetic_workload
 from labkit.workloads.datasets import DATASETS, make_workload
-from labkit.workloads.multiturn import sharegpt_multiturn
+from labkit.workloads.multiturn import as_token_ids, sharegpt_multiturn
 from labkit.workloads.sale import sale_workload
 from labkit.workloads.sharegpt import (
     ShareGPTData,
@@ -28,6 +28,7 @@ __all__ = [
     "ShareGPTData",
     "Workload",
     "arrival_times",
+    "as_token_ids",
     "estimate_tokens",
     "load_sharegpt",
     "make_workload",

@@ -12,15 +12,20 @@ finds each turn's previous prompt but not the reply after it (a replay with the 
 replies would find both). A prompt longer than ``max_prompt_tokens`` ends its conversation:
 cutting it would break the shared prefix. Prompts are chat messages; pass a tokenizer for
 exact lengths (without one, lengths are estimates and the engine still counts real tokens).
+A ``system_prompt`` leads every turn of every conversation, as a chat app's instructions do: the
+one prefix all of them share. :func:`as_token_ids` turns the prompts into token ids for the
+simulator, which compares ids and nothing else.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
 from labkit.workloads.sharegpt import load_sharegpt
 from labkit.workloads.spec import RequestSpec, Workload
-from labkit.workloads.tokens import estimate_tokens
+from labkit.workloads.tokens import estimate_tokens, stand_in_token_ids
 
 ROLES = {"human": "user", "gpt": "assistant"}
 TEMPLATE_TOKENS_PER_TURN = 4  # the estimate's allowance for a chat turn's header, without a tokenizer
@@ -40,9 +45,10 @@ def exchanges(conversation: dict) -> list[tuple[str, str]]:
     return pairs
 
 
-def turn_messages(pairs: list[tuple[str, str]], turn: int) -> list[dict[str, str]]:
-    """The chat messages sent for ``turn`` (0-based): every earlier exchange, then this turn's user message."""
-    messages = []
+def turn_messages(pairs: list[tuple[str, str]], turn: int, system_prompt: str | None = None) -> list[dict[str, str]]:
+    """The chat messages sent for ``turn`` (0-based): the system prompt if any, every earlier exchange, then this
+    turn's user message."""
+    messages = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
     for question, answer in pairs[:turn]:
         messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
     return messages + [{"role": "user", "content": pairs[turn][0]}]
@@ -72,6 +78,7 @@ def sharegpt_multiturn(
     think_time_s: float = 5.0,
     conversation_gap_s: float = 1.0,
     limit: int | None = None,
+    system_prompt: str | None = None,
 ) -> Workload:
     """``num_conversations`` seeded ShareGPT conversations of ``min_turns`` to ``max_turns`` turns, one request
     per turn, each resending the history; in order of arrival.
@@ -93,7 +100,7 @@ def sharegpt_multiturn(
         pairs = exchanges(conversation)[:max_turns]
         turns = []
         for turn in range(len(pairs)):
-            messages = turn_messages(pairs, turn)
+            messages = turn_messages(pairs, turn, system_prompt)
             prompt_len = _length(messages, tokenizer)
             if max_prompt_tokens is not None and prompt_len > max_prompt_tokens:
                 break
@@ -124,5 +131,30 @@ def sharegpt_multiturn(
         "max_prompt_tokens": max_prompt_tokens,
         "max_output_tokens": max_output_tokens,
         "lengths": "tokens" if tokenizer else "estimated",
+        "system_prompt": system_prompt,
     }
     return Workload(tuple(requests), name="sharegpt-multiturn", meta=meta)
+
+
+def _chat_token_ids(messages: list[dict[str, str]]) -> list[int]:
+    ids = []
+    for message in messages:  # a header per message, as a chat template writes one
+        ids += stand_in_token_ids(f"<|{message['role']}|>") + stand_in_token_ids(message["content"])
+    return ids
+
+
+def as_token_ids(workload: Workload, tokenizer=None) -> Workload:
+    """The same turns with their chat messages as token ids, for the simulator: with a tokenizer the engine's own
+    (its chat template), without one stand-ins (:func:`~labkit.workloads.tokens.stand_in_token_ids`) with the
+    property that matters here: a turn's ids start with the previous turn's, and the system prompt's ids are
+    every conversation's. Prompt lengths become the ids' counts."""
+    if tokenizer is not None:
+        from labkit.models.tokens import encode_prompt  # here, so the simulator's users never import torch
+
+    requests = []
+    for spec in workload:
+        if not isinstance(spec.prompt, list) or not spec.prompt or not isinstance(spec.prompt[0], dict):
+            raise ValueError(f"request {spec.request_id!r} has no chat messages to turn into token ids")
+        ids = encode_prompt(tokenizer, spec.prompt) if tokenizer is not None else _chat_token_ids(spec.prompt)
+        requests.append(replace(spec, prompt=ids, prompt_len=len(ids)))
+    return replace(workload, requests=tuple(requests), meta={**workload.meta, "prompts": "token ids"})
