@@ -1,7 +1,6 @@
 """Lab 12's hand-off check: a learner's right copy passes, and each typical mistake fails with the message naming it.
 
 The answers are written as a learner would write them (block by block), each wrong one with one thing changed.
-(No ``pytest.mark.lab12``: lab 12 is not in labkit/labs/manifest.py yet, which is where the markers come from.)
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from labkit.grading import evaluate
 from labkit.grading.result import NOT_DONE
 from labkit.labs.lab12 import handoff  # noqa: F401 (registers the check)
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.lab12, pytest.mark.usefixtures("one_torch_thread")]
 
 EXERCISE = "lab12.kv_handoff"
 

@@ -1,7 +1,5 @@
 """Lab 12's tier decision check: a right reload_or_recompute passes on every seed, and each typical wrong one (written
-here as a learner would, not taken from the check's own variants) fails with its mistake named.
-
-No ``lab12`` mark: the markers come from the lab manifest, which has no lab 12 yet (``--strict-markers``)."""
+here as a learner would, not taken from the check's own variants) fails with its mistake named."""
 
 from __future__ import annotations
 
@@ -14,6 +12,8 @@ from labkit.kv import tier_policy
 from labkit.labs.lab12 import tier as lab12_tier
 from labkit.models import tiny_model
 from labkit.sampling import SamplingParams
+
+pytestmark = [pytest.mark.lab12]
 
 EXERCISE = "lab12.reload_or_recompute"
 

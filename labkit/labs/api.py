@@ -44,6 +44,10 @@ _WHERE = {
     "chat_replay": "labkit.labs.lab12.replay",
     "compare_policies": "labkit.labs.lab12.replay",
     "routing_policies": "labkit.labs.lab12.replay",
+    # lab 12: the tier and the hand-off run with the learner's functions
+    "measure_tier_costs": "labkit.labs.lab12.runs",
+    "tier_off_and_on": "labkit.labs.lab12.runs",
+    "apart_and_together": "labkit.labs.lab12.runs",
 }
 
 __all__ = sorted(_WHERE)

@@ -177,6 +177,27 @@ def copy_outcome(function, case: dict[str, Any]) -> dict[str, Any]:
 ENGINES = dict(block_size=BLOCK_SIZE, max_model_len=256, max_num_seqs=4, enable_prefix_caching=False)
 
 
+def serve_handing_off(function, prefill: LLM, decode: LLM) -> dict[str, list[int]]:
+    """Step both engines until neither has work, handing each request from ``prefill`` to ``decode`` through
+    ``function`` (a ``hand_off_kv``) as soon as its first token is out. Returns the finished requests' tokens by id."""
+    tokens: dict[str, list[int]] = {}
+    for _ in range(MAX_STEPS):
+        if not (prefill.has_unfinished() or decode.has_unfinished()):
+            return tokens
+        for engine in (prefill, decode):
+            if engine.has_unfinished():
+                tokens.update((out.request_id, out.token_ids) for out in engine.step() if out.finished)
+        for ready in prefill.core.ready_to_hand_over():
+            request, table = prefill.core.hand_over(ready.request_id)
+            source, target = prefill.runner.cache, decode.runner.cache
+            function(
+                source.k, source.v, table, request.num_computed_tokens, decode.state.blocks, target.k, target.v,
+                request.request_id,
+            )  # fmt: skip
+            decode.core.adopt(request)  # its blocks are the ones the hand-off allocated: allocate() finds them
+    raise RuntimeError(f"the two engines passed {MAX_STEPS} steps without finishing every request")
+
+
 def run_disaggregated(function, requests: list[CheckRequest]) -> dict[str, Any]:
     """A prefill engine and a decode engine on ticking clocks; each request is handed over through ``function`` as
     soon as its first token is out. Returns every request's tokens (or the error that stopped the run)."""
@@ -186,22 +207,8 @@ def run_disaggregated(function, requests: list[CheckRequest]) -> dict[str, Any]:
     for index, request in enumerate(requests):
         params = SamplingParams(max_tokens=request.max_tokens, ignore_eos=True)
         prefill.add_request(list(request.prompt_ids), params, request_id=f"r{index}", arrival_time=request.arrival)
-    tokens: dict[str, list[int]] = {}
     try:
-        for _ in range(MAX_STEPS):
-            if not (prefill.has_unfinished() or decode.has_unfinished()):
-                break
-            for engine in (prefill, decode):
-                if engine.has_unfinished():
-                    tokens.update((out.request_id, out.token_ids) for out in engine.step() if out.finished)
-            for ready in prefill.core.ready_to_hand_over():
-                request, table = prefill.core.hand_over(ready.request_id)
-                source, target = prefill.runner.cache, decode.runner.cache
-                function(
-                    source.k, source.v, table, request.num_computed_tokens, decode.state.blocks, target.k, target.v,
-                    request.request_id,
-                )  # fmt: skip
-                decode.core.adopt(request)  # its blocks are the ones the learner allocated: allocate() finds them
+        tokens = serve_handing_off(function, prefill, decode)
     except NotImplementedError:
         raise
     except Exception as error:  # the learner's copy broke the run
