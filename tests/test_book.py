@@ -122,6 +122,74 @@ def test_no_authoring_notes_reach_the_reader() -> None:
     assert not found, "say it as a book would, citing the source by title:\n" + "\n".join(found)
 
 
+# Sentences a reader once met that stated something false (issue 48), as patterns, each beside what is true instead.
+FALSE_CLAIMS = {
+    "never the text": "speculative decoding keeps the text only under greedy decoding; sampling keeps the distribution",
+    "never changes the text": "speculative decoding keeps the text only under greedy decoding",
+    "build step per model": "TensorRT-LLM's PyTorch backend loads checkpoints directly",
+    r"\(not covered\)": "lab 10 and capacity planning cover models bigger than one card",
+    "shown accurate when calibrated": "Vidur profiles every operator; it is not the four-constant model",
+    r"\$\{fmt\(batch\.value\)\} sequences": "one sequence is singular: counted(batch.value, 'sequence')",
+    "arithmetic-bound never": "'never turns arithmetic-bound'",
+    "8,000-token document": "the friend's document is 8,192 tokens, as the chapter's answer and figure say",
+    r"(?<![\d,])1 conversations": "'1 conversation fits'",
+}
+
+
+def test_no_false_claim_returns() -> None:
+    """The chapters and the figures' code no longer state what a reader once found false."""
+    places = sorted((REPO / "book").glob("*.md")) + sorted((REPO / "labkit" / "viz").glob("*.py"))
+    found = [
+        f"{path.relative_to(REPO)}: {claim!r} ({truth})"
+        for path in places
+        for claim, truth in FALSE_CLAIMS.items()
+        if re.search(claim, path.read_text(encoding="utf-8"))
+    ]
+    assert not found, "\n".join(found)
+
+
+def suggested_commands(program: str) -> list[tuple[str, list[str]]]:
+    """Every complete ``labkit <program> --example ...`` command a chapter shows in inline code."""
+    pattern = re.compile(rf"`labkit {program} (--example [^`]*)`")
+    return [
+        (path.name, ["plan", *match.group(1).split()])
+        for path in sorted((REPO / "book").glob("*.md"))
+        for match in pattern.finditer(path.read_text(encoding="utf-8"))
+    ]
+
+
+@pytest.mark.parametrize(("chapter", "argv"), suggested_commands("plan"), ids=" ".join)
+def test_every_plan_command_a_chapter_suggests_runs(chapter: str, argv: list[str], capsys) -> None:
+    """A command the book tells a reader to type works (chapter 8 once suggested --load with --replicas)."""
+    from labkit.cli import main
+
+    status = main(argv)
+    assert status == 0, f"{chapter}: labkit {' '.join(argv)} fails: {capsys.readouterr().err}"
+
+
+def test_the_book_suggests_the_fleet_commands() -> None:
+    """The parametrized test above finds the chapters' commands (a changed pattern would silently find none)."""
+    commands = [" ".join(argv) for _, argv in suggested_commands("plan")]
+    assert "plan --example sale-70b --tensor-parallel 4 --replicas 28" in commands, commands
+
+
+def test_labkit_serve_takes_every_flag_the_dial_chapter_names() -> None:
+    """The dial chapter lists the vLLM flags labkit serve shares; each must be one of labkit serve's options."""
+    import argparse
+
+    from labkit.serve.serve_cli import add_arguments
+
+    text = page_text(REPO / "book" / "the_dial.md")
+    listed = re.search(r"`labkit serve` takes each of these dials.*?\((.*?)\)", text, re.DOTALL)
+    assert listed, "the_dial.md no longer lists the flags labkit serve shares with vLLM"
+    flags = re.findall(r"`(--[a-z-]+)`", listed.group(1))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    known = {option for action in parser._actions for option in action.option_strings}
+    assert "--kv-cache-dtype" in flags and len(flags) >= 8, flags
+    assert not set(flags) - known, f"labkit serve lacks {sorted(set(flags) - known)}"
+
+
 def test_no_eight_word_run_from_the_sources() -> None:
     """Neither the book nor the labs copy a run of eight words from the source lessons."""
     if not SOURCES.is_dir():

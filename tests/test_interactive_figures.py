@@ -8,6 +8,7 @@ numbers than the chapters and labs print. Here Chromium runs the page's own form
 
 from __future__ import annotations
 
+import io
 import itertools
 import re
 
@@ -86,6 +87,52 @@ def test_decode_terms_and_critical_batch_match_the_cost_model(page) -> None:
 def replies_to_try() -> list[list[int]]:
     rng = np.random.default_rng(26)
     return [REPLIES, [1], [3, 3, 3], *(rng.integers(1, 60, size=n).tolist() for n in (4, 9, 13, 20))]
+
+
+def test_a_chapter_table_rounds_as_the_figures_show(page) -> None:
+    """labkit.viz.interactive.as_shown (the chapters' tables) prints what the page's fmt prints, halves included:
+    every chip's critical batch for every model (the MI355X's is 312.5), and numbers chosen to sit on a half."""
+    cases = [
+        [CostModel.from_parts(g, m).critical_batch, 0] for g in FIGURE_GPUS.values() for m in FIGURE_MODELS.values()
+    ]
+    cases += [[x, d] for x in (0.5, 1.5, 2.5, 312.5, 1234.5, -2.5, 0.125, 1.005, 99.995) for d in (0, 1, 2)]
+    page_says = run_js(page, "return cases.map(([x, d]) => fmt(x, d));", cases)
+    assert page_says == [interactive.as_shown(x, d) for x, d in cases]
+
+
+def blended(rgba: str, background: str) -> tuple[int, ...]:
+    """What an "rgba(r, g, b, a)" fill looks like drawn over a "#rrggbb" background."""
+    *colour, alpha = (float(part) for part in re.findall(r"[\d.]+", rgba))
+    under = [int(background[i : i + 2], 16) for i in (1, 3, 5)]
+    return tuple(round(alpha * c + (1 - alpha) * u) for c, u in zip(colour, under))
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_padding_is_drawn_in_the_pages_colour_scheme(browser, tmp_path, scheme) -> None:
+    """The batching figure's padded seat-steps are a light grey on the light page and a dark grey on the dark one
+    (a fixed light grey once glared out of the dark page): what the canvas shows, pixel by pixel."""
+    from PIL import Image
+
+    from labkit.viz.interactive import PADDING_FILL, SCHEMES, batching_figure, page_html
+
+    page_file = tmp_path / "batching.html"
+    page_file.write_text(f'<html data-theme="{scheme}"><body>{page_html(batching_figure())}</body></html>')
+    tab = new_tab(browser, viewport={"width": 900, "height": 900})
+    tab.goto(page_file.as_uri(), wait_until="load")
+    tab.locator("[data-name]").first.wait_for()
+    tab.wait_for_timeout(300)  # the canvas draws after the models change
+    pixels = Image.open(io.BytesIO(tab.locator("canvas").first.screenshot())).convert("RGB")
+    tab.close()
+    padding = blended(PADDING_FILL, SCHEMES[scheme]["plot"])
+    near = int((np.abs(np.asarray(pixels, dtype=int) - padding).max(axis=2) <= 3).sum())
+    assert near > 500, f"{scheme}: no padding drawn in {padding} ({near} pixels)"
+    luminance = sum(padding) / 3 / 255
+    assert (luminance < 0.3) if scheme == "dark" else (luminance > 0.7), f"{scheme}: padding {padding}"
+
+
+def test_a_count_of_one_is_singular(page) -> None:
+    said = run_js(page, "return cases.map(n => counted(n, 'sequence'));", [1, 2, 1000])
+    assert said == ["1 sequence", "2 sequences", "1,000 sequences"]
 
 
 def test_static_and_continuous_steps_match_labkits_schedulers(page) -> None:

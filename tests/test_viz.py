@@ -231,3 +231,15 @@ def test_svg_figures_keep_their_words_as_text_and_carry_no_date(tmp_path) -> Non
         matplotlib.rcParams["svg.fonttype"] = before
     assert ">tokens per second</text>" in drawn[0] and "font-size: 9px" in drawn[0]
     assert drawn[0] == drawn[1]
+
+
+def test_as_shown_rounds_a_half_away_from_zero_as_the_page_does():
+    """A chapter's table prints a number as its figure does: Python's round-half-even would print 312 where the
+    page's fmt prints 313 (the MI355X's critical batch is 312.5 tokens)."""
+    from labkit.viz.interactive import as_shown
+
+    assert as_shown(312.5) == "313" != f"{312.5:.0f}"
+    assert as_shown(1234.5) == "1,235"
+    assert as_shown(-2.5) == "-3"
+    assert as_shown(0.125, 2) == "0.13"
+    assert as_shown(1.005, 2) == "1.01"  # its shortest decimal form, as a browser rounds it (the double is below)

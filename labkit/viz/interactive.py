@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from decimal import ROUND_HALF_UP, Decimal
 
 from bokeh.document import Document
 from bokeh.embed import components
@@ -101,7 +102,20 @@ function continuousBatching(lengths, seats) {
 // A number a test can read exactly (data-value) beside its rounded text
 function shown(value, text, name) { return `<b data-name="${name}" data-value="${value}">${text}</b>`; }
 function fmt(x, digits = 0) { return x.toLocaleString('en-US', {maximumFractionDigits: digits, minimumFractionDigits: digits}); }
+// "1 sequence", "2 sequences": a count with its noun
+function counted(n, noun) { return `${fmt(n)} ${n === 1 ? noun : noun + 's'}`; }
 """
+
+
+def as_shown(value: float, digits: int = 0) -> str:
+    """A number as the figures' ``fmt`` shows it, so a chapter's table and its figure print the same digits.
+
+    The browser rounds the number's shortest decimal form (``repr``: 1.005, not the double just below it) and
+    sends a half away from zero, thousands with commas; Python's own rounding would print 312.5 as 312, the page 313.
+    """
+    step = Decimal(1).scaleb(-digits)
+    return f"{Decimal(repr(float(value))).quantize(step, rounding=ROUND_HALF_UP):,}"
+
 
 ANSWER_STYLE = {"font-size": "15px"}  # the figure's result line, as large as the chapter's prose
 # A figure follows the book's colour scheme (pydata-sphinx-theme sets data-theme="light" or "dark" on <html>).
@@ -180,6 +194,9 @@ def _control() -> dict:
     return dict(stylesheets=[InlineStyleSheet(css=THEMED_CONTROL_CSS)], sizing_mode="stretch_width", min_width=240)
 
 
+# A padded seat-step: grey at low opacity reads as a light grey on the light page and a lighter dark grey on the
+# dark one, so the batching figure needs no repainting when the reader switches the scheme.
+PADDING_FILL = "rgba(128, 128, 128, 0.3)"
 MAX_REPLIES = 40  # the batching figure schedules at most this many replies: more would stall the page
 
 # The choices offered, each a labkit preset; the keys are what the page's selects hold.
@@ -204,6 +221,7 @@ def _constants() -> str:
         "PALETTE": list(Category10_10),
         "MAX_REPLIES": MAX_REPLIES,
         "SCHEMES": SCHEMES,
+        "PADDING_FILL": PADDING_FILL,
     }
     return "".join(f"const {name} = {json.dumps(value)};\n" for name, value in data.items())
 
@@ -336,12 +354,12 @@ def step_time_figure():
     plot.y_range.end = Math.max(...terms.data.step) * 1.05;
     const star = criticalBatch(g, m), cross = decodeCrossover(g, m, c);
     critical.location = star;
-    answer.text = `${fmt(batch.value)} sequences: memory term ` + shown(now.memory * 1e3, fmt(now.memory * 1e3, 2), 'memory')
+    answer.text = `${counted(batch.value, 'sequence')}: memory term ` + shown(now.memory * 1e3, fmt(now.memory * 1e3, 2), 'memory')
       + ' ms, arithmetic term ' + shown(now.compute * 1e3, fmt(now.compute * 1e3, 2), 'compute')
       + ` ms, so the pass is ${now.memory >= now.compute ? 'memory' : 'arithmetic'}-bound. Critical batch (dashed): `
       + shown(star, fmt(star), 'critical') + ' tokens. With this context decode '
       + (cross === Infinity ? shown('Infinity', 'never', 'crossover') + ' turns arithmetic-bound.'
-         : 'turns arithmetic-bound beyond ' + shown(cross, fmt(cross), 'crossover') + ' sequences.');
+         : 'turns arithmetic-bound beyond ' + shown(cross, fmt(cross), 'crossover') + (fmt(cross) === '1' ? ' sequence.' : ' sequences.'));
     """
     args = dict(
         model=model,
@@ -415,7 +433,7 @@ def batching_figure():
       };
       for (const s of run.spans) {
         box(s.start, s.start + s.length, s.seat, PALETTE[s.request % PALETTE.length], ' ');
-        if (s.padding) box(s.start + s.length, s.start + s.length + s.padding, s.seat, '#e6e6e6', '/');
+        if (s.padding) box(s.start + s.length, s.start + s.length + s.padding, s.seat, PADDING_FILL, '/');
       }
       sources[i].data = d;
       plots[i].y_range.end = seats.value;

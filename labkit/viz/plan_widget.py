@@ -214,10 +214,10 @@ if (fleet) {
   rows.push([`A fleet for ${fmt(v.load, 2)} requests/s` + (promiseS === null ? ' at the ceiling' : ' within the promise')]);
   for (const o of fleet.options) rows.push([`${o.ways} GPU${o.ways > 1 ? 's' : ''} per replica`, o.gpus === undefined
     ? `<span data-name="fleet-${o.ways}-gpus" data-value="none">does not fit</span>`
-    : shown(o.replicas, fmt(o.replicas), `fleet-${o.ways}-replicas`) + ' replicas, '
+    : shown(o.replicas, fmt(o.replicas), `fleet-${o.ways}-replicas`) + (o.replicas === 1 ? ' replica, ' : ' replicas, ')
       + shown(o.gpus, fmt(o.gpus), `fleet-${o.ways}-gpus`) + ' GPUs' + (o === fleet.best ? ' (fewest)' : '')]);
   rows.push(['fewest GPUs', shown(fleet.best.gpus, fmt(fleet.best.gpus), 'fleet-best-gpus') + ', split '
-    + shown(fleet.best.ways, fleet.best.ways, 'fleet-best-ways') + ' ways']);
+    + shown(fleet.best.ways, fleet.best.ways, 'fleet-best-ways') + (fleet.best.ways === 1 ? ' way' : ' ways')]);
 }
 table.text = '<table style="border-collapse: collapse; width: 100%; font-size: 15px">' + rows.map(([label, value]) =>
   value === undefined ? `<tr><th colspan="2" style="text-align: left; padding: 8px 0 2px">${label}</th></tr>`
