@@ -34,6 +34,7 @@ from labkit.kv.paged_cache import PagedKVCache
 from labkit.kv.pool_sizing import kv_pool_size
 from labkit.models.tokens import Prompt, encode_prompt
 from labkit.sampling_params import SamplingParams
+from labkit.serving_quantization import quantize_for_serving
 from labkit.spec import parse_speculative_config
 from labkit.spec.config import SpeculativeConfig
 from labkit.spec.proposers import DraftModelProposer, NgramProposer
@@ -74,6 +75,10 @@ class LLM:
     labkit's own keys ``propose``, ``accept_greedy``, ``accept_sampling`` and ``rollback`` plug in
     a learner's function (lab 8). The default model, SmolLM2-135M, is already the smallest of its
     family, so it has no smaller draft model: with it, use "ngram".
+
+    ``quantization="int8"`` (vLLM's name; off by default) computes the model's linears in int8, weights per
+    channel and activations per token, on the fastest int8 kernel that works here
+    (:mod:`labkit.serving_quantization`); ``llm.quantization.describe()`` says what was chosen and why.
     """
 
     def __init__(
@@ -86,9 +91,10 @@ class LLM:
         attention: Attention = paged_attention,
         clock: Callable[[], float] = time.perf_counter,
         choose_victim: VictimChooser | None = None,
+        quantization: str | None = None,
         **settings: Any,
     ):
-        self.model = _resolve_model(model)
+        self.model, self.quantization = quantize_for_serving(_resolve_model(model), quantization)
         cfg = self.model.config
         requested = engine_config(config, **settings)
         max_model_len = requested.max_model_len or cfg.max_position_embeddings
@@ -189,6 +195,7 @@ class LLM:
             device=str(self.model.device),
             dtype=str(self.model.dtype),
             policy=self.policy.name,
+            quantization=self.quantization.quantization,
             **self.config.describe(),
         )
         if self._caching_note:
