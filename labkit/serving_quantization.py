@@ -11,9 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from labkit.models.int8_linear import Int8Backend, choose_int8_backend
-from labkit.models.int8_model import Int8Model
-
 QUANTIZATIONS = ("int8",)
 
 
@@ -45,14 +42,21 @@ class QuantizationChoice:
 
 
 def quantize_for_serving(
-    model, quantization: str | None, choose_backend: Callable[[], Int8Backend] = choose_int8_backend
+    model, quantization: str | None, choose_backend: Callable | None = None
 ) -> tuple[object, QuantizationChoice]:
-    """``model`` as asked: computing in int8 if ``quantization="int8"`` and an int8 kernel works here, else as is."""
+    """``model`` as asked: computing in int8 if ``quantization="int8"`` and an int8 kernel works here, else as is.
+
+    ``choose_backend()`` returns the :class:`~labkit.models.int8_linear.Int8Backend` to use (default: the one
+    :func:`~labkit.models.int8_linear.choose_int8_backend` finds by trying).
+    """
+    from labkit.models.int8_linear import choose_int8_backend  # torch: only once a model is at hand
+    from labkit.models.int8_model import Int8Model
+
     if check_quantization(quantization) is None:
         return model, QuantizationChoice(None, "not asked for (--quantization int8 turns it on)")
     if model.device.type != "cpu":
         return model, QuantizationChoice(None, f"int8 kernels are tried on a CPU only; {model.device.type} runs as is")
-    backend = choose_backend()
+    backend = (choose_backend or choose_int8_backend)()
     if not backend.works:
         return model, QuantizationChoice(None, f"int8 asked for, but {backend.reason}; serving unquantized")
     return Int8Model(model, backend), QuantizationChoice("int8", backend.reason)

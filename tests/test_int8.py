@@ -118,3 +118,13 @@ def test_an_int8_model_is_not_quantized_twice():
     model = Int8Model(tiny_model("llama", seed=1), BACKEND)
     with pytest.raises(ValueError, match="already computes in int8"):
         Int8Model(model, BACKEND)
+
+
+def test_labkit_bench_refuses_an_unsupported_quantization_as_serve_does(capsys):
+    from labkit.cli import main
+
+    with pytest.raises(SystemExit) as exit_code:
+        main(["bench", "--quantization", "int4"])
+    assert exit_code.value.code == 2
+    err = capsys.readouterr().err
+    assert "quantization 'int4' is not supported" in err and "Traceback" not in err
