@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 QUANTIZATIONS = ("int8",)
 
@@ -43,7 +44,7 @@ class QuantizationChoice:
 
 def quantize_for_serving(
     model, quantization: str | None, choose_backend: Callable | None = None
-) -> tuple[object, QuantizationChoice]:
+) -> tuple[Any, QuantizationChoice]:
     """``model`` as asked: computing in int8 if ``quantization="int8"`` and an int8 kernel works here, else as is.
 
     ``choose_backend()`` returns the :class:`~labkit.models.int8_linear.Int8Backend` to use (default: the one

@@ -82,7 +82,7 @@ def measure(
 def format_rows(rows: list[dict]) -> str:
     """A markdown table: decode tok/s per batch with its ratio to the model as loaded (the first row)."""
     batches = list(rows[0]["step ms"])
-    reference = rows[0]["step ms"]
+    reference = rows[0]["step ms"]  # the model as loaded
     lines = [
         "| scheme | weights MB | " + " | ".join(f"tok/s, batch {b}" for b in batches) + " | agreement | mean KL |",
         "|---|---:|" + "---:|" * len(batches) + "---:|---:|",
@@ -91,7 +91,10 @@ def format_rows(rows: list[dict]) -> str:
         speeds = " | ".join(
             f"{1e3 * b / row['step ms'][b]:.0f} ({reference[b] / row['step ms'][b]:.2f}x)" for b in batches
         )
-        agreement = f"{row['greedy agreement']:.1%}" if "greedy agreement" in row else "(reference)"
+        reference_row = row is rows[0]
+        agreement = (
+            f"{row['greedy agreement']:.1%}" if "greedy agreement" in row else "(reference)" if reference_row else "-"
+        )
         kl = f"{row['mean KL nats']:.4f}" if "mean KL nats" in row else ""
         lines.append(f"| {row['scheme']} | {row['weight bytes'] / 1e6:.1f} | {speeds} | {agreement} | {kl} |")
     return "\n".join(lines)

@@ -24,6 +24,7 @@ def test_each_scheme_has_its_bytes_and_a_step_time_per_batch():
     table = script.format_rows(rows).splitlines()
     assert "(reference)" in table[2] and "(1.00x)" in table[2] and "tok/s, batch 2" in table[0]
     assert any(line.startswith("| int4 |") for line in table)
+    assert all("(reference)" not in line for line in table[3:])  # no quality measured: a dash, not "reference"
 
 
 def test_the_speed_columns_are_tokens_per_second_with_the_ratio_to_the_model_as_loaded():
