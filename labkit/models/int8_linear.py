@@ -22,6 +22,7 @@ in PyTorch (issue 184982); when they go, the probe fails and the server says so 
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import time
 import warnings
@@ -162,14 +163,15 @@ def measured_times(backends: list[Int8Backend], shape: tuple[int, int, int] = PR
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(outputs, columns, generator=generator) * 0.05
     x = torch.randn(rows, columns, generator=generator)
-    linears = {"fp32": prepacked_linear(weight)} | {b.engine: int8_linear(weight, None, b) for b in backends}
+    linears: dict[str, LinearFn] = {"fp32": prepacked_linear(weight)}
+    linears.update({str(b.engine): int8_linear(weight, None, b) for b in backends})
     times: dict[str, list[float]] = {name: [] for name in linears}
     with torch.inference_mode():
         for linear in linears.values():  # warm up: the first calls allocate and pick kernels
             linear(x)
         for _ in range(ROUNDS):
             for name, linear in linears.items():
-                times[name].append(_seconds(lambda linear=linear: linear(x)))
+                times[name].append(_seconds(functools.partial(linear, x)))
     return {name: statistics.median(samples) for name, samples in times.items()}
 
 
