@@ -46,6 +46,11 @@ def machine_facts(model) -> dict:
         facts["torch threads"] = f"{torch.get_num_threads()} ({why}; LABKIT_THREADS=N overrides)"
     facts["matmuls"] = model.matmul.describe()
     facts["labkit serve computes in"] = choose_serving_dtype(model.device).describe()
+    if model.device.type == "cpu":
+        from labkit.models.int8_linear import choose_int8_backend
+
+        backend = choose_int8_backend()
+        facts["--quantization int8 runs on"] = backend.reason if backend.works else f"nothing: {backend.reason}"
     return facts
 
 

@@ -5,6 +5,7 @@ with a request still streaming: the stream ends with an error event, the process
 """
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -27,28 +28,36 @@ CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 DIALS = ["--max-num-seqs", "4", "--max-model-len", "1024", "--num-gpu-blocks-override", "256"]
 
 
-@pytest.fixture(scope="module")
-def served(default_model):  # loaded (and converted, the first time) before the subprocess starts
+@contextlib.contextmanager
+def serving(*flags: str):
+    """``labkit serve`` with ``flags`` in its own process: (process, its URL, what it said before listening)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "labkit.cli", "serve", "--port", "0", "--shutdown-timeout", "1", *DIALS],
+        [sys.executable, "-m", "labkit.cli", "serve", "--port", "0", "--shutdown-timeout", "1", *DIALS, *flags],
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        url = None
+        url, said = None, []
         for line in process.stderr:  # the command says where it listens once the model is loaded
+            said.append(line)
             found = re.search(r"on (http://127\.0\.0\.1:\d+)/v1", line)
             if found:
                 url = found.group(1)
                 break
-        assert url, f"labkit serve never said where it listens (exit code {process.poll()})"
-        yield process, url
+        assert url, f"labkit serve never said where it listens (exit code {process.poll()}): {''.join(said)}"
+        yield process, url, "".join(said)
     finally:
         if process.poll() is None:
             process.kill()
         process.wait(30)
         process.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def served(default_model):  # loaded (and converted, the first time) before the subprocess starts
+    with serving() as (process, url, _):
+        yield process, url
 
 
 def test_the_command_serves_the_default_model_as_the_engine_would(served, default_model):
@@ -109,3 +118,29 @@ def test_the_speculative_config_is_json_as_in_vllm(capsys):
         with pytest.raises(SystemExit):
             parser.parse_args(["--speculative-config", bad])
         assert said in capsys.readouterr().err
+
+
+def test_int8_is_served_end_to_end_as_the_engine_computes_it(default_model):
+    offline = LLM(default_model, quantization="int8", max_model_len=1024, num_blocks=256)
+    if offline.quantization.quantization != "int8":
+        pytest.skip(f"no int8 kernel here: {offline.quantization.reason}")
+    expected = offline.generate(CHAT, SamplingParams(max_tokens=16), use_tqdm=False)[0].text
+    with serving("--quantization", "int8") as (process, url, said):
+        assert "computes in float32 (int8 kernels take fp32 activations)" in said
+        assert f"linears {offline.quantization.describe()}".split(";")[0] in said
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        [listed] = client.models.list().data
+        answer = client.chat.completions.create(model=listed.id, messages=CHAT, max_tokens=16, temperature=0)
+    assert answer.choices[0].message.content == expected and expected.strip()
+
+
+def test_an_unsupported_quantization_is_refused_naming_what_is_served(capsys):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--quantization", "int8"]).quantization == "int8"
+    assert parser.parse_args([]).quantization is None  # off unless asked for, as in vLLM
+    for bad in ("int4", "awq"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--quantization", bad])
+        err = capsys.readouterr().err
+        assert f"quantization {bad!r} is not supported" in err and "labkit serves 'int8'" in err

@@ -17,12 +17,18 @@ import json
 from pathlib import Path
 
 from labkit.cli import print_json, say_for
+from labkit.serve.serve_cli import quantization_flag
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16")
+    parser.add_argument(
+        "--quantization",
+        type=quantization_flag,
+        help="int8: time the model as `labkit serve --quantization int8` runs it (default: unquantized)",
+    )
     parser.add_argument("--num-prompts", type=int, default=64, help="fewer for a quick run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-prompt-tokens", type=int, default=512)
@@ -53,14 +59,19 @@ def run(args: argparse.Namespace) -> int:
     from labkit.models import load_model
 
     say = say_for(args)
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
-    say(f"model {model.config.name} on {model.device}, {model.dtype}")
+    from labkit.serving_quantization import quantize_for_serving
+
+    model, quantization = quantize_for_serving(
+        load_model(args.model, device=args.device, dtype=args.dtype), args.quantization
+    )
+    say(f"model {model.config.name} on {model.device}, {model.dtype}, linears {quantization.describe()}")
     results: dict = {
         "model": model.config.name,
         "device": str(model.device),
         "dtype": str(model.dtype),
         "torch threads": torch.get_num_threads(),
         "matmuls": model.matmul.describe(),
+        "quantization": quantization.quantization,
         "busy cores": args.busy,
     }
     say(

@@ -45,6 +45,7 @@ from labkit.kv.tier import KVTier, make_tier
 from labkit.models.tokens import Prompt, encode_prompt
 from labkit.sampling import make_generator
 from labkit.sampling_params import SamplingParams
+from labkit.serving_quantization import quantize_for_serving
 from labkit.spec import parse_speculative_config
 from labkit.spec.config import SpeculativeConfig
 from labkit.spec.proposers import DraftModelProposer, NgramProposer
@@ -91,6 +92,10 @@ class LLM:
     chain runs on past the pool (:mod:`labkit.kv.tier`); ``reload_policy(prompt_tokens, cached_tokens,
     tier_blocks, block_size)`` picks the blocks worth reloading (default: every one found, lab 12 has learners
     weigh measured costs). ``kv_tier`` is the tier (None when off); ``describe()["kv_tier"]`` its counters.
+
+    ``quantization="int8"`` (vLLM's name; off by default) computes the model's linears in int8, weights per
+    channel and activations per token, on the fastest int8 kernel that works here
+    (:mod:`labkit.serving_quantization`); ``llm.quantization.describe()`` says what was chosen and why.
     """
 
     def __init__(
@@ -104,9 +109,10 @@ class LLM:
         clock: Callable[[], float] = time.perf_counter,
         choose_victim: VictimChooser | None = None,
         reload_policy: Callable[[int, int, int, int], Sequence[int]] | None = None,
+        quantization: str | None = None,
         **settings: Any,
     ):
-        self.model = _resolve_model(model)
+        self.model, self.quantization = quantize_for_serving(_resolve_model(model), quantization)
         cfg = self.model.config
         requested = engine_config(config, **settings)
         max_model_len = requested.max_model_len or cfg.max_position_embeddings
@@ -221,6 +227,7 @@ class LLM:
             device=str(self.model.device),
             dtype=str(self.model.dtype),
             policy=self.policy.name,
+            quantization=self.quantization.quantization,
             **self.config.describe(),
         )
         if self._caching_note:

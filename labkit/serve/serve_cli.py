@@ -17,6 +17,7 @@ import json
 import sys
 
 from labkit.serve.admission import admission_within
+from labkit.serving_quantization import check_quantization
 
 TRACE_WINDOW = 4096  # the steps (and finished requests) a long-running server keeps in its engine's trace
 
@@ -28,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         help="float32, bfloat16 or float16 (default: bf16 where this machine runs it measurably faster, else fp32)",
+    )
+    parser.add_argument(
+        "--quantization",
+        type=quantization_flag,
+        help="int8: linears in int8 (weights per channel, activations per token) on the fastest int8 kernel "
+        "that works here, tried at start (default: unquantized, as in vLLM)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (8000; 0 picks a free one)")
@@ -125,6 +132,26 @@ def gibibytes(text: str) -> float:
     return value
 
 
+def quantization_flag(text: str) -> str:
+    """``--quantization``'s value, if labkit serves it (see labkit.serving_quantization)."""
+    try:
+        return check_quantization(text)  # type: ignore[return-value]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def serving_dtype(args: argparse.Namespace):
+    """The dtype to load in: --dtype if given; fp32 under int8 (its kernels take fp32 rows); else the measured one."""
+    from labkit.device import default_device
+    from labkit.serving_dtype import DtypeChoice, choose_serving_dtype
+
+    if args.quantization == "int8" and not args.dtype:
+        import torch
+
+        return DtypeChoice(torch.float32, "int8 kernels take fp32 activations")
+    return choose_serving_dtype(default_device(), args.dtype)  # bf16 only where tried and measured faster
+
+
 def milliseconds(text: str) -> float:
     """A delay in ms from the command line: a number, 0 or more."""
     try:
@@ -185,12 +212,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_waiting is not None and args.max_waiting < 1:
         raise ValueError(f"--max-waiting must be at least 1, got {args.max_waiting}; leave it out for no bound")
-    from labkit.device import default_device
-    from labkit.serving_dtype import choose_serving_dtype
-
-    dtype = choose_serving_dtype(default_device(), args.dtype)  # bf16 only where tried and measured faster
+    dtype = serving_dtype(args)
     print(f"labkit serve: computes in {dtype.describe()}", file=sys.stderr)
-    llm = LLM(load_model(args.model, dtype=dtype.dtype), trace_window=TRACE_WINDOW, **engine_dials(args))
+    model = load_model(args.model, dtype=dtype.dtype)
+    llm = LLM(model, trace_window=TRACE_WINDOW, quantization=args.quantization, **engine_dials(args))
+    del model  # under int8, the float model's packed linears are no longer used: let them go
+    print(f"labkit serve: linears {llm.quantization.describe()}", file=sys.stderr)
     server, sock, worker = make_server(
         llm,
         args.host,

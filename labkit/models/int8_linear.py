@@ -1,0 +1,215 @@
+"""A linear layer in int8 (int8 weights times int8 activations) on PyTorch's own int8 kernels.
+
+Lab 10's int8 weights (one scale per output channel, :func:`labkit.models.quant.quantize_int8`)
+only save bytes while they are dequantized before a float matmul. A real int8 matmul also
+multiplies in int8, accumulating in int32: PyTorch ships such kernels for CPUs, fbgemm and
+oneDNN, behind ``torch.ops.quantized.linear_dynamic`` ("dynamic": the activations are quantized
+on the fly, at each call). Those kernels quantize the activations with ONE scale for the whole
+input, taken from its min and max. In a server that input is the step's batch, so a request's
+numbers would depend on which other requests share its step. labkit quantizes per row instead:
+each row (token) is rounded to whole numbers in [-127, 127] with its own scale ``absmax / 127``
+first, and one guard row holding 127 and -128 is appended, so the kernel always sees the range
+[-128, 127]: its scale is exactly 1 whatever the batch, and it takes the codes as they are. The
+int32 sums are exact, so a row's result is the same alone or in a batch (the probe checks that too).
+
+Which kernel runs, if any, is decided by trying (never by CPU name): :func:`choose_int8_backend`
+packs a small weight with each quantized engine this torch build lists, compares the product
+with fp32 ``F.linear`` (on random rows, and on a row built to overflow the 16-bit intermediate
+sums some CPUs without VNNI use), and times the ones that match. Quantized tensors are deprecated
+in PyTorch (issue 184982); when they go, the probe fails and the server says so and stays unquantized.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from labkit.models.fast_linear import LinearFn, prepacked_linear
+from labkit.models.quant import INT8_MAX, quantize_int8
+
+# Largest error of the probe's product, relative to the product's largest value. Measured here on random
+# normal rows and weights: 0.010-0.016 (per-row x per-channel int8, 255 levels each); a kernel whose 16-bit
+# sums saturate is off by about 0.5 on the overflow row. 0.05 tells the two apart with room.
+TOLERANCE = 0.05
+PROBE_SHAPE = (32, 576, 1536)  # 32 sequences decoding through SmolLM2-135M's MLP up-projection
+ROUNDS = 5
+_SMALLEST_SCALE = 1e-12  # an all-zero row still divides by something
+# Activation codes per row: ±127 for 8-bit kernels, ±63 where the kernel takes 7 bits (reduce_range). With the
+# guard row's -128 (or -64) the kernel's own range is then exactly 255 (127) wide: its scale is 1, and it
+# takes the codes as they are, with no second rounding.
+ACTIVATION_LEVELS = {False: INT8_MAX, True: 63}
+
+
+@dataclass(frozen=True)
+class Int8Backend:
+    """Which quantized engine computes the int8 linears (None: none works here), and why, in words."""
+
+    engine: str | None
+    reduce_range: bool
+    reason: str
+
+    @property
+    def works(self) -> bool:
+        return self.engine is not None
+
+    def describe(self) -> str:
+        return self.reason
+
+
+@contextlib.contextmanager
+def quantized_engine(engine: str) -> Iterator[None]:
+    """torch's quantized engine set to ``engine`` for packing, then put back."""
+    was = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = was
+
+
+def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None, backend: Int8Backend) -> LinearFn:
+    """``f`` with ``f(x) ≈ F.linear(x, weight, bias)``, computed in int8 by ``backend``'s kernel.
+
+    The weight is quantized per output channel (lab 10's scheme) and packed once; each call quantizes
+    every row of ``x`` with its own scale. Float rows in, rows of ``x``'s dtype out.
+    """
+    if not backend.works:
+        raise ValueError(f"no int8 kernel to pack for: {backend.reason}")
+    out_features, in_features = weight.shape
+    quantized = quantize_int8(weight)
+    with warnings.catch_warnings(), quantized_engine(backend.engine):  # type: ignore[arg-type]
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*deprecated")
+        codes = torch._make_per_channel_quantized_tensor(
+            quantized.codes.cpu(), quantized.scale.double().cpu(), torch.zeros(out_features, dtype=torch.long), 0
+        )
+        packed = torch.ops.quantized.linear_prepack(codes, None)
+    levels = ACTIVATION_LEVELS[backend.reduce_range]
+    guard = torch.zeros(1, in_features)
+    guard[0, 0], guard[0, 1 % in_features] = levels, -levels - 1
+    bias32 = None if bias is None else bias.detach().float()
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, in_features).float()
+        absmax = torch.linalg.vector_norm(rows, ord=float("inf"), dim=1, keepdim=True)
+        scale = absmax.clamp_min(_SMALLEST_SCALE) / levels
+        codes = torch.cat([(rows / scale).round_(), guard])  # whole numbers; the guard fixes the kernel's range
+        out = torch.ops.quantized.linear_dynamic(codes, packed, backend.reduce_range)[:-1] * scale
+        if bias32 is not None:
+            out = out + bias32
+        return out.reshape(*x.shape[:-1], out_features).to(x.dtype)
+
+    return linear
+
+
+def linear_error(linear: LinearFn, weight: torch.Tensor, x: torch.Tensor) -> float:
+    """Largest difference from fp32 ``F.linear``, relative to the largest value of that product."""
+    expected = F.linear(x, weight)
+    return float((linear(x) - expected).abs().max() / expected.abs().max())
+
+
+def _probe_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight and rows for the probe: random ones, plus an all-ones row and output channel, whose
+    products are the largest int8 can make (where 16-bit intermediate sums overflow)."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 64, generator=generator)
+    x = torch.randn(6, 64, generator=generator)
+    weight[0], x[0] = 1.0, 1.0
+    return weight, x
+
+
+def _candidates() -> list[tuple[str, bool]]:
+    """(engine, reduce_range) to try: each engine this torch lists, full 8-bit activations before 7-bit."""
+    engines = [engine for engine in torch.backends.quantized.supported_engines if engine != "none"]
+    return [(engine, reduce_range) for engine in engines for reduce_range in (False, True)]
+
+
+def try_backend(engine: str, reduce_range: bool) -> tuple[Int8Backend | None, str]:
+    """The backend if ``engine`` packs, computes within :data:`TOLERANCE` of fp32 and gives each row the same
+    result alone as in a batch; else None and why not."""
+    candidate = Int8Backend(engine, reduce_range, engine)
+    weight, x = _probe_inputs()
+    try:
+        linear = int8_linear(weight, None, candidate)
+        error = linear_error(linear, weight, x)
+        batch_invariant = all(torch.equal(linear(x[i : i + 1])[0], row) for i, row in enumerate(linear(x)))
+    except (RuntimeError, NotImplementedError, AttributeError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return None, f"{engine}: {first_line[:120]}"
+    if not error <= TOLERANCE:
+        return None, f"{engine}{' (7-bit)' if reduce_range else ''}: off by {error:.2f} of the fp32 product"
+    if not batch_invariant:
+        return None, f"{engine}: a row's product changes with the rows beside it"
+    return candidate, ""
+
+
+def _seconds(fn: Callable[[], object], repeats: int = 20) -> float:
+    started = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - started) / repeats
+
+
+def measured_times(backends: list[Int8Backend], shape: tuple[int, int, int] = PROBE_SHAPE) -> dict[str, float]:
+    """Median seconds of one linear of ``shape`` (rows, in, out) per backend, and for fp32 (key "fp32"), in turns."""
+    rows, columns, outputs = shape
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(outputs, columns, generator=generator) * 0.05
+    x = torch.randn(rows, columns, generator=generator)
+    linears: dict[str, LinearFn] = {"fp32": prepacked_linear(weight)}
+    linears.update({str(b.engine): int8_linear(weight, None, b) for b in backends})
+    times: dict[str, list[float]] = {name: [] for name in linears}
+    with torch.inference_mode():
+        for linear in linears.values():  # warm up: the first calls allocate and pick kernels
+            linear(x)
+        for _ in range(ROUNDS):
+            for name, linear in linears.items():
+                times[name].append(_seconds(functools.partial(linear, x)))
+    return {name: statistics.median(samples) for name, samples in times.items()}
+
+
+_chosen: list[Int8Backend] = []
+
+
+def choose_int8_backend(
+    candidates: Callable[[], list[tuple[str, bool]]] = _candidates,
+    timer: Callable[[list[Int8Backend]], dict[str, float]] = measured_times,
+) -> Int8Backend:
+    """The fastest quantized engine that computes int8 linears correctly here, with the measured reason;
+    ``Int8Backend(None, ...)`` with every engine's failure where none does. Tried once per process."""
+    if candidates is _candidates and timer is measured_times and _chosen:
+        return _chosen[0]
+    working: dict[str, Int8Backend] = {}
+    failures = []
+    for engine, reduce_range in candidates():
+        if engine in working:
+            continue
+        backend, why_not = try_backend(engine, reduce_range)
+        if backend is None:
+            failures.append(why_not)
+        else:
+            working[engine] = backend
+    if not working:
+        chosen = Int8Backend(None, False, "no int8 kernel works here (" + "; ".join(failures or ["none listed"]) + ")")
+    else:
+        times = timer(list(working.values()))
+        engine = min(working, key=lambda name: times[name])
+        others = ", ".join(f"{name} {times['fp32'] / times[name]:.1f}x" for name in working if name != engine)
+        best = working[engine]
+        chosen = Int8Backend(
+            engine,
+            best.reduce_range,
+            f"{engine} int8 kernels{' (7-bit activations)' if best.reduce_range else ''}, tried and within "
+            f"{TOLERANCE:.0%} of fp32; {times['fp32'] / times[engine]:.1f}x fp32's speed at {PROBE_SHAPE[0]} rows"
+            + (f" (also working: {others})" if others else ""),
+        )
+    if candidates is _candidates and timer is measured_times:
+        _chosen.append(chosen)
+    return chosen
