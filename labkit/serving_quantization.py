@@ -37,6 +37,7 @@ class QuantizationChoice:
 
     quantization: str | None
     reason: str
+    engine: str | None = None  # torch's quantized engine that computes the int8 linears (None: not int8)
 
     def describe(self) -> str:
         return f"{self.quantization or 'unquantized'} ({self.reason})"
@@ -60,4 +61,4 @@ def quantize_for_serving(
     backend = (choose_backend or choose_int8_backend)()
     if not backend.works:
         return model, QuantizationChoice(None, f"int8 asked for, but {backend.reason}; serving unquantized")
-    return Int8Model(model, backend), QuantizationChoice("int8", backend.reason)
+    return Int8Model(model, backend), QuantizationChoice("int8", backend.reason, backend.engine)

@@ -128,3 +128,12 @@ def test_labkit_bench_refuses_an_unsupported_quantization_as_serve_does(capsys):
     assert exit_code.value.code == 2
     err = capsys.readouterr().err
     assert "quantization 'int4' is not supported" in err and "Traceback" not in err
+
+
+def test_an_engine_named_in_the_environment_is_the_only_one_tried(monkeypatch):
+    engines = sorted({engine for engine, _ in int8._candidates()})
+    monkeypatch.setenv(int8.ENGINE_VARIABLE, engines[-1])
+    assert {engine for engine, _ in int8._candidates()} == {engines[-1]}
+    monkeypatch.setenv(int8.ENGINE_VARIABLE, "no-such-engine")
+    with pytest.raises(ValueError, match="LABKIT_INT8_ENGINE='no-such-engine', but this torch's int8 engines are"):
+        int8._candidates()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import statistics
 import time
 import warnings
@@ -125,9 +126,18 @@ def _probe_inputs() -> tuple[torch.Tensor, torch.Tensor]:
     return weight, x
 
 
+ENGINE_VARIABLE = "LABKIT_INT8_ENGINE"  # names the one engine to try (still checked), for runs that must match
+
+
 def _candidates() -> list[tuple[str, bool]]:
-    """(engine, reduce_range) to try: each engine this torch lists, full 8-bit activations before 7-bit."""
+    """(engine, reduce_range) to try: each engine this torch lists, full 8-bit activations before 7-bit; only
+    the engine ``LABKIT_INT8_ENGINE`` names when it is set (the fastest is a race two processes may call apart)."""
     engines = [engine for engine in torch.backends.quantized.supported_engines if engine != "none"]
+    pinned = os.environ.get(ENGINE_VARIABLE)
+    if pinned:
+        if pinned not in engines:
+            raise ValueError(f"{ENGINE_VARIABLE}={pinned!r}, but this torch's int8 engines are {', '.join(engines)}")
+        engines = [pinned]
     return [(engine, reduce_range) for engine in engines for reduce_range in (False, True)]
 
 
