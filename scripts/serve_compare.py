@@ -10,7 +10,7 @@ Each round sends W1 (32 short chats) and W2 (64 ShareGPT conversations) to every
 greedy, ``ignore_eos`` so each produces exactly its ``max_new_tokens``, streamed through labkit's
 load tester (the official ``openai`` client). The script starts each labkit configuration and each
 llama-server GGUF afresh for its turn and stops it after, so only the measured server runs and no
-cache outlives a turn; a few short requests warm it up first. llama-server gets one slot per request
+cache outlives a turn; four short chats warm it up first. llama-server gets one slot per request
 of the trace (``-np``) and a context per slot that holds the trace's longest request (``-c``), unless
 ``--llama-args`` or the GGUF's own arguments say otherwise.
 
@@ -72,10 +72,11 @@ def tokens_per_second(url: str, workload, model: str) -> tuple[float, int, list[
     return tokens / wall, tokens, errors
 
 
-def warm_up(url: str, workload, model: str) -> None:
-    """A few of the workload's prompts, four tokens each: a fresh server's first steps are not timed."""
-    few = workload[:4]
-    warm = replay_workload([0.0] * len(few), [s.prompt_len for s in few], [4] * len(few), [s.prompt for s in few])
+def warm_up(url: str, model: str) -> None:
+    """Four short chats, four tokens each, none of them in a trace: a fresh server's first steps (llama-server's
+    first batch takes seconds) are not timed, and no prompt of the timed run is in a cache beforehand."""
+    chats = [[{"role": "user", "content": f"Warm-up {n}: name a colour."}] for n in range(4)]
+    warm = replay_workload([0.0] * 4, [8] * 4, [4] * 4, prompts=chats, name="warm-up")
     asyncio.run(run_load(api_base(url), warm, model, ignore_eos=True))
 
 
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None, prompt_tokens: Callable | None = None) -
             for system in systems:
                 with system.start(workload) as server:
                     model = args.model or asyncio.run(server_model(api_base(server.url)))
-                    warm_up(server.url, workload, model)
+                    warm_up(server.url, model)
                     speed, tokens, errors = tokens_per_second(server.url, workload, model)
                     system.notes = system.notes or said_by(server)
                 speeds.setdefault((system.name, workload_name), []).append(speed)
