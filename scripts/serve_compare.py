@@ -32,6 +32,7 @@ import shlex
 import shutil
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -124,7 +125,7 @@ class System:
     start: Callable[..., ServeProcess]
     labkit: str | None = None  # the labkit configuration's name, None for another server
     llama: str | None = None  # the llama-server GGUF's name
-    notes: list[str] = field(default_factory=list)  # what the server said about itself, once
+    precisions: list[str] = field(default_factory=list)  # what labkit serve computed in, each turn
 
 
 def named_value(item: str, flag: str, example: str) -> tuple[str, str]:
@@ -232,7 +233,8 @@ def table(
     rows = [f"| system | {header} |", "|---|" + "---|" * len(workloads)]
     for system in systems:
         cells = [" / ".join(f"{v:.1f}" for v in speeds[(system.name, w)]) for w in workloads]
-        note = f" ({'; '.join(system.notes)})" if system.notes else ""
+        counts = Counter(system.precisions)
+        note = f" ({', '.join(f'{p} in {n} turn(s)' for p, n in counts.items())})" if counts else ""
         rows.append(f"| {system.name}{note} | " + " | ".join(cells) + " |")
     rows.append(f"\n(each round's tok/s, in order; {rounds} round(s), medians below)")
     rows += [
@@ -241,9 +243,11 @@ def table(
     return "\n".join(rows + ratio_lines(systems, medians, list(workloads), equal_bytes))
 
 
-def said_by(server: ServeProcess) -> list[str]:
-    """What labkit serve said about its precision ("computes in bfloat16 (...)"), for the table."""
-    return [line.split("labkit serve: ", 1)[1] for line in server.log if "computes in" in line][:1]
+def precision_of(server: ServeProcess) -> str | None:
+    """What labkit serve said it computes in ("computes in bfloat16 (...)"): its defaults measure at every
+    start, so one turn may choose otherwise than the next, and the table says so."""
+    said = [line.split("computes in ", 1)[1] for line in server.log if "computes in " in line]
+    return said[0].split()[0] if said else None
 
 
 def parse_args(argv: list[str] | None = None):
@@ -280,6 +284,15 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
+def turn(system: System, workload, model: str | None) -> tuple[float, int, list[str], str | None]:
+    """One system's turn at one workload: started afresh, warmed up, timed, stopped."""
+    with system.start(workload) as server:
+        model = model or asyncio.run(server_model(api_base(server.url)))
+        warm_up(server.url, model)
+        speed, tokens, errors = tokens_per_second(server.url, workload, model)
+        return speed, tokens, errors, precision_of(server)
+
+
 def main(argv: list[str] | None = None, prompt_tokens: Callable | None = None) -> int:
     args = parse_args(argv)
     workloads = {w: trace_workload(WORKLOADS[w], w, args.requests) for w in args.workloads.split(",")}
@@ -290,11 +303,8 @@ def main(argv: list[str] | None = None, prompt_tokens: Callable | None = None) -
     for round_number in range(1, args.rounds + 1):
         for workload_name, workload in workloads.items():
             for system in systems:
-                with system.start(workload) as server:
-                    model = args.model or asyncio.run(server_model(api_base(server.url)))
-                    warm_up(server.url, model)
-                    speed, tokens, errors = tokens_per_second(server.url, workload, model)
-                    system.notes = system.notes or said_by(server)
+                speed, tokens, errors, precision = turn(system, workload, args.model)
+                system.precisions += [precision] if precision else []
                 speeds.setdefault((system.name, workload_name), []).append(speed)
                 note = (
                     ""
@@ -302,7 +312,8 @@ def main(argv: list[str] | None = None, prompt_tokens: Callable | None = None) -
                     else f"  (!) {tokens} tokens, the trace asks {expected[workload_name]}"
                 )
                 note += f"  {len(errors)} errors, first: {errors[0]}" if errors else ""
-                print(f"round {round_number} {workload_name} {system.name}: {speed:.1f} tok/s{note}", flush=True)
+                said = f" [{precision}]" if precision else ""
+                print(f"round {round_number} {workload_name} {system.name}{said}: {speed:.1f} tok/s{note}", flush=True)
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
     print(table(systems, speeds, workloads, args.rounds, args.equal_bytes))
     return 0

@@ -146,7 +146,8 @@ def test_a_trial_against_a_fake_llama_server_end_to_end(script, fake_llama, monk
     assert script.main(argv, prompt_tokens=one_token_per_char) == 0
     out = capsys.readouterr().out
     assert "(!)" not in out and "errors" not in out, out  # every system gave the trace's token counts
-    assert "round 1 W1 labkit tiny:" in out and "round 1 W1 llama Q8_0:" in out
+    assert "round 1 W1 labkit tiny [float32]:" in out and "round 1 W1 llama Q8_0" in out
+    assert "| labkit tiny (float32 in 1 turn(s)) |" in out  # what labkit chose, in the table
     assert "equal bytes, labkit tiny / llama Q8_0: W1 " in out
     (given,) = [json.loads(line) for line in record.read_text().splitlines()]
     assert given[given.index("-m") + 1] == str(gguf) and given[given.index("-np") + 1] == "3"
@@ -161,3 +162,12 @@ def test_serve_overhead_runs_the_offline_engine_on_the_traces_own_lengths():
     workload = overhead.trace_workload(overhead.WORKLOADS["W1"], "W1")[:3]
     _, tokens = overhead.offline_tokens_per_second(make_llm(chat_model()), workload)
     assert tokens == sum(spec.output_len for spec in workload)
+
+
+def test_the_precision_labkit_chose_is_read_from_its_log_turn_by_turn(script):
+    class Served:
+        log = ["labkit serve: computes in bfloat16 (bf16 measured 1.6x as fast as fp32 on this CPU, and matches it)"]
+
+    assert script.precision_of(Served()) == "bfloat16"
+    Served.log = ["0.00.004 I srv load_model: loading model 'm.gguf'"]  # llama-server says no such thing
+    assert script.precision_of(Served()) is None
