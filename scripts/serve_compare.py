@@ -261,12 +261,20 @@ def parse_args(argv: list[str] | None = None):
         metavar="NAME=ARGS",
         help="a labkit serve configuration, e.g. int8='--quantization int8'; bare: 'defaults', no arguments",
     )
-    parser.add_argument("--labkit-args", default="", help="arguments for every labkit configuration, as one string")
+    parser.add_argument(
+        "--labkit-args",
+        default="",
+        help="arguments for every labkit configuration, as one string (one flag alone: --labkit-args=--flag)",
+    )
     parser.add_argument(
         "--llama", action="append", default=[], metavar="NAME=GGUF [ARGS]", help="llama-server on a GGUF"
     )
     parser.add_argument("--llama-server", default=None, help="the llama-server program (default: found on PATH)")
-    parser.add_argument("--llama-args", default="", help="arguments for every llama-server, e.g. '-t 2'")
+    parser.add_argument(
+        "--llama-args",
+        default="",
+        help="arguments for every llama-server, e.g. '-t 2 --no-repack' (one flag alone: --llama-args=--flag)",
+    )
     parser.add_argument("--url", action="append", default=[], metavar="NAME=URL", help="a server you started")
     parser.add_argument("--model", default=None, help="model name to send (default: what each server lists)")
     parser.add_argument("--rounds", type=int, default=3)
