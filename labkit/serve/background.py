@@ -33,6 +33,8 @@ class ServeProcess:
     """``labkit serve ARGS`` in a child process on 127.0.0.1 and a free port; ``url`` once it answers."""
 
     launcher: tuple[str, ...] = (sys.executable, "-m", "labkit.cli", "serve")  # the command that serves
+    name = "labkit serve"  # for messages; another server started this way (a subclass) gives its own
+    ready_line = r" on (http://\S+)/v1"  # the log line that says where it listens
 
     def __init__(self, *args: str, startup_timeout_s: float = 180.0):
         command = [*self.launcher, "--host", "127.0.0.1", "--port", "0", *args]
@@ -62,13 +64,13 @@ class ServeProcess:
             except queue.Empty:
                 line = None
             if line is not None:
-                found = re.search(r" on (http://\S+)/v1", line)
+                found = re.search(self.ready_line, line)
                 if found:
                     return found.group(1)
                 continue
             self.stop()
             tail = "\n".join(self.log[-10:])
-            raise RuntimeError(f"labkit serve did not say where it listens (exit code {self.process.poll()}):\n{tail}")
+            raise RuntimeError(f"{self.name} did not say where it listens (exit code {self.process.poll()}):\n{tail}")
 
     def _wait_for_health(self, deadline: float) -> None:
         """Poll ``/health`` until it answers 200: the server takes requests from then on."""
@@ -82,7 +84,7 @@ class ServeProcess:
                 self.stop()
                 tail = "\n".join(self.log[-10:])
                 raise RuntimeError(
-                    f"labkit serve at {self.url} never answered /health (exit code {self.process.poll()}):\n{tail}"
+                    f"{self.name} at {self.url} never answered /health (exit code {self.process.poll()}):\n{tail}"
                 )
             time.sleep(0.05)
 
