@@ -9,6 +9,7 @@
 - :mod:`~labkit.labs.common.learner_errors`: an exception in the learner's code reported as "your function f
   raised X at line N of your cell", with the exercise's hint (``noting_errors`` for a function the engine
   calls, such as a scheduling policy);
+- :mod:`~labkit.labs.common.mistakes`: the typical mistake a wrong answer shows, named by the answers each gives;
 - :mod:`~labkit.labs.common.gate`: ``passed(exercise_id)``, so a demo cell runs only once its exercise passes;
 - :mod:`~labkit.labs.common.engine_runs`: the engine run with a learner's scheduler, allocator or attention
   plugged in, on a ticking clock, and judged against solo decoding (labs 4-9).

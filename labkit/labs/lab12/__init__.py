@@ -31,6 +31,7 @@ from labkit.engine.interfaces import ReplicaView
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.labs.common.learner_errors import diagnosed
+from labkit.labs.common.mistakes import named_mistake
 from labkit.labs.common.shared import rng
 from labkit.labs.hints import register_hints
 
@@ -158,14 +159,7 @@ def _compare(expected: dict[str, Any], got: list[Any]) -> Mismatch | None:
             return Mismatch(f"{where}: got {have}", "Return the chosen replica's index (replica.index), an int.")
         if have == want:
             continue
-        difference = f"{where}: expected replica {want}, got {have}"
-        for hint, wrong in expected["wrong"].items():  # a mistake that explains every answer names it best
-            if wrong == got:
-                return Mismatch(difference, hint)
-        for hint, wrong in expected["wrong"].items():
-            if wrong[index] == have:
-                return Mismatch(difference, hint)
-        return Mismatch(difference)
+        return Mismatch(f"{where}: expected replica {want}, got {have}", named_mistake(expected["wrong"], got, index))
     return None
 
 

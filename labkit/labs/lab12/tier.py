@@ -20,6 +20,7 @@ from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.kv.tier_policy import TierCosts, reload_or_recompute
 from labkit.labs.common.learner_errors import diagnosed
+from labkit.labs.common.mistakes import named_mistake
 from labkit.labs.common.shared import rng
 from labkit.labs.hints import register_hints
 
@@ -161,15 +162,8 @@ def _compare(expected: dict[str, Any], got: list[Any]) -> Mismatch | None:
             )
         if have == right:
             continue
-        difference = f"case {index}: expected blocks {right}, got {have}"
-        wrong = expected["wrong"]
-        for name, (_, hint) in MISTAKES.items():  # a mistake that explains every answer, else this one
-            if wrong[name] == answers:
-                return Mismatch(difference, hint)
-        for name, (_, hint) in MISTAKES.items():
-            if wrong[name][index] == have:
-                return Mismatch(difference, hint)
-        return Mismatch(difference)
+        by_hint = {hint: expected["wrong"][name] for name, (_, hint) in MISTAKES.items()}
+        return Mismatch(f"case {index}: expected blocks {right}, got {have}", named_mistake(by_hint, answers, index))
     return None
 
 

@@ -29,6 +29,7 @@ from labkit.grading.result import Mismatch
 from labkit.kv.block_allocator import FreeListBlockAllocator
 from labkit.labs.common.engine_runs import CheckRequest, compare_with_solo, run_failure
 from labkit.labs.common.learner_errors import capture, diagnosed, raised_in, raised_mismatch
+from labkit.labs.common.mistakes import named_mistake
 from labkit.labs.common.shared import rng, torch_generator
 from labkit.labs.hints import register_hints
 from labkit.labs.lab8.runs import repetitive_requests, serve_speculating, solo_course_runs
@@ -149,12 +150,9 @@ def _compare_ngram(expected, got) -> Mismatch | None:
     difference = f"{where}: expected {want}, got {have}"
     if len(have) > k:
         return Mismatch(difference, f"Propose at most k = {k} tokens: the ones right after the match, no more.")
-    for name, (_, hint) in NGRAM_MISTAKES.items():  # the mistake that explains every draft, if one does
-        if list(got) == expected["mistakes"][name]:
-            return Mismatch(difference, hint)
-    for name, (_, hint) in NGRAM_MISTAKES.items():  # else the first that explains this one
-        if have == expected["mistakes"][name][index]:
-            return Mismatch(difference, hint)
+    hint = named_mistake({hint: expected["mistakes"][name] for name, (_, hint) in NGRAM_MISTAKES.items()}, got, index)
+    if hint:
+        return Mismatch(difference, hint)
     if want and not all(t in ids for t in have):
         return Mismatch(difference, "Every proposed token must come from the sequence, after a match.")
     return Mismatch(difference)
