@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
 
 from bokeh.document import Document
 from bokeh.embed import components
@@ -188,6 +189,15 @@ new MutationObserver(paint).observe(document.documentElement, {attributes: true,
 """
 
 
+def curve_with_marker(**axes: Any) -> tuple[Any, ColumnDataSource, ColumnDataSource]:
+    """The widgets' chart: one curve and a marker at the reader's own setting (sources filled by the page's JS)."""
+    curve, here = ColumnDataSource(data=dict(x=[], y=[])), ColumnDataSource(data=dict(x=[], y=[]))
+    plot = figure(height=280, sizing_mode="stretch_width", toolbar_location=None, **axes)
+    plot.line("x", "y", source=curve, line_width=2)
+    plot.scatter("x", "y", source=here, size=11, color="crimson")
+    return plot, curve, here
+
+
 def _control() -> dict:
     """A control's settings: light colours, the row's width. A stylesheet is a model of its figure's document, so
     each control gets its own (a figure built twice in one process would otherwise share one: Bokeh refuses)."""
@@ -269,17 +279,7 @@ def kv_capacity_figure():
     )
     kv = Select(title="bytes per cached number", value="bf16", options=_byte_options(KV_BYTES), name="kv", **_control())
     answer = Div(text="", name="answer", styles=ANSWER_STYLE)
-    curve, here = ColumnDataSource(data=dict(x=[], y=[])), ColumnDataSource(data=dict(x=[], y=[]))
-    plot = figure(
-        height=280,
-        sizing_mode="stretch_width",
-        x_axis_type="log",
-        toolbar_location=None,
-        x_range=Range1d(256, 32768),
-        y_range=Range1d(0, 1),
-    )
-    plot.line("x", "y", source=curve, line_width=2)
-    plot.scatter("x", "y", source=here, size=11, color="crimson")
+    plot, curve, here = curve_with_marker(x_axis_type="log", x_range=Range1d(256, 32768), y_range=Range1d(0, 1))
     plot.xaxis.axis_label, plot.yaxis.axis_label = "tokens per conversation", "conversations that fit"
     body = """
     const m = {...MODELS[model.value], bytes_per_param: WEIGHT_BYTES[weights.value],

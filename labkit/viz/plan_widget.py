@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 
 from bokeh.layouts import column
-from bokeh.models import ColumnDataSource, Div, Range1d, Select, Span, TextInput
-from bokeh.plotting import figure
+from bokeh.models import Div, Range1d, Select, Span, TextInput
 
 from labkit.capacity import KV_BYTES, SALE_EXAMPLE, WEIGHT_BYTES
 from labkit.capacity.parallel import GPUS_PER_NODE
@@ -28,6 +27,7 @@ from labkit.viz.interactive import (
     _controls,
     _select,
     _wire,
+    curve_with_marker,
 )
 
 # The example's figures the page keeps fixed, and the bounds of what a reader may type.
@@ -268,17 +268,7 @@ def capacity_plan_figure():
     promise = _field("promise", f"{SALE_EXAMPLE['promise_s'] * 1e3:g}", "empty: no promise")
     load = _field("load", "", "empty: no fleet")
     table = Div(text="", name="plan", styles=ANSWER_STYLE, sizing_mode="stretch_width")
-    curve, here = ColumnDataSource(data=dict(x=[], y=[])), ColumnDataSource(data=dict(x=[], y=[]))
-    plot = figure(
-        height=280,
-        sizing_mode="stretch_width",
-        y_axis_type="log",
-        toolbar_location=None,
-        x_range=Range1d(0, 1),
-        y_range=Range1d(1, 1000),
-    )
-    plot.line("x", "y", source=curve, line_width=2)
-    plot.scatter("x", "y", source=here, size=11, color="crimson")
+    plot, curve, here = curve_with_marker(y_axis_type="log", x_range=Range1d(0, 1), y_range=Range1d(1, 1000))
     promise_line = Span(dimension="width", line_dash="dotted", line_color="crimson", location=1, visible=False)
     plot.add_layout(promise_line)
     plot.xaxis.axis_label = "requests per second (one replica)"
