@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 
+from labkit.capacity import sale_fleet_gpu
 from labkit.sim.disagg import disaggregation_table, format_table
 
 
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     rates = tuple(float(rate) for rate in args.rates.split(","))
-    table = format_table(disaggregation_table(rates, num_requests=args.requests, seed=args.seed))
+    table = format_table(disaggregation_table(rates, num_requests=args.requests, seed=args.seed, **sale_fleet_gpu()))
     print(table)
     return table
 

@@ -23,7 +23,7 @@ import statistics
 
 import torch
 
-from labkit.kv.tier_bench import BLOCK_SIZE, crossover, reload_against_recompute, returning_ttft
+from labkit.bench.kv_tier import BLOCK_SIZE, crossover, reload_against_recompute, returning_ttft
 from labkit.models import load_model, tiny_model
 
 

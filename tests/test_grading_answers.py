@@ -147,6 +147,33 @@ def policy_of(policy_class):
     return lambda state: policy_class().schedule(state)
 
 
+def handing_off_with(piece: str):
+    """lab12.kv_handoff written around one of labkit's pieces (``slots``, ``read`` or ``write``), the rest by hand."""
+
+    def adapter(f):
+        def hand_off_kv(source_k, source_v, table, num_tokens, allocator, target_k, target_v, seq_id):
+            target = list(allocator.allocate(seq_id, num_tokens))
+            for source, destination in ((source_k, target_k), (source_v, target_v)):
+                for pool, into in zip(source, destination):
+                    size, into_size = pool.shape[1], into.shape[1]
+                    if piece == "slots":
+                        rows = pool.reshape(-1, *pool.shape[2:])[f(table, num_tokens, size)]
+                    elif piece == "read":
+                        rows = f(pool, table, num_tokens)
+                    else:
+                        rows = torch.stack([pool[table[t // size], t % size] for t in range(num_tokens)])
+                    if piece == "write":
+                        f(into, target, rows)
+                    else:
+                        for t in range(num_tokens):
+                            into[target[t // into_size], t % into_size] = rows[t]
+            return target
+
+        return hand_off_kv
+
+    return adapter
+
+
 # Where labkit's answer takes or gives its data in another shape than the exercise, per answer: how a learner would
 # wrap it. The same wrapper turns a copy of it into the honest control.
 ADAPTERS = {
@@ -158,6 +185,12 @@ ADAPTERS = {
     "labkit.kernels.traffic.decode_bytes": lambda f: lambda *args, **kwargs: f(DecodeShape(*args, **kwargs)),
     "labkit.viz.timeline.batch_spans": waste_from_spans,
     "labkit.engine.scheduler.continuous.ContinuousBatching": policy_of,
+    "labkit.engine.fleet.CacheAware": lambda cls: (
+        lambda replicas, max_imbalance: cls(max_imbalance).route(None, replicas)
+    ),
+    "labkit.kv.handoff.slots": handing_off_with("slots"),
+    "labkit.kv.handoff.read_tokens": handing_off_with("read"),
+    "labkit.kv.handoff.write_tokens": handing_off_with("write"),
     "labkit.engine.scheduler.chunked.ChunkedPrefill": policy_of,
     "labkit.engine.scheduler.base.schedule_running": continuous_with,
     "labkit.metrics.summarize": expected_metrics,
@@ -216,7 +249,7 @@ COVERED = [exercise.id for lab in LABS for exercise in exercises_for_lab(lab.nam
 def test_the_labs_declare_answers_that_exist():
     declared = {exercise.id: exercise.answers for lab in LABS for exercise in exercises_for_lab(lab.name)}
     covered_labs = {exercise_id.partition(".")[0] for exercise_id, answers in declared.items() if answers}
-    assert covered_labs >= {f"lab{n}" for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)}
+    assert covered_labs >= {f"lab{n}" for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)}
     for exercise_id, answers in declared.items():
         for dotted in answers:
             assert callable(reference(dotted)), (exercise_id, dotted)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from labkit.engine import LLM
-from labkit.kv.handoff import read_tokens, serve_disaggregated, slots, write_tokens
+from labkit.engine.disaggregated import serve_disaggregated
+from labkit.kv.handoff import read_tokens, slots, write_tokens
 from labkit.models import tiny_model
 from labkit.sampling_params import SamplingParams
 

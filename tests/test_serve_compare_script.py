@@ -139,9 +139,16 @@ def test_the_ratios_at_equal_bytes_and_against_llamas_best_quantized(script):
 def test_a_trial_against_a_fake_llama_server_end_to_end(script, fake_llama, monkeypatch, capsys):
     """labkit serve (the tiny model, through test_serve_round2's launcher) and the fake llama-server, one
     round of W1's first three requests: both produce exactly the tokens the trace asks for."""
-    program, record, gguf = fake_llama
+    program, record, gguf = fake_llama  # labkit's dtype named: its own choice is a timed race a busy machine may flip
     monkeypatch.setattr(ServeProcess, "launcher", (sys.executable, str(TESTS / "test_serve_round2.py")))
-    argv = ["--labkit", "tiny=--max-num-seqs 4", "--llama", f"Q8_0={gguf} -t 1", "--llama-server", str(program)]
+    argv = [
+        "--labkit",
+        "tiny=--max-num-seqs 4 --dtype float32",
+        "--llama",
+        f"Q8_0={gguf} -t 1",
+        "--llama-server",
+        str(program),
+    ]
     argv += ["--rounds", "1", "--workloads", "W1", "--requests", "3", "--equal-bytes", "tiny=Q8_0"]
     assert script.main(argv, prompt_tokens=one_token_per_char) == 0
     out = capsys.readouterr().out

@@ -8,7 +8,7 @@ import math
 import pytest
 from script_loader import load_script
 
-from labkit.capacity import SALE_EXAMPLE
+from labkit.capacity import SALE_EXAMPLE, sale_fleet_gpu
 from labkit.sim.cost_model import CostModel
 from labkit.sim.disagg import (
     ETHERNET_1G,
@@ -95,11 +95,13 @@ def test_bad_setups_are_refused():
     with pytest.raises(ValueError, match="positive bandwidth"):
         Link(0.0)
     with pytest.raises(ValueError, match="same number of GPUs"):
-        disaggregation_table((8.0,), setups=((2, 2, RDMA), (1, 2, RDMA)), num_requests=10)
+        disaggregation_table((8.0,), setups=((2, 2, RDMA), (1, 2, RDMA)), num_requests=10, **sale_fleet_gpu())
 
 
 def test_the_table_has_a_row_per_setup_and_rate():
-    rows = disaggregation_table((16.0,), setups=((2, 2, RDMA),), chunk_budgets=(512,), num_requests=40)
+    rows = disaggregation_table(
+        (16.0,), setups=((2, 2, RDMA),), chunk_budgets=(512,), num_requests=40, **sale_fleet_gpu()
+    )
     assert [row.setup for row in rows] == ["chunked (512-token steps)", "2P+2D, 400 Gb/s RDMA"]
     assert rows[1].itl_p99_ms < rows[0].itl_p99_ms
 

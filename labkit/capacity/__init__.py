@@ -30,6 +30,7 @@ from labkit.capacity.presets import (
     SALE_70B_EXAMPLE,
     SALE_EXAMPLE,
     SALE_GPU,
+    sale_fleet_gpu,
     sale_load,
 )
 from labkit.sim.cost_model import conversations_that_fit
@@ -60,6 +61,7 @@ __all__ = [
     "load_within_promise",
     "plan",
     "planner_model",
+    "sale_fleet_gpu",
     "sale_load",
     "size_fleet",
     "speculation_breakeven_batch",

@@ -91,3 +91,16 @@ nine friends decoding at 2K contexts take 18 ms a step, 26 ms with a 256-token c
 document riding along (the chunk size is ours: 256 is the size that gives 26); ten friends at
 2K get 54 tokens/s each, almost nine times one stream's total.
 """
+
+
+def sale_fleet_gpu() -> dict:
+    """One GPU of the sale as the simulator's fleets take it: ``cost`` (its cost model, 3 ms a pass) and
+    ``num_blocks`` (the KV blocks that fit beside the weights), e.g. ``disaggregation_table(..., **sale_fleet_gpu())``."""
+    from labkit.sim.cost_model import CostModel
+    from labkit.sim.simulator import blocks_that_fit  # the simulator only once a fleet is simulated
+
+    hardware, model = SALE_EXAMPLE["hardware"], SALE_EXAMPLE["model"]
+    return dict(
+        cost=CostModel.from_parts(hardware, model, SALE_EXAMPLE["overhead_s"]),
+        num_blocks=blocks_that_fit(hardware, model),
+    )

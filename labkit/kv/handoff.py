@@ -10,23 +10,17 @@ engine's seam) and writes each token into the slot its own table names (:func:`w
 two pools need not share block numbers, nor even a block size: the tensors travel token by token.
 
 :meth:`labkit.engine.LLM.export_request` and :meth:`~labkit.engine.LLM.import_request` use these;
-:func:`serve_disaggregated` runs a prefill engine and a decode engine side by side on this machine.
+:func:`labkit.engine.disaggregated.serve_disaggregated` runs a prefill engine and a decode engine side by side.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from labkit.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from labkit.engine.llm import LLM
-    from labkit.engine.request import RequestOutput
-    from labkit.models.tokens import Prompt
 
 
 @dataclass(frozen=True)
@@ -129,35 +123,3 @@ def write_tokens(pool: torch.Tensor, table: Sequence[int], rows: torch.Tensor) -
     flat = _as_bytes(pool).view(-1, *pool.shape[2:])
     index = slots(table, rows.shape[0], pool.shape[1]).to(pool.device)
     flat.index_copy_(0, index, _as_bytes(rows).to(pool.device))
-
-
-def serve_disaggregated(
-    prefill: LLM,
-    decode: LLM,
-    prompts: Sequence[Prompt],
-    params: SamplingParams | Sequence[SamplingParams] | None = None,
-) -> list[RequestOutput]:
-    """Serve ``prompts`` with ``prefill`` computing every prompt and ``decode`` every token after the first:
-    each request is handed over (:meth:`~labkit.engine.LLM.export_request`, then
-    :meth:`~labkit.engine.LLM.import_request`) as soon as its first token is out. Both engines share this
-    process and take turns; the outputs come back in the order given (a request whose first token ends it is
-    answered by the prefill engine alone).
-
-    A request the decode engine cannot take yet (no free seat or blocks) stays on the prefill engine, which
-    keeps decoding it meanwhile; it is handed over, with its longer KV, once the decode engine has room.
-    """
-    all_params = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
-    if len(all_params) != len(prompts):
-        raise ValueError(f"{len(prompts)} prompts need as many sampling params, got {len(all_params)}")
-    prefill.start_run()
-    decode.start_run()
-    ids = [prefill.add_request(p, sp, request_id=str(i)) for i, (p, sp) in enumerate(zip(prompts, all_params))]
-    finished: dict[str, RequestOutput] = {}
-    while prefill.has_unfinished() or decode.has_unfinished():
-        for engine in (prefill, decode):
-            if engine.has_unfinished():
-                finished.update((out.request_id, out) for out in engine.step() if out.finished)
-        for request in prefill.core.ready_to_hand_over():
-            if decode.can_import(request.num_computed_tokens):
-                decode.import_request(prefill.export_request(request.request_id))
-    return [finished[request_id] for request_id in ids]

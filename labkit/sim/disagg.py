@@ -243,23 +243,16 @@ def disaggregation_table(
     *,
     num_requests: int = 400,
     seed: int = 0,
-    cost: CostModel | None = None,
-    num_blocks: int | None = None,
+    cost: CostModel,
+    num_blocks: int,
     promise_ms: float = 50.0,
     max_num_seqs: int = 128,
 ) -> list[DisaggRow]:
     """The lesson's sale (:func:`lesson_sale`) at each rate on the same number of GPUs: all of them running chunked
     prefill behind a round-robin router (one row per step budget ``max_num_batched_tokens`` in ``chunk_budgets``),
-    then each (prefill GPUs, decode GPUs, link) setup, whose GPUs run the first budget. Defaults: the lesson's 8B
-    model on its A100-class GPU with 3 ms per pass (:data:`labkit.capacity.SALE_EXAMPLE`), the pool that fits beside
-    the weights, and its promise of a token at least every 50 ms."""
-    from labkit.capacity import SALE_EXAMPLE  # here: labkit.capacity imports labkit.sim
-    from labkit.sim.simulator import blocks_that_fit
-
-    if cost is None:
-        cost = CostModel.from_parts(SALE_EXAMPLE["hardware"], SALE_EXAMPLE["model"], SALE_EXAMPLE["overhead_s"])
-    if num_blocks is None:
-        num_blocks = blocks_that_fit(SALE_EXAMPLE["hardware"], SALE_EXAMPLE["model"])
+    then each (prefill GPUs, decode GPUs, link) setup, whose GPUs run the first budget. Each GPU has ``cost`` and
+    ``num_blocks`` (the lesson's: its 8B model on its A100-class GPU with 3 ms per pass, see
+    :func:`labkit.capacity.sale_fleet_gpu`), and the promise is a token at least every ``promise_ms``."""
     gpus = {prefill + decode for prefill, decode, _ in setups}
     if len(gpus) != 1 or not chunk_budgets:
         raise ValueError(

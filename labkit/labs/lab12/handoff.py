@@ -331,7 +331,7 @@ register(
         Exercise(
             id="lab12.kv_handoff",
             functions=("hand_off_kv",),
-            answers=("labkit.kv.handoff.read_tokens", "labkit.kv.handoff.write_tokens", "labkit.kv.handoff.slots"),
+            answers=("labkit.kv.handoff.slots", "labkit.kv.handoff.read_tokens", "labkit.kv.handoff.write_tokens"),
             make_inputs=_inputs,
             run=_run,
             oracle=_oracle,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
+from labkit.bench.kv_tier import reload_against_recompute, returning_ttft
 from labkit.engine import LLM
-from labkit.kv.tier_bench import reload_against_recompute, returning_ttft
 from labkit.kv.tier_policy import TierCosts
 from labkit.labs.lab12.handoff import serve_handing_off
 from labkit.models.tokens import Prompt
