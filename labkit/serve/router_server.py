@@ -12,7 +12,7 @@ import uvicorn
 
 from labkit.serve import guard
 from labkit.serve.router_app import Routing, build_router_app
-from labkit.serve.uvicorn_thread import ReadyServer, UvicornThread
+from labkit.serve.uvicorn_thread import ReadyServer, UvicornThread, bound_socket
 
 
 class RouterServer(ReadyServer):
@@ -36,16 +36,7 @@ def make_router_server(
         timeout_keep_alive=5,
         timeout_graceful_shutdown=1,
     )
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as err:
-        sock.close()
-        raise OSError(
-            f"cannot listen on {host}:{port} ({err.strerror}); pick another --port or stop whatever holds it"
-        ) from None
+    sock = bound_socket(host, port)
     return RouterServer(config), sock
 
 

@@ -22,7 +22,7 @@ from labkit.serve.admission import AdmissionHook
 from labkit.serve.app import build_app
 from labkit.serve.metrics import ServerMetrics
 from labkit.serve.protocol import APIError
-from labkit.serve.uvicorn_thread import ReadyServer, UvicornThread
+from labkit.serve.uvicorn_thread import ReadyServer, UvicornThread, bound_socket
 from labkit.serve.worker import EngineWorker
 
 LAST_WORDS_S = 0.5  # after the grace period, how long the cut requests' handlers get to send their error
@@ -104,16 +104,7 @@ def make_server(
         # a backstop only, since the drain has ended every request by then
         timeout_graceful_shutdown=LAST_WORDS_S,  # type: ignore[arg-type]
     )
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as err:
-        sock.close()
-        raise OSError(
-            f"cannot listen on {host}:{port} ({err.strerror}); pick another --port or stop whatever holds it"
-        ) from None
+    sock = bound_socket(host, port)
     return Server(config, worker, shutdown_timeout), sock, worker
 
 

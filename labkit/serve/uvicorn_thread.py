@@ -23,6 +23,21 @@ class ReadyServer(uvicorn.Server):
             self.on_ready()
 
 
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (0: a free port), or an OSError that names the port and the fix."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise OSError(
+            f"cannot listen on {host}:{port} ({err.strerror}); pick another --port or stop whatever holds it"
+        ) from None
+    return sock
+
+
 def url_of(sock: socket.socket) -> str:
     """The address a bound socket serves."""
     host, port = sock.getsockname()[:2]
