@@ -51,6 +51,22 @@ def code_cells(notebook: nbformat.NotebookNode) -> Iterator[tuple[int, str]]:
             yield position, source
 
 
+def exercise_cell_sources(notebook: nbformat.NotebookNode) -> dict[str, str]:
+    """Each exercise's cell source, by exercise id (from its `exercise:<id>` tag), read as data in the
+    grader's process: what the similarity report, the source scan and lab 11's kernel rules look at.
+    Cells sharing one id are joined in notebook order; a cell without a string source counts as empty."""
+    sources: dict[str, list[str]] = {}
+    for cell in notebook.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        source = cell.get("source", "")
+        tags = _as_dict(cell.get("metadata")).get("tags")
+        for tag in tags if isinstance(tags, list) else []:
+            if isinstance(tag, str) and tag.startswith(EXERCISE_TAG) and len(tag) > len(EXERCISE_TAG):
+                sources.setdefault(tag[len(EXERCISE_TAG) :], []).append(source if isinstance(source, str) else "")
+    return {exercise_id: "\n\n".join(parts) for exercise_id, parts in sources.items()}
+
+
 def _as_dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
