@@ -39,7 +39,7 @@ from labkit.grading import cgroups, sandbox
 from labkit.grading import kernel_session as ks
 from labkit.grading.checks import Exercise, exercises_for_lab, lab_module
 from labkit.grading.hint_counts import read_hint_counts, self_reported, weigh_hints
-from labkit.grading.judge import expected_outputs, verdict
+from labkit.grading.judge import expected_outputs, verdict, with_source_rule
 from labkit.grading.judge_process import judge_result, start_judges
 from labkit.grading.kernel_side import attempt_code, hint_counts_code
 from labkit.grading.report_text import report_lines, report_text
@@ -47,6 +47,7 @@ from labkit.grading.result import CRASHED, ERROR, NOT_RUN, TIMEOUT, CheckResult
 from labkit.grading.submissions import (
     SubmissionError,
     code_cells,
+    exercise_cell_sources,
     infer_lab,
     read_notebook,
     rename_note,
@@ -356,12 +357,13 @@ class Grader:
                     grade.notes.append(f"the kernel was restarted {session.restarts} time(s)")
             if settings.sandbox and sandbox.switches_user():
                 sandbox.kill_processes_of(uid)  # nothing it started may still touch its results
+            sources = exercise_cell_sources(notebook)  # read as data, here
             for exercise in exercises:
                 if exercise.id in handed_in:
                     result = judge_result(
                         exercise, folder, handed_in[exercise.id], expected[exercise.id], settings.cell_timeout
                     )
-                    grade.results.append(result)
+                    grade.results.append(with_source_rule(exercise, result, sources.get(exercise.id, "")))
             hints = read_hint_counts(folder / hints_file)
         grade.results = [
             weigh_hints(result, hints.get(result.exercise, 0), settings.hint_penalty) for result in grade.results

@@ -8,6 +8,7 @@ a headline, what was tested, the first difference (or the problem), and a hint.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import OrderedDict
 from typing import Any
 
@@ -83,3 +84,16 @@ def judge(exercise: Exercise, attempt: Attempt, expected: Any) -> CheckResult:
     if mismatch is None or isinstance(mismatch, Note):
         return verdict(exercise, PASS, mismatch.text if mismatch else "")
     return verdict(exercise, FAIL, mismatch.difference, mismatch.hint)
+
+
+def with_source_rule(exercise: Exercise, result: CheckResult, source: str) -> CheckResult:
+    """The verdict once the exercise's `source_rule` has read its cell's `source`: a rule broken fails
+    outputs that passed; a note from it is added to a pass. Other verdicts stand as they are."""
+    if exercise.source_rule is None or not result.passed:
+        return result
+    finding = exercise.source_rule(source)
+    if isinstance(finding, Mismatch):
+        return verdict(exercise, FAIL, finding.difference, finding.hint)
+    if isinstance(finding, Note):
+        return dataclasses.replace(result, message=f"{result.message}\nNote: {finding.text}")
+    return result

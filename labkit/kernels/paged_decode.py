@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 
+from labkit.kernels.contract import UNWRITTEN
 from labkit.kernels.runtime import launch, tl, triton
 from labkit.kv.paged_attention import paged_attention
 from labkit.kv.paged_batch import PagedBatch
@@ -241,7 +242,7 @@ def launch_paged_decode(
     grid (sequences, KV heads); the attention output, shaped like ``q``."""
     num_seqs, num_heads, num_kv_heads, block_size, head_dim = _shapes(q, k_pool)
     group = num_heads // num_kv_heads
-    out = torch.empty_like(q)
+    out = torch.full_like(q, UNWRITTEN)  # rows the kernel never writes show as such
     launch(
         kernel,
         (num_seqs, num_kv_heads),
@@ -280,9 +281,10 @@ def launch_split_kv(
     group = num_heads // num_kv_heads
     blocks_per_split = -(-block_tables.shape[1] // num_splits)
     partial = dict(device=q.device, dtype=torch.float32)
-    maxes = torch.empty(num_seqs, num_heads, num_splits, **partial)
-    sums = torch.empty(num_seqs, num_heads, num_splits, **partial)
-    accs = torch.empty(num_seqs, num_heads, num_splits, head_dim, **partial)
+    # NaN until written: a partial the split kernel never stores poisons its row instead of passing for empty
+    maxes = torch.full((num_seqs, num_heads, num_splits), math.nan, **partial)
+    sums = torch.full((num_seqs, num_heads, num_splits), math.nan, **partial)
+    accs = torch.full((num_seqs, num_heads, num_splits, head_dim), math.nan, **partial)
     launch(
         split_kernel,
         (num_seqs, num_kv_heads, num_splits),
@@ -304,7 +306,7 @@ def launch_split_kv(
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
     )
-    out = torch.empty_like(q)
+    out = torch.full_like(q, UNWRITTEN)
     launch(
         merge_kernel,
         (num_seqs * num_heads,),

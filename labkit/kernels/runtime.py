@@ -20,14 +20,18 @@ class TritonUnavailableError(RuntimeError):
     """Triton cannot run kernels here: not installed, or its interpreter gives wrong answers."""
 
 
+COMPILE_ONLY_ENV = "LABKIT_TRITON_COMPILE_ONLY"  # set: kernels stay compilable for a GPU target, not runnable
+
+
 def interpreted() -> bool:
     """Whether kernels run in Triton's interpreter: always without CUDA, or when TRITON_INTERPRET=1 is set."""
     return not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def load_triton() -> tuple[ModuleType, ModuleType]:
-    """``triton`` and ``triton.language``, with the interpreter switched on where there is no GPU."""
-    if not torch.cuda.is_available():
+    """``triton`` and ``triton.language``, with the interpreter switched on where there is no GPU (unless
+    :data:`COMPILE_ONLY_ENV` asks for kernels to compile for a GPU target: :mod:`~labkit.kernels.compile_for_gpu`)."""
+    if not torch.cuda.is_available() and os.environ.get(COMPILE_ONLY_ENV) != "1":
         os.environ["TRITON_INTERPRET"] = "1"
     try:
         import triton
