@@ -65,6 +65,15 @@ def _parameters_problem(source: str, kernels: tuple[str, ...]) -> str | None:
     return None
 
 
+def _short(error: str) -> str:
+    """Triton's message with the kernel's lines cut to the three above the caret."""
+    lines = error.splitlines()
+    caret = next((index for index, line in enumerate(lines) if line.strip() == "^"), None)
+    if caret is None or not lines[0].startswith("at "):
+        return error
+    return "\n".join([f"{lines[0]} (line:column in the kernel)", *lines[max(1, caret - 3) : caret + 1], *lines[caret + 1 :]])
+
+
 def compiled_problem(source: str, kernels: tuple[str, ...]) -> Mismatch | Note | None:
     """What compiling the cell's ``kernels`` for an H100 finds wrong, a note when it cannot be compiled here, or None."""
     jobs = [Job(name, *GPU_SIGNATURES[name], H100, source=PRELUDE + source) for name in kernels]
@@ -78,7 +87,7 @@ def compiled_problem(source: str, kernels: tuple[str, ...]) -> Mismatch | Note |
         if result.error:
             construct = next((hint for key, hint in INTERPRETER_ONLY.items() if key in result.error), None)
             return Mismatch(
-                f"{result.kernel} does not compile for an H100 (sm_90); Triton's compiler says:\n{result.error}",
+                f"{result.kernel} does not compile for an H100 (sm_90); Triton's compiler says:\n{_short(result.error)}",
                 construct or "Triton's interpreter runs Python that a GPU's compiler refuses: rewrite that line in tl.*.",
             )
     for result in results:
