@@ -44,7 +44,7 @@ def jobs() -> list[tuple[str, Job]]:
 
 
 def table(rows: list[tuple[str, Compiled]]) -> str:
-    lines = [f"{"kernel":<36} {'target':<13} {'registers':>9} {'spills (B)':>10} {'shared (B)':>10} {'seconds':>7}"]
+    lines = [f"{'kernel':<36} {'target':<13} {'registers':>9} {'spills (B)':>10} {'shared (B)':>10} {'seconds':>7}"]
     for whose, result in rows:
         name = f"{result.kernel} ({whose})"
         if result.error:
