@@ -26,7 +26,10 @@ from labkit.kernels.contract import GPU_SIGNATURES
 from labkit.labs.lab11.kernel_cell import PRELUDE
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "labs" / "source" / "lab11_the_kernel.ipynb"
-NOTEBOOK_KERNELS = {"lab11.paged_decode": ("paged_decode_kernel",), "lab11.split_kv": ("split_kv_kernel", "merge_splits_kernel")}
+NOTEBOOK_KERNELS = {
+    "lab11.paged_decode": ("paged_decode_kernel",),
+    "lab11.split_kv": ("split_kv_kernel", "merge_splits_kernel"),
+}
 
 
 def jobs() -> list[tuple[str, Job]]:
@@ -35,7 +38,9 @@ def jobs() -> list[tuple[str, Job]]:
     found = []
     for capability in TARGETS.values():
         for kernel, (signature, constants) in GPU_SIGNATURES.items():
-            found.append(("labkit", Job(kernel, signature, constants, capability, module="labkit.kernels.paged_decode")))
+            found.append(
+                ("labkit", Job(kernel, signature, constants, capability, module="labkit.kernels.paged_decode"))
+            )
         for exercise, kernels in NOTEBOOK_KERNELS.items():
             for kernel in kernels:
                 job = Job(kernel, *GPU_SIGNATURES[kernel], capability, source=PRELUDE + sources[exercise])

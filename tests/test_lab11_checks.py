@@ -220,7 +220,7 @@ def test_splits_merged_without_rescaling_fail_with_the_mistake_named(tmp_path):
     "change, named",
     [
         (  # exp(max_s) overflows on the large-score case
-            ('tl.exp(maxes - overall))  # an empty split', "tl.exp(maxes))  # an empty split"),
+            ("tl.exp(maxes - overall))  # an empty split", "tl.exp(maxes))  # an empty split"),
             "overflow",
         ),
         (  # right only when the split count is a power of two

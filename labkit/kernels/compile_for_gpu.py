@@ -186,7 +186,9 @@ def compile_in_child(jobs: list[Job], timeout: float = COMPILE_TIMEOUT_S) -> lis
     if todo:
         env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
         env["LABKIT_TRITON_COMPILE_ONLY"] = "1"
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")])
+        )
         try:
             child = subprocess.run(
                 [sys.executable, "-m", __name__],

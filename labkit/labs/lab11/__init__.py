@@ -3,11 +3,15 @@
 - ``paged_decode_kernel``: one program per (sequence, KV head) walks the block table, loads each block's
   keys and values where they lie, masks the last block's empty slots, and keeps a running softmax for the
   group of query heads that share the KV head. Checked under Triton's interpreter on seeded cases (random
-  block tables, contexts that end mid-block, one and three query heads per KV head, scores large enough to
-  overflow ``exp`` without the running max) against labkit's reference, and inside the engine.
+  block tables, contexts that end mid-block, one to three query heads per KV head, scores large enough to
+  overflow ``exp`` without the running max, a first block far above the rest, bf16 pools) against labkit's
+  reference, and inside the engine.
 - ``split_kv_kernel`` and ``merge_splits_kernel``: split-KV ("flash-decoding"): each split keeps its partial
-  max, sum and weighted values; the merge brings them to one max. Checked with one, two and more splits
-  than a sequence has blocks.
+  max, sum and weighted values; the merge brings them to one max. Checked with one, three and five splits
+  (not powers of two, some empty), large scores and bf16.
+
+Both kernel checks grade kernels, not only outputs: the exercise cell's source, read as data, must hold Triton
+kernels only, and they must compile for an H100 (:mod:`~labkit.labs.lab11.compiled`).
 - ``decode_bytes``: the bytes one layer's decode step reads, kernel against gather-then-SDPA.
 
 Each wrong answer is compared with the typical mistakes (simulated in :mod:`~labkit.labs.lab11.variants`)
@@ -273,9 +277,11 @@ register(
             oracle=_decode_oracle,
             compare=_compare_decode,
             source_rule=kernel_rule(("paged_decode_kernel",)),
-            tested="your kernel under Triton's interpreter on 3 seeded cases (pools of 24 blocks of 16, random block "
-            "tables, contexts ending mid-block, 1 and 3 query heads per KV head, scores up to a few hundred) equals "
-            "labkit's attention, and the engine with your kernel on its decode steps gives every request its solo tokens",
+            tested="your kernel cell holds Triton kernels only and compiles for an H100 (sm_90); under Triton's "
+            "interpreter, on 5 seeded cases (pools of 24 blocks of 16, random block tables, contexts ending mid-block, "
+            "1, 2 and 3 query heads per KV head, scores up to a few hundred, a first block scoring far above the rest, "
+            "bf16 pools), it equals labkit's attention within what a GPU's TF32 and bf16 allow, and the engine with "
+            "your kernel on its decode steps gives every request its solo tokens",
             hint="Per block: load the keys and values of this KV head at block_tables[seq, i], mask positions past the "
             "context, score the group's queries, raise the running max, rescale the sum and the accumulator, add "
             'the block. labkit.hint("lab11.paged_decode") shows more.',
@@ -324,9 +330,9 @@ register(
             oracle=lambda cases: _expected(cases, ("merge", "merge_max", "rescale", "tail", "table")),
             compare=_compare_cases,
             source_rule=kernel_rule(("split_kv_kernel", "merge_splits_kernel")),
-            tested="your split and merge kernels under Triton's interpreter with 1, 2 and 8 splits (more splits than "
-            "a sequence has blocks, so some are empty) on seeded cases with 3 query heads per KV head equal labkit's "
-            "attention",
+            tested="your kernel cell holds Triton kernels only and compiles for an H100 (sm_90); under Triton's "
+            "interpreter your split and merge kernels with 1, 3 and 5 splits (not powers of two; some splits empty), "
+            "large scores and bf16 pools, 3 query heads per KV head, equal labkit's attention",
             hint="Each split walks only its own run of blocks and stores its m, l and acc unnormalized; the merge finds "
             "the largest m over the splits and adds each split's l and acc times exp(m_s - largest). "
             'labkit.hint("lab11.split_kv") shows more.',

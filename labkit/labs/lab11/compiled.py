@@ -71,7 +71,9 @@ def _short(error: str) -> str:
     caret = next((index for index, line in enumerate(lines) if line.strip() == "^"), None)
     if caret is None or not lines[0].startswith("at "):
         return error
-    return "\n".join([f"{lines[0]} (line:column in the kernel)", *lines[max(1, caret - 3) : caret + 1], *lines[caret + 1 :]])
+    return "\n".join(
+        [f"{lines[0]} (line:column in the kernel)", *lines[max(1, caret - 3) : caret + 1], *lines[caret + 1 :]]
+    )
 
 
 def compiled_problem(source: str, kernels: tuple[str, ...]) -> Mismatch | Note | None:
@@ -88,7 +90,8 @@ def compiled_problem(source: str, kernels: tuple[str, ...]) -> Mismatch | Note |
             construct = next((hint for key, hint in INTERPRETER_ONLY.items() if key in result.error), None)
             return Mismatch(
                 f"{result.kernel} does not compile for an H100 (sm_90); Triton's compiler says:\n{_short(result.error)}",
-                construct or "Triton's interpreter runs Python that a GPU's compiler refuses: rewrite that line in tl.*.",
+                construct
+                or "Triton's interpreter runs Python that a GPU's compiler refuses: rewrite that line in tl.*.",
             )
     for result in results:
         if "block_tables_ptr" in GPU_SIGNATURES[result.kernel][0]:

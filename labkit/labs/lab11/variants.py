@@ -60,7 +60,11 @@ class Walk:
 
     def __init__(self, q, k_pool, v_pool, tables, seq, length, **mistakes: bool):
         self.q, self.k_pool, self.v_pool, self.tables, self.seq, self.length = q, k_pool, v_pool, tables, seq, length
-        self.rescale, self.subtract_max, self.mask_tail = mistakes["rescale"], mistakes["subtract_max"], mistakes["mask_tail"]
+        self.rescale, self.subtract_max, self.mask_tail = (
+            mistakes["rescale"],
+            mistakes["subtract_max"],
+            mistakes["mask_tail"],
+        )
         self.use_table, self.block_max = mistakes["use_table"], mistakes["block_max"]
 
     def __call__(self, head: int, kv_head: int, blocks: range) -> tuple[float, float, torch.Tensor]:
