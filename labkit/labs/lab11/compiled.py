@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from labkit.grading.result import Mismatch, Note
 from labkit.kernels.compile_for_gpu import CompilerUnavailableError, Job, compile_in_child
-from labkit.kernels.offset_types import int32_products
 from labkit.kernels.contract import GPU_SIGNATURES
+from labkit.kernels.offset_types import int32_products
 from labkit.labs.lab11.kernel_cell import PRELUDE, kernel_cell_problem
 
 H100 = 90
