@@ -423,3 +423,21 @@ def test_a_running_max_replaced_by_the_blocks_own_is_caught_under_every_seed(see
     got = {name: simulate(*(case[k] for k in keys), block_max=True) for name, case in cases.items()}
     mismatch = lab11._compare_cases(expected, got)
     assert isinstance(mismatch, Mismatch) and "own max" in mismatch.hint, mismatch
+
+
+def test_an_object_or_a_hooked_kernel_is_not_launched(tmp_path):
+    """In the notebook too: a stand-in for a kernel, or a kernel whose work a pre-run hook does, is refused."""
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+        def __call__(self, *args):
+            return None
+
+    result = evaluate("lab11.paged_decode", namespace={"paged_decode_kernel": Kernel()})
+    assert result.points == 0 and "not a @triton.jit kernel" in result.message, result.message
+    hooked = kernels_with(tmp_path, "hooked")
+    hooked["paged_decode_kernel"].add_pre_run_hook(lambda *args, **kwargs: None)
+    result = evaluate("lab11.paged_decode", namespace=hooked)
+    assert result.points == 0 and "has pre-run hooks" in result.message, result.message

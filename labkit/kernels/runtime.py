@@ -57,8 +57,10 @@ def launch(kernel, grid: tuple[int, ...], *args, **constants) -> None:
     """``kernel[grid](*args, **constants)``, with an error raised by the kernel's own code reported as itself.
 
     The interpreter wraps whatever a kernel raises (a blank's NotImplementedError, an IndexError) in its
-    InterpreterError; unwrapped, it points at the line of the kernel that raised it.
+    InterpreterError; unwrapped, it points at the line of the kernel that raised it. Only a ``@triton.jit``
+    function with nothing hooked to its launch is launched: anything else could do its work in PyTorch.
     """
+    _refuse_non_kernels(kernel)
     check_interpreter()
     try:
         kernel[grid](*args, **constants)
@@ -66,6 +68,22 @@ def launch(kernel, grid: tuple[int, ...], *args, **constants) -> None:
         if type(error).__name__ == "InterpreterError" and error.__cause__ is not None:
             raise error.__cause__ from None
         raise
+
+
+def _refuse_non_kernels(kernel) -> None:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(kernel, (JITFunction, InterpretedFunction)):
+        raise TypeError(
+            f"{getattr(kernel, '__name__', type(kernel).__name__)} is a {type(kernel).__name__}, not a @triton.jit "
+            "kernel: define it with @triton.jit in its exercise cell and run that cell again"
+        )
+    if getattr(kernel, "pre_run_hooks", None):
+        raise ValueError(
+            f"{kernel.__name__} has pre-run hooks (add_pre_run_hook): a kernel is launched alone, so remove them "
+            "(run its exercise cell again)"
+        )
 
 
 _checked: list[bool] = []
