@@ -189,6 +189,20 @@ WRONG_KERNELS = {
         ],
         "the kernel never wrote",
     ),
+    "bf16_accumulator": (
+        [
+            (
+                "acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)",
+                "acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=v_pool_ptr.dtype.element_ty)",
+            ),
+            (
+                "acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)",
+                "acc = (acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)).to("
+                "v_pool_ptr.dtype.element_ty)",
+            ),
+        ],
+        "a sum kept in bf16",
+    ),
     "sum_never_added": (  # l stays 0: a NaN that is 0/0, not an overflow
         [("running_sum = running_sum * rescale + tl.sum(weights, axis=1)", "running_sum = running_sum * rescale")],
         "so exp cannot overflow: a NaN is 0/0",

@@ -37,9 +37,14 @@ from labkit.labs.lab11.compiled import kernel_rule
 from labkit.labs.lab11.variants import simulate
 
 BLOCK_SIZE, HEAD_DIM, POOL_BLOCKS, TABLE_WIDTH = 16, 16, 24, 4
-# What a right kernel may differ by on a GPU too: fp32 tl.dot is TF32 there (2e-4 to 5e-4 at these shapes), and a
-# bf16 output is the fp32 answer rounded, give or take one bf16 step (2^-8 of the value).
-TOLERANCE = {torch.float32: 2e-3, torch.bfloat16: 2**-7}
+# What a right kernel may differ by on a GPU too: fp32 tl.dot is TF32 there (2e-4 to 5e-4 at these shapes). An
+# accumulator kept in bf16 is off by 4e-3 and more on the bf16 pools' case, whose queries and output stay fp32 (a
+# bf16 output would hide it in its own rounding, which Triton's interpreter truncates where a GPU rounds).
+ATOL = RTOL = 2e-3
+BF16_HINT = (
+    "Only the bf16 pools' case is off: keep m, l and acc in float32 (tl.zeros(..., dtype=tl.float32)) and load "
+    "keys and values .to(tl.float32): a sum kept in bf16 loses all but 8 bits at every block."
+)
 OVERFLOWS = 80.0  # scores past this overflow exp in float32 (88.7) once a few are added: below it, a NaN is no overflow
 
 MISTAKES = {  # simulate()'s switch -> what the learner is told
@@ -93,7 +98,8 @@ MISTAKES = {  # simulate()'s switch -> what the learner is told
 def _case(
     seed: int, heads: int, kv_heads: int, lengths: list[int], q_scale: float = 1.0, dtype=torch.float32
 ) -> dict[str, Any]:
-    """Pools full of random values (so unmasked slots show), random block tables, contexts ending mid-block."""
+    """Pools full of random values (so unmasked slots show) in ``dtype``, random block tables, contexts ending
+    mid-block; queries in fp32."""
     generator, r = torch_generator(seed), rng(seed)
     blocks = r.sample(range(POOL_BLOCKS), len(lengths) * TABLE_WIDTH)
     case = {
@@ -103,7 +109,7 @@ def _case(
         "block_tables": torch.tensor(blocks, dtype=torch.int32).view(len(lengths), TABLE_WIDTH),
         "context_lens": torch.tensor(lengths, dtype=torch.int32),
     }
-    for key in ("q", "k_pool", "v_pool"):
+    for key in ("k_pool", "v_pool"):
         case[key] = case[key].to(dtype)
     return case
 
@@ -135,7 +141,7 @@ def decode_cases(seed: int) -> dict[str, dict[str, Any]]:
         "three query heads per KV head": _case(seed + 1, 6, 2, lengths[::-1]),
         "large scores (q x 60)": _case(seed + 2, 4, 2, lengths[1:], q_scale=60.0),
         "a first block scoring far above the rest": _loud_first_block(seed + 3, lengths),
-        "bf16 pools and queries": _case(seed + 4, 6, 2, lengths, dtype=torch.bfloat16),
+        "bf16 pools": _case(seed + 4, 6, 2, lengths, dtype=torch.bfloat16),
     }
 
 
@@ -149,7 +155,7 @@ def split_cases(seed: int) -> dict[str, dict[str, Any]]:
         for splits in (1, 3, 5)
     }
     cases["large scores (q x 60), 3 splits"] = {**_case(seed + 7, 6, 2, lengths, q_scale=60.0), "num_splits": 3}
-    cases["bf16, 3 splits"] = {**_case(seed + 8, 6, 2, lengths, dtype=torch.bfloat16), "num_splits": 3}
+    cases["bf16 pools, 3 splits"] = {**_case(seed + 8, 6, 2, lengths, dtype=torch.bfloat16), "num_splits": 3}
     return cases
 
 
@@ -172,6 +178,7 @@ def _expected(cases: dict[str, dict[str, Any]], mistakes: tuple[str, ...]) -> di
             "out": simulate(*args, num_splits=splits),
             "wrong": {key: simulate(*args, num_splits=splits, **MISTAKES[key][0]) for key in mistakes},
             "max_score": _max_score(case),
+            "hint": BF16_HINT if case["k_pool"].dtype == torch.bfloat16 else None,
         }
     return expected
 
@@ -203,7 +210,6 @@ def _non_finite(have: torch.Tensor, max_score: float) -> str:
 def _compare_cases(expected: dict[str, Any], got: dict[str, Any]) -> Mismatch | Note | None:
     for name, want in expected.items():
         have = got.get(name) if isinstance(got, dict) else None
-        tolerance = TOLERANCE.get(want["out"].dtype, TOLERANCE[torch.float32])
         if isinstance(have, torch.Tensor) and have.shape == want["out"].shape:
             unwritten = (have == torch.tensor(UNWRITTEN, dtype=have.dtype)).all(dim=-1)
             if unwritten.any():
@@ -213,18 +219,17 @@ def _compare_cases(expected: dict[str, Any], got: dict[str, Any]) -> Mismatch | 
                     "and its mask (mask only the padding rows, in_group >= GROUP), and the grid's programs.",
                 ).within(name)
         mismatch = compare_tensors(
-            want["out"], have, dims=("sequence", "query head", "dim"), what="attention output", atol=tolerance,
-            rtol=tolerance,
-        )  # fmt: skip
+            want["out"], have, dims=("sequence", "query head", "dim"), what="attention output", atol=ATOL, rtol=RTOL
+        )
         if mismatch is None:
             continue
         for key, wrong in want["wrong"].items():
             if isinstance(have, torch.Tensor) and have.shape == wrong.shape:
-                if torch.allclose(have.double(), wrong.double(), atol=tolerance, rtol=tolerance, equal_nan=True):
+                if torch.allclose(have.double(), wrong.double(), atol=ATOL, rtol=RTOL, equal_nan=True):
                     return Mismatch(mismatch.difference, MISTAKES[key][1]).within(name)
         if isinstance(have, torch.Tensor) and not torch.isfinite(have).all():
             return Mismatch(mismatch.difference, _non_finite(have, want["max_score"])).within(name)
-        return mismatch.within(name)
+        return Mismatch(mismatch.difference, want["hint"] or mismatch.hint).within(name)
     return None
 
 
@@ -280,7 +285,7 @@ register(
             tested="your kernel cell holds Triton kernels only and compiles for an H100 (sm_90); under Triton's "
             "interpreter, on 5 seeded cases (pools of 24 blocks of 16, random block tables, contexts ending mid-block, "
             "1, 2 and 3 query heads per KV head, scores up to a few hundred, a first block scoring far above the rest, "
-            "bf16 pools), it equals labkit's attention within what a GPU's TF32 and bf16 allow, and the engine with "
+            "bf16 pools), it equals labkit's attention within 2e-3 (what TF32 on a GPU allows), and the engine with "
             "your kernel on its decode steps gives every request its solo tokens",
             hint="Per block: load the keys and values of this KV head at block_tables[seq, i], mask positions past the "
             "context, score the group's queries, raise the running max, rescale the sum and the accumulator, add "
