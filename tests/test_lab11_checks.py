@@ -7,6 +7,7 @@ are labkit's, with one line changed, written to a file (Triton reads a kernel's 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 from pathlib import Path
@@ -18,7 +19,8 @@ import torch
 from labkit.engine import LLM
 from labkit.grading import evaluate
 from labkit.grading.checks import get_exercise
-from labkit.grading.result import NOT_DONE, Mismatch, Note
+from labkit.grading.judge import verdict, with_source_rule
+from labkit.grading.result import FAIL, NOT_DONE, PASS, Mismatch, Note
 from labkit.grading.submissions import exercise_cell_sources
 from labkit.kernels import compile_for_gpu, paged_decode, runtime
 from labkit.kernels.compile_for_gpu import compiler_problem
@@ -202,6 +204,15 @@ WRONG_KERNELS = {
             ),
         ],
         "a sum kept in bf16",
+    ),
+    "store_past_the_end": (  # the padding rows of the last group land past the output's end
+        [
+            (
+                "tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=(in_group < GROUP)[:, None])",
+                "tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty))",
+            )
+        ],
+        "stored past the end of the output",
     ),
     "sum_never_added": (  # l stays 0: a NaN that is 0/0, not an overflow
         [("running_sum = running_sum * rescale + tl.sum(weights, axis=1)", "running_sum = running_sum * rescale")],
@@ -455,3 +466,17 @@ def test_an_object_or_a_hooked_kernel_is_not_launched(tmp_path):
     hooked["paged_decode_kernel"].add_pre_run_hook(lambda *args, **kwargs: None)
     result = evaluate("lab11.paged_decode", namespace=hooked)
     assert result.points == 0 and "has pre-run hooks" in result.message, result.message
+
+
+def test_a_source_rule_fails_only_what_passed_and_adds_its_note():
+    """The seam the grader calls with the exercise cell's source (read as data): a broken rule fails outputs that
+    passed, a note is added to a pass, and a verdict that did not pass stands as it is."""
+    exercise = dataclasses.replace(
+        get_exercise("lab11.decode_bytes"),
+        source_rule=lambda source: Mismatch("holds a class") if "class" in source else Note("compiled: fine"),
+    )
+    passed, failed = verdict(exercise, PASS), verdict(exercise, FAIL, "wrong bytes")
+    assert not with_source_rule(exercise, passed, "class K: pass").passed
+    assert "holds a class" in with_source_rule(exercise, passed, "class K: pass").message
+    assert with_source_rule(exercise, passed, "def f(): pass").message.endswith("Note: compiled: fine")
+    assert with_source_rule(exercise, failed, "def f(): pass") == failed

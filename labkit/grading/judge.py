@@ -14,7 +14,7 @@ from typing import Any
 
 from labkit.grading.attempt import OK, Attempt, describe_exception
 from labkit.grading.checks import Exercise
-from labkit.grading.result import FAIL, NOT_DONE, PASS, STATUS_LABELS, CheckResult, Mismatch, Note
+from labkit.grading.result import ERROR, FAIL, NOT_DONE, PASS, STATUS_LABELS, CheckResult, Mismatch, Note
 
 
 def _not_done_advice(exercise: Exercise) -> str:
@@ -91,7 +91,10 @@ def with_source_rule(exercise: Exercise, result: CheckResult, source: str) -> Ch
     outputs that passed; a note from it is added to a pass. Other verdicts stand as they are."""
     if exercise.source_rule is None or not result.passed:
         return result
-    finding = exercise.source_rule(source)
+    try:
+        finding = exercise.source_rule(source)
+    except Exception as error:  # a source the rule did not foresee (nested too deep, ...): no pass on trust
+        return verdict(exercise, ERROR, f"the rule on your exercise cell's source could not be applied: {error!r:.200}")
     if isinstance(finding, Mismatch):
         return verdict(exercise, FAIL, finding.difference, finding.hint)
     if isinstance(finding, Note):
