@@ -393,6 +393,14 @@ RULE_BREAKERS = {
         "def paged_decode_kernel(*args):\n    return None\n",
         "is not decorated with plain @triton.jit",
     ),
+    "torch imported as tl": (
+        "import torch as tl\n@triton.jit\ndef paged_decode_kernel(out_ptr):\n    tl.softmax(out_ptr, 0)\n",
+        "tl is bound twice",
+    ),
+    "tl rebound inside the kernel": (
+        "@triton.jit\ndef paged_decode_kernel(out_ptr):\n    tl = out_ptr\n    tl.store(out_ptr, 0.0)\n",
+        "it must stay Triton's",
+    ),
     "a private attribute": (
         "@triton.jit\ndef paged_decode_kernel(out_ptr):\n    x = out_ptr.__class__\n",
         "no private or special attributes",

@@ -37,6 +37,15 @@ class _Cell:
         self.modules: set[str] = set()  # torch, math and their aliases
         self.kernels = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
         self.constants: set[str] = set()
+        self._kinds = {"triton": "triton", "tl": "triton.language"}
+
+    def bind(self, name: str, kind: str) -> str | None:
+        """Record that the cell binds ``name`` to a ``kind`` of thing; why not, if it was bound to another:
+        what reads as Triton's language must be it, and a constant or kernel is bound once."""
+        if self._kinds.get(name, kind) != kind or (name in self._kinds and kind in ("constant", "kernel")):
+            return f"{name} is bound twice (to {self._kinds[name]}, then to a {kind}): bind each name once"
+        self._kinds[name] = kind
+        return None
 
 
 def kernel_cell_problem(source: str, kernels: tuple[str, ...]) -> str | None:
@@ -67,6 +76,9 @@ def _top_level_problem(node: ast.stmt, cell: _Cell) -> str | None:
             if alias.name not in ALLOWED_IMPORTS:
                 return f"import {alias.name}: a kernel cell imports only {', '.join(sorted(ALLOWED_IMPORTS))}"
             bound = alias.asname or alias.name.partition(".")[0]
+            kind = alias.name if alias.asname else bound
+            if problem := cell.bind(bound, kind):
+                return problem
             if alias.name == "triton.language" and alias.asname:
                 cell.language.add(bound)
             elif alias.name.startswith("triton"):
@@ -76,7 +88,10 @@ def _top_level_problem(node: ast.stmt, cell: _Cell) -> str | None:
         return None
     if isinstance(node, ast.ImportFrom):
         if node.module == "triton" and all(alias.name == "language" for alias in node.names):
-            cell.language.update(alias.asname or alias.name for alias in node.names)
+            for alias in node.names:
+                if problem := cell.bind(alias.asname or alias.name, "triton.language"):
+                    return problem
+                cell.language.add(alias.asname or alias.name)
             return None
         return f"from {node.module} import ...: import the modules themselves (import triton.language as tl)"
     if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
@@ -84,8 +99,10 @@ def _top_level_problem(node: ast.stmt, cell: _Cell) -> str | None:
     if isinstance(node, (ast.Assign, ast.AnnAssign)):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         if all(isinstance(target, ast.Name) for target in targets) and node.value and _constant(node.value, cell):
-            cell.constants.update(target.id for target in targets if isinstance(target, ast.Name))
-            return None
+            names = [target.id for target in targets if isinstance(target, ast.Name)]
+            problem = next(filter(None, (cell.bind(name, "constant") for name in names)), None)
+            cell.constants.update(names)
+            return problem
         return "only constants may be assigned outside the kernels (NAME = a number, or tl.constexpr(a number))"
     if isinstance(node, ast.FunctionDef):
         if len(node.decorator_list) != 1 or not _is_jit(node.decorator_list[0], cell):
@@ -93,7 +110,7 @@ def _top_level_problem(node: ast.stmt, cell: _Cell) -> str | None:
                 f"{node.name} is not decorated with plain @triton.jit: the check launches your kernels itself, "
                 "so the cell defines kernels only (no Python wrappers, no decorator arguments)"
             )
-        return None
+        return cell.bind(node.name, "kernel")
     return (
         f"{ast.unparse(node).splitlines()[0][:60]!r} runs when the cell does: the cell may hold imports, constants and "
         "@triton.jit functions only (no classes, hooks, patches or other code that runs when the cell does)"
@@ -150,6 +167,10 @@ def _kernel_problem(function: ast.FunctionDef, cell: _Cell) -> str | None:
             return f"parameter {argument.arg}: the only annotation a kernel's parameter takes is tl.constexpr"
     local = {argument.arg for argument in arguments.args}
     local |= {node.id for node in ast.walk(function) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+    if shadowed := local & (cell.triton | cell.language | cell.kernels):
+        return (
+            f"{sorted(shadowed)[0]} is a parameter or assigned in the kernel: it must stay Triton's (or the kernel's)"
+        )
     known = local | cell.constants | cell.kernels | cell.triton | cell.language | BUILTINS | {"True", "False", "None"}
     pending: list[ast.AST] = list(function.body)
     while pending:
