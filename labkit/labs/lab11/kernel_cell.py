@@ -93,7 +93,10 @@ def _top_level_problem(node: ast.stmt, cell: _Cell) -> str | None:
                     return problem
                 cell.language.add(alias.asname or alias.name)
             return None
-        return f"from {node.module} import ...: import the modules themselves (import triton.language as tl)"
+        return (
+            f"from {node.module} import ...: a kernel cell imports only {', '.join(sorted(ALLOWED_IMPORTS))}, as "
+            "modules (import triton.language as tl)"
+        )
     if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
         return None  # a string, a note
     if isinstance(node, (ast.Assign, ast.AnnAssign)):
