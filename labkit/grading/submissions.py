@@ -71,15 +71,12 @@ def _as_dict(value: Any) -> dict[str, Any]:
 
 
 def tagged_labs(notebook: nbformat.NotebookNode) -> set[str]:
-    """The labs the notebook's exercise cells are tagged for (`exercise:<lab>.<name>`; other tags ignored)."""
+    """The labs the notebook's exercise cells are tagged for (`exercise:<lab>.<name>`; malformed ids ignored)."""
     labs = set()
-    for cell in notebook.cells:
-        tags = _as_dict(cell.get("metadata")).get("tags")
-        for tag in tags if isinstance(tags, list) else []:
-            if isinstance(tag, str) and tag.startswith(EXERCISE_TAG):
-                lab, dot, name = tag[len(EXERCISE_TAG) :].partition(".")
-                if dot and name and _LAB_ID.fullmatch(lab):
-                    labs.add(lab)
+    for exercise_id in exercise_cell_sources(notebook):
+        lab, dot, name = exercise_id.partition(".")
+        if dot and name and _LAB_ID.fullmatch(lab):
+            labs.add(lab)
     return labs
 
 
@@ -112,7 +109,7 @@ def lab_notes(notebook: nbformat.NotebookNode, lab: str) -> list[str]:
     if others:
         notes.append(f"its exercise cells are tagged for {', '.join(others)}; graded against {lab}, as --lab says")
     stated = _metadata_lab(notebook)
-    if stated is not None and stated != lab:
+    if stated and stated != lab:
         notes.append(
             f"its metadata names the lab {str(stated)[:40]!r}; graded against {lab} (the lab comes from --lab or "
             "the exercise tags, never from metadata)"
