@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from labkit.grading.cgroups import cgroup_support
 from labkit.grading.checks import exercises_for_lab
+from labkit.grading.report_text import escaped
 
 if TYPE_CHECKING:
     from labkit.grading.shards import Shard
@@ -150,7 +151,10 @@ def _gradebook(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as error:
         raise GradeUsageError(str(error)) from None
     for learner in book.absent:
-        print(f"0 points, no graded submission: {learner.student} ({learner.id}, roster row {learner.row})")
+        print(
+            f"0 points, no graded submission: {escaped(learner.student)} ({escaped(learner.id)}, roster row "
+            f"{learner.row})"
+        )
     print(f"gradebook for {len(book.feedback)} learners in {book.csv_path}; their feedback in {args.out}/feedback/")
     return 0
 
@@ -227,9 +231,9 @@ def _grade(args: argparse.Namespace) -> int:
     except SetupError as error:
         raise GradeUsageError(str(error)) from None
     # Only now, with every kernel and every process they started gone, are the reports written.
-    for grade in grades:
+    for grade in grades:  # one line each, whatever the learner's text holds (report_text.escaped)
         outcome = grade.error or ", ".join(f"{result.exercise} {result.label}" for result in grade.results)
-        print(f"{grade.name}: {grade.score:g} / {grade.max_score:g}  ({outcome})")
+        print(f"{grade.name}: {grade.score:g} / {grade.max_score:g}  ({escaped(outcome)})")
     print(class_summary(grades, settings.hint_penalty))
     manifest, digest = write_reports(grades, args.out, run_info(settings, args.seed, shard, class_names, names))
     print(f"reports in {args.out}/ (class table: grades.csv); sha256 of {manifest.name}: {digest}")
@@ -242,5 +246,5 @@ def run(args: argparse.Namespace) -> int:
         _require_labs_extra()
         return {"grade": _grade, "merge": _merge, "gradebook": _gradebook}[args.task](args)
     except GradeUsageError as error:
-        print(f"error: {error}")
+        print(f"error: {escaped(str(error), keep_newlines=True)}")
         return 2

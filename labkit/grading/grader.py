@@ -23,6 +23,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -42,12 +43,13 @@ from labkit.grading.hint_counts import read_hint_counts, self_reported, weigh_hi
 from labkit.grading.judge import expected_outputs, verdict
 from labkit.grading.judge_process import judge_result, start_judges
 from labkit.grading.kernel_side import attempt_code, hint_counts_code
-from labkit.grading.report_text import report_lines, report_text
+from labkit.grading.report_text import escaped, report_lines, report_text
 from labkit.grading.result import CRASHED, ERROR, NOT_RUN, TIMEOUT, CheckResult
 from labkit.grading.submissions import (
     SubmissionError,
     code_cells,
     infer_lab,
+    lab_notes,
     read_notebook,
     rename_note,
     reserved,
@@ -71,7 +73,7 @@ class GradeSettings:
 
     cell_timeout: float = 60.0  # seconds per notebook cell, and per exercise when the grader calls it
     total_timeout: float = 600.0  # seconds for all of the notebook's own cells together
-    lab: str | None = None  # None: read it from the notebook (metadata, or its exercise tags)
+    lab: str | None = None  # None: read it from the notebook's exercise tags (never from its metadata alone)
     kernel_name: str = "python3"
     sandbox: bool = True  # each kernel in a bubblewrap sandbox of its own (see sandbox.py)
     memory_bytes: int | None = 8 << 30  # address space a sandboxed kernel may use; None: no limit
@@ -113,8 +115,8 @@ class SubmissionGrade:
         """This grade with every text the submission could control made fit for a report (report_text.py)."""
         return replace(
             self,
-            path=report_text(self.path),
-            lab=self.lab and report_text(self.lab),
+            path=report_text(self.path, keep_newlines=False),
+            lab=self.lab and report_text(self.lab, keep_newlines=False),
             results=[replace(result, message=report_text(result.message)) for result in self.results],
             notes=report_lines(self.notes),
             error=self.error and report_text(self.error),
@@ -257,6 +259,7 @@ class Grader:
         try:
             notebook = read_notebook(path)
             grade.lab = grade.lab or infer_lab(notebook)
+            grade.notes += lab_notes(notebook, grade.lab)
             exercises = _exercises(grade.lab)
             with self._oracle_lock:  # before this submission's code runs
                 expected = {exercise.id: expected_outputs(exercise, grade.seed) for exercise in exercises}
@@ -401,7 +404,8 @@ def grade_submissions(
 
 def class_summary(grades: Sequence[SubmissionGrade], hint_penalty: float = 0.0) -> str:
     """The end of a run: how many submissions were graded and how many could not be; which were renamed
-    (a learner looks for their report under their file's name); whose word the hint counts are, when they cost."""
+    (a learner looks for their report under their file's name); the labs, when not all were graded on one;
+    whose word the hint counts are, when they cost."""
     refused = [grade.name for grade in grades if grade.status == NOT_GRADED]
     line = f"{len(grades) - len(refused)} of {len(grades)} submissions graded"
     if refused:
@@ -409,8 +413,14 @@ def class_summary(grades: Sequence[SubmissionGrade], hint_penalty: float = 0.0) 
         line += f"; {len(refused)} could not be (0 points; the reason is in each one's report): {shown}"
     renamed = [grade for grade in grades if reserved(Path(grade.path).stem)]
     if renamed:
-        shown = ", ".join(f"{Path(grade.path).name!r} as {grade.name}" for grade in renamed)
+        shown = ", ".join(f"'{escaped(Path(grade.path).name)}' as {grade.name}" for grade in renamed)
         line += f"\nrenamed, since the grader writes files of those names itself: {shown}"
+    labs = Counter(grade.lab for grade in grades if grade.lab)
+    if len(labs) > 1:  # only without --lab: each notebook's tags chose
+        shown = ", ".join(f"{lab} ({count})" for lab, count in sorted(labs.items()))
+        line += (
+            f"\ngraded against {len(labs)} labs, as their exercise tags say: {shown}; pass --lab to grade all on one"
+        )
     if hint_penalty:
         line += "\n" + self_reported(hint_penalty)
     return line
