@@ -204,6 +204,20 @@ def test_discovery_names_what_is_missing(fake_machine, remove, named):
         gpu_access.discover()
 
 
+def test_a_card_the_sandboxs_own_user_could_not_open_is_refused(fake_machine, monkeypatch):
+    driver, dev, libraries = fake_machine
+    for node in ("nvidia3", "nvidiactl", "nvidia-uvm"):
+        (dev / node).chmod(0o666)
+    assert gpu_access.discover().closed_nodes == ()
+    (dev / "nvidia3").chmod(0o660)  # a host that keeps the cards to a group
+    assert gpu_access.discover().closed_nodes == (dev / "nvidia3",)
+    monkeypatch.setattr(cgroups, "memory_limit_problem", lambda: None)
+    monkeypatch.setattr(sandbox, "switches_user", lambda: True)
+    with pytest.raises(gpu_access.GpuRefused, match="may not be read and written by every user"):
+        gpu_access.usable_gpus(sandboxed=True)
+    assert gpu_access.usable_gpus(sandboxed=False).cards  # the grader's own user opens it
+
+
 def test_the_driver_files_under_folders_every_sandbox_shows_are_not_bound_again(fake_machine, monkeypatch):
     _, _, libraries = fake_machine
     monkeypatch.setattr(sandbox, "shown_read_only", lambda: [libraries])

@@ -62,6 +62,7 @@ class Gpus:
     cards: tuple[Card, ...]
     shared_nodes: tuple[Path, ...]  # device nodes every CUDA process opens, whichever card it uses
     driver_files: tuple[Path, ...]  # the driver's libraries that no sandbox shows otherwise
+    closed_nodes: tuple[Path, ...] = ()  # nodes not every user may read and write (a sandbox's own user cannot)
 
 
 def _field(text: str, key: str) -> str | None:
@@ -136,7 +137,9 @@ def discover() -> Gpus:
             "the driver's libcuda.so.1 is not found (neither `ldconfig -p` nor LD_LIBRARY_PATH has it)"
         )
     shared = tuple(DEV / name for name in (*REQUIRED_NODES, *OPTIONAL_NODES) if (DEV / name).exists())
-    return Gpus(cards, shared, _not_shown(libraries))
+    needed = [DEV / name for name in REQUIRED_NODES] + [card.node for card in cards]
+    closed = tuple(node for node in needed if node.stat().st_mode & 0o006 != 0o006)
+    return Gpus(cards, shared, _not_shown(libraries), closed)
 
 
 @dataclass(frozen=True)
@@ -195,5 +198,12 @@ def usable_gpus(sandboxed: bool) -> Gpus:
             "Fix: run labkit grade as root on a machine whose cgroup tree it can write (cgroup v1's memory "
             "controller or v2), or pass --no-sandbox on a trusted throwaway machine (then nothing limits a "
             "submission, and each one can read and change the others' work)."
+        )
+    if sandboxed and sandbox.switches_user() and gpus.closed_nodes:
+        raise GpuRefused(
+            f"--gpu: {', '.join(map(str, gpus.closed_nodes))} may not be read and written by every user, so a "
+            "sandbox's own user could not open it, and CUDA would not start in the kernels.\n"
+            "Fix: have the driver make its nodes mode 0666 (its default: NVreg_DeviceFileMode=0666), or pass "
+            "--no-sandbox on a trusted throwaway machine."
         )
     return gpus
