@@ -5,7 +5,8 @@ expected answer once (so the model and every module the oracles need are loaded)
 and starts the judging processes. Then, per submission: read the notebook (a broken
 file becomes an error entry), draw its own secret seed, compute its expected answers,
 and run its code cells in a `KernelSession` inside a private folder (timeouts, crash
-recovery), in a bubblewrap sandbox of its own unless told otherwise. For each exercise
+recovery), in a bubblewrap sandbox of its own unless told otherwise (with a card of its own
+under `--gpu`: gpu_access.py). For each exercise
 the kernel is asked, only now, to run the learner's functions on inputs from that seed
 and save the outputs to a fresh file name in its folder. Once the kernel and every
 process it started are gone, each result is judged in a limited child process against
@@ -36,12 +37,13 @@ from tqdm.auto import tqdm
 
 import labkit
 from labkit.cache import CACHE_ENV, cache_root
-from labkit.grading import cgroups, sandbox
+from labkit.grading import cgroups, gpu_access, sandbox
 from labkit.grading import kernel_session as ks
 from labkit.grading.checks import Exercise, exercises_for_lab, lab_module
 from labkit.grading.hint_counts import read_hint_counts, self_reported, weigh_hints
 from labkit.grading.judge import expected_outputs, verdict
 from labkit.grading.judge_process import judge_result, start_judges
+from labkit.grading.kernel_device import kernel_device_code, kernels_summary, read_kernel_device
 from labkit.grading.kernel_side import attempt_code, hint_counts_code
 from labkit.grading.report_text import escaped, report_lines, report_text
 from labkit.grading.result import CRASHED, ERROR, NOT_RUN, TIMEOUT, CheckResult
@@ -77,6 +79,7 @@ class GradeSettings:
     kernel_name: str = "python3"
     sandbox: bool = True  # each kernel in a bubblewrap sandbox of its own (see sandbox.py)
     memory_bytes: int | None = 8 << 30  # address space a sandboxed kernel may use; None: no limit
+    gpu: bool = False  # each kernel gets a card of its own, one submission per card (gpu_access.py)
     setup_timeout: float = 300.0  # seconds for the grader's own imports in a fresh kernel
     hint_penalty: float = 0.0  # fraction of an exercise's points taken per hint shown (0: reported only)
 
@@ -97,6 +100,8 @@ class SubmissionGrade:
     notes: list[str] = field(default_factory=list)  # what else it must know: a rename, cells that failed, ...
     error: str | None = None  # set when the submission could not be graded at all
     elapsed_s: float = 0.0
+    kernels: str | None = None  # "compiled" or "interpreted", as its kernel reported (kernel_device.py)
+    cuda_device: str | None = None  # the CUDA card its kernel saw, if any
 
     @property
     def status(self) -> str:
@@ -135,6 +140,8 @@ class SubmissionGrade:
             "error": self.error,
             "notes": self.notes,
             "elapsed_s": round(self.elapsed_s, 2),
+            "kernels": self.kernels,
+            "cuda_device": self.cuda_device,
             "exercises": [result.to_dict() for result in self.results],
         }
 
@@ -198,11 +205,13 @@ def labs_of(paths: Sequence[Path], lab: str | None) -> set[str]:
 
 @dataclass(frozen=True)
 class Private:
-    """What a submission has of its own while it is graded: its folder, its sockets' folder, its cgroups."""
+    """What a submission has of its own while it is graded: its folder, its sockets' folder, its cgroups,
+    and its card under --gpu."""
 
     folder: Path
     transport: Path
     cgroup_procs: list[Path]
+    card: gpu_access.CardAccess | None = None
 
 
 class SetupError(Exception):
@@ -216,6 +225,7 @@ class Grader:
         self.settings = settings
         self.run_seed = seed  # given: every submission's seed follows from it and its name, to repeat a run
         self._oracle_lock = threading.Lock()  # one oracle at a time: they share the model and the cores
+        self._cards: gpu_access.CardPool | None = None  # under --gpu: the cards, handed out one submission each
 
     def prepare(self, labs: set[str]) -> None:
         """Everything judging needs, made before any learner code runs: each lab's checks imported, an
@@ -223,6 +233,11 @@ class Grader:
         judging processes started with those checks imported."""
         if self.settings.sandbox and (problem := sandbox.sandbox_problem()):
             raise SetupError(f"no sandbox can be made here: {problem}")
+        if self.settings.gpu:  # the cards, once a cgroup is known to hold a sandbox's memory without --as
+            try:
+                self._cards = gpu_access.CardPool(gpu_access.usable_gpus(self.settings.sandbox))
+            except gpu_access.GpuRefused as error:
+                raise SetupError(str(error)) from None
         modules = []
         for lab in sorted(labs):
             try:
@@ -241,6 +256,10 @@ class Grader:
                 f"model cache).\nFix: chmod -R a+rX '{cache_root()}'"
             )
         start_judges(modules)
+
+    def concurrent_jobs(self, jobs: int) -> int:
+        """How many submissions may be graded at once: `jobs`, and under --gpu at most one per card."""
+        return min(jobs, self._cards.size) if self._cards else jobs
 
     def seed_for(self, name: str) -> int:
         """A submission's own seed: secret and fresh, or derived from the run's seed and its name."""
@@ -279,25 +298,39 @@ class Grader:
         return grade
 
     @contextmanager
+    def _card(self) -> Iterator[gpu_access.CardAccess | None]:
+        """Under --gpu, a card no other submission is using (waits for one); else None."""
+        if self._cards is None:
+            yield None
+            return
+        with self._cards.take() as card:
+            yield card
+
+    @contextmanager
     def _private_folder(self, uid: int) -> Iterator[Private]:
-        """The submission's folder, its sockets' folder and the cgroups its sandbox joins (none without a
-        sandbox, or where the machine has no cgroup tree to write); the cgroups go last, once nothing of it runs."""
+        """The submission's folder, its sockets' folder, the cgroups its sandbox joins (none without a
+        sandbox, or where the machine has no cgroup tree to write) and its card; the cgroups go last, once
+        nothing of it runs, and the card after them."""
         if self.settings.sandbox:
             limits = self._limits(0)
             with (
+                self._card() as card,
                 cgroups.submission_cgroup(f"labkit-{uid}", limits.max_tasks, limits.memory_bytes) as procs,
                 sandbox.sandbox_folder(uid) as folder,
                 sandbox.transport_folder(uid) as transport,
             ):
-                yield Private(folder, transport, procs)
+                if card is not None and not procs:  # no address-space limit either: nothing would bound it
+                    raise RuntimeError("no cgroup could be made to limit its memory, which --gpu needs")
+                yield Private(folder, transport, procs, card)
         else:
-            with _scratch_dir("labkit-run-") as folder:
-                yield Private(folder, folder, [])
+            with self._card() as card, _scratch_dir("labkit-run-") as folder:
+                yield Private(folder, folder, [], card)
 
     def _wall_clock_limit(self, exercises: int) -> float:
-        """A submission's whole time: setup once, the notebook's budget, a cell timeout per exercise and the hint counts."""
+        """A submission's whole time: setup once, the notebook's budget, a cell timeout per exercise, one for the
+        hint counts and one for the kernel's device."""
         settings = self.settings
-        return settings.setup_timeout + settings.total_timeout + settings.cell_timeout * (exercises + 1)
+        return settings.setup_timeout + settings.total_timeout + settings.cell_timeout * (exercises + 2)
 
     def _limits(self, exercises: int) -> sandbox.Limits:
         cpu_seconds = math.ceil(self._wall_clock_limit(exercises)) * (os.cpu_count() or 1)
@@ -306,16 +339,20 @@ class Grader:
     def _session(self, private: Private, lab: str, uid: int, exercises: int) -> ks.KernelSession:
         settings = self.settings
         prefix = owner = None
+        env = kernel_env(settings.sandbox) | (private.card.env if private.card else {})
         if settings.sandbox:
             limits = self._limits(exercises)
-            prefix = sandbox.sandbox_command(private.folder, uid, limits, private.cgroup_procs, private.transport)
+            gpu_binds = private.card.binds if private.card else ()
+            prefix = sandbox.sandbox_command(
+                private.folder, uid, limits, private.cgroup_procs, private.transport, gpu_binds
+            )
             owner = uid if sandbox.switches_user() else None
         return ks.KernelSession(
             private.folder,
             cell_timeout=settings.cell_timeout,
             notebook_budget=settings.total_timeout,
             kernel_name=settings.kernel_name,
-            env=kernel_env(settings.sandbox),
+            env=env,
             setup_code=setup_code(lab),
             setup_timeout=settings.setup_timeout,
             launch_prefix=prefix,
@@ -353,6 +390,8 @@ class Grader:
                         grade.results.append(_kernel_problem(exercise, outcome))
                 hints_file = f"hints-{secrets.token_hex(16)}.json"
                 session.run_grader_code(hint_counts_code(str(folder / hints_file)))  # no file: no hints counted
+                device_file = f"device-{secrets.token_hex(16)}.json"
+                session.run_grader_code(kernel_device_code(str(folder / device_file)))  # no file: not reported
                 if session.setup_problem:
                     grade.notes.append(f"the grader's setup code failed in the kernel: {session.setup_problem.detail}")
                 if session.restarts:
@@ -366,6 +405,8 @@ class Grader:
                     )
                     grade.results.append(result)
             hints = read_hint_counts(folder / hints_file)
+            if device := read_kernel_device(folder / device_file):
+                grade.kernels, grade.cuda_device = device.kernels, device.cuda_device
         grade.results = [
             weigh_hints(result, hints.get(result.exercise, 0), settings.hint_penalty) for result in grade.results
         ]
@@ -397,7 +438,7 @@ def grade_submissions(
     grader = Grader(settings, seed)
     grader.prepare(labs_of(paths, settings.lab))
     jobs_list = list(zip(paths, names or submission_names(paths), range(len(paths))))
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    with ThreadPoolExecutor(max_workers=grader.concurrent_jobs(jobs)) as pool:
         running = pool.map(lambda job: grader.grade(*job), jobs_list)
         return list(tqdm(running, total=len(jobs_list), desc="grading", unit="notebook", disable=None))
 
@@ -423,4 +464,6 @@ def class_summary(grades: Sequence[SubmissionGrade], hint_penalty: float = 0.0) 
         )
     if hint_penalty:
         line += "\n" + self_reported(hint_penalty)
+    if kernels := kernels_summary(grades):
+        line += "\n" + kernels
     return line

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit.grading.grader import SubmissionGrade
+from labkit.grading.kernel_device import KernelDevice
 from labkit.grading.report_text import code_block, csv_cell, escaped, xml_text
 from labkit.grading.result import CheckResult
 
@@ -70,6 +71,11 @@ def to_markdown(grade: SubmissionGrade) -> str:
         lines += ["**Not graded:**", "", *code_block(grade.error), ""]
     if grade.results:
         lines += [f"Lab `{grade.lab}`; the grader's inputs came from seed {grade.seed}.", ""]
+        if grade.kernels:
+            lines += [
+                f"Triton kernels: {KernelDevice(grade.kernels, grade.cuda_device).describe()} (its kernel's report).",
+                "",
+            ]
         lines += ["| Exercise | Result | Points | Hints shown |", "|---|---|---|---|"]
         lines += [
             f"| `{result.exercise}` | {result.label} | {_points(result.points)} / {_points(result.max_points)} "
@@ -133,6 +139,8 @@ def grade_from_dict(report: dict[str, Any]) -> SubmissionGrade:
         notes=report["notes"],
         error=report["error"],
         elapsed_s=report["elapsed_s"],
+        kernels=report.get("kernels"),
+        cuda_device=report.get("cuda_device"),
     )
 
 
