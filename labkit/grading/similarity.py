@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+from importlib import metadata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from labkit.grading.checks import exercises_for_lab
+from labkit.grading.report_text import report_text
 from labkit.grading.source_scan import Finding, scan_cells
 from labkit.grading.submissions import SubmissionError, exercise_cell_sources, read_notebook
 
@@ -112,7 +114,7 @@ class ClassSimilarity:
     def summary(self) -> str:
         """One line for the end of a run."""
         if self.problem:
-            return f"the similarity report could not be made: {self.problem}"
+            return f"the similarity report could not be made: {report_text(self.problem)}"
         scanned = len(self.findings)
         return (
             f"similarity report: {len(self.pairs)} pair(s) of cells flagged, {scanned} submission(s) with code "
@@ -120,10 +122,8 @@ class ClassSimilarity:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        from copydetect import __version__
-
         return {
-            "engine": f"copydetect {__version__}",
+            "engine": _engine(),
             "problem": self.problem,
             "noise_characters": NOISE_CHARACTERS,
             "min_characters": MIN_CHARACTERS,
@@ -135,6 +135,13 @@ class ClassSimilarity:
             "notes": self.notes,
             "cells": self.cells,
         }
+
+
+def _engine() -> str:
+    try:
+        return f"copydetect {metadata.version('copydetect')}"
+    except metadata.PackageNotFoundError:
+        return "copydetect (not installed: pip install 'labkit[labs]')"
 
 
 def _fingerprint(source: str, boilerplate: np.ndarray | None = None) -> Any:
@@ -166,9 +173,9 @@ class _Exercise:
         return len(filter_code(own, "cell.py", "python")[0])
 
     def answer_size(self, references: Mapping[str, str]) -> int | None:
-        """The size of the exercise's answer: the solved notebook cell's own code, else the largest answer's."""
-        solved = [source for label, source in references.items() if label.startswith(SOLVED_LABEL)]
-        sizes = [self.own_code(source) for source in solved or references.values()]
+        """The size of the exercise's answer as posed: its solved notebook cell's own code (None without one:
+        labkit's answers are often more general than the exercise, so their size says little)."""
+        sizes = [self.own_code(source) for label, source in references.items() if label.startswith(SOLVED_LABEL)]
         return max(sizes) if sizes else None
 
 

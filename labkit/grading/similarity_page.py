@@ -77,6 +77,8 @@ def to_html(report: ClassSimilarity) -> str:
         "(copydetect; the starter code does not count). A listed pair is a reason to read both cells, not a verdict: "
         "grades are unchanged.</p>",
     ]
+    if report.problem:
+        lines.append(f"<p><strong>The similarity report could not be made:</strong> {_visible(report.problem)}</p>")
     for exercise, limit in report.thresholds.items():
         pairs = [pair for pair in report.pairs if pair.exercise == exercise]
         lines += [f"<h2>{_visible(exercise)}</h2>", f"<p>Flagged at a score of {limit:.2f} or more: {len(pairs)} pair(s).</p>"]
