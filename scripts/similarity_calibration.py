@@ -39,7 +39,10 @@ def main(folder: Path) -> None:
             lab = lab_of(exercise)
             cells = {f"{exercise}/{name}": (lab, {exercise: source}) for name, source in answers.items()}
             report = similarity.compare_class(cells, lab_references)
-            best = {kind: max((p.score for p in report.pairs if p.kind == kind), default=0.0) for kind in ("reference", "classmate")}
+            best = {
+                kind: max((p.score for p in report.pairs if p.kind == kind), default=0.0)
+                for kind in ("reference", "classmate")
+            }
             short = [name for name in report.too_short.get(exercise, []) if name != similarity.REFERENCE]
             print(
                 f"{exercise:32} {best['reference']:12.2f} {best['classmate']:10.2f}  {len(short):3d} of {len(answers)}"

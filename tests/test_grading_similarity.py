@@ -33,14 +33,16 @@ GRADING = Path(__file__).parent / "fixtures" / "grading"
 LABS_DIR = Path(__file__).resolve().parents[1] / "labs"
 
 
-def solved_cell(exercise: str) -> str:
-    lab = exercise.partition(".")[0]
-    return exercise_cell_sources(read_notebook(solved_notebook(lab)))[exercise]
+def solved_cells(lab: str) -> dict[str, str]:
+    path = solved_notebook(lab)
+    assert path is not None, f"no solved notebook of {lab} in labs/source"
+    return exercise_cell_sources(read_notebook(path))
 
 
 def pasted(exercise: str) -> str:
     """The solved notebook's cell as a learner would paste it: without the solution markers."""
-    return "\n".join(line for line in solved_cell(exercise).splitlines() if "SOLUTION" not in line)
+    cell = solved_cells(exercise.partition(".")[0])[exercise]
+    return "\n".join(line for line in cell.splitlines() if "SOLUTION" not in line)
 
 
 def handed_out(lab: str) -> dict[str, str]:
@@ -102,13 +104,19 @@ def test_independent_honest_answers_are_not_flagged(lab):
     threshold, against labkit's answers or each other; lab 1's one-line mask is too short to compare."""
     answers = honest_answers(lab)
     assert {exercise.id for exercise in similarity.exercises_for_lab(lab)} == set(answers)
-    cells = {f"{exercise}/{style}": (lab, {exercise: cell}) for exercise, styles in answers.items() for style, cell in styles.items()}
+    cells = {
+        f"{exercise}/{style}": (lab, {exercise: cell})
+        for exercise, styles in answers.items()
+        for style, cell in styles.items()
+    }
     assert all(len(styles) >= 3 for styles in answers.values())
     report = compare_class(cells)
     assert report.pairs == [] and report.findings == {}
     assert all(flag == "" for flag in report.flags().values())
     if lab == "lab1":
-        assert report.too_short == {"lab1.causal_mask": [REFERENCE, *(f"lab1.causal_mask/{s}" for s in answers["lab1.causal_mask"])]}
+        assert report.too_short == {
+            "lab1.causal_mask": [REFERENCE, *(f"lab1.causal_mask/{s}" for s in answers["lab1.causal_mask"])]
+        }
 
 
 @pytest.mark.parametrize("lab", ["lab1", "lab7"])
@@ -123,7 +131,9 @@ def test_the_page_shows_learner_text_as_text(tmp_path):
     hostile = pasted("lab7.cached_prefix").replace(
         "    blocks = []", '    blocks = []  # </pre><script>alert("x")</script> \u202eevil\u2066 \x85'
     )
-    report = compare_class({"alice": ("lab7", {"lab7.cached_prefix": hostile}), "bob": ("lab7", {"lab7.cached_prefix": hostile})})
+    report = compare_class(
+        {"alice": ("lab7", {"lab7.cached_prefix": hostile}), "bob": ("lab7", {"lab7.cached_prefix": hostile})}
+    )
     assert {pair.kind for pair in report.pairs} == {CLASSMATE, REFERENCE}
     page = to_html(report)
     assert "<script" not in page and "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
@@ -135,7 +145,9 @@ def test_the_page_shows_learner_text_as_text(tmp_path):
 
 
 def _grade(name: str, points: float) -> SubmissionGrade:
-    result = CheckResult(points > 0, points, "PASS" if points else "FAIL", "lab7.lru_free", "pass" if points else "fail", 1.0)
+    result = CheckResult(
+        points > 0, points, "PASS" if points else "FAIL", "lab7.lru_free", "pass" if points else "fail", 1.0
+    )
     return SubmissionGrade(name=name, path=f"{name}.ipynb", lab="lab7", seed=1, results=[result])
 
 
@@ -150,7 +162,10 @@ def test_grades_csv_gains_a_flags_column_and_keeps_the_points(tmp_path):
     assert rows["bob"]["flags"] == "lab7.lru_free: same as alice 1.00" and rows["bob"]["total"] == "0"
     assert {"similarity.html", "similarity.json"} <= set(json.loads(manifest.read_text())["files"])
     write_reports(grades, tmp_path / "off")  # --no-similarity: no column, no page
-    assert "flags" not in (tmp_path / "off" / "grades.csv").read_text() and not (tmp_path / "off" / "similarity.html").exists()
+    assert (
+        "flags" not in (tmp_path / "off" / "grades.csv").read_text()
+        and not (tmp_path / "off" / "similarity.html").exists()
+    )
 
 
 def test_a_report_that_fails_says_why_and_fails_nothing(tmp_path, monkeypatch):
@@ -178,7 +193,10 @@ def test_shards_are_compared_as_one_class(tmp_path):
 # The source scan: (what a cell does, how its finding's `what` starts).
 REACHING_AROUND = [
     ("import importlib\nimportlib.reload(attention_module)", "importlib.reload"),
-    ("import importlib.util as u\nspec = u.spec_from_file_location('x', path)", "importlib.util.spec_from_file_location"),
+    (
+        "import importlib.util as u\nspec = u.spec_from_file_location('x', path)",
+        "importlib.util.spec_from_file_location",
+    ),
     ("from importlib import reload\nreload(m)", "from importlib import reload"),
     ("import sys\nsys.modules.pop('labkit.kv.attention')", "sys.modules"),
     ("from sys import modules as loaded", "from sys import modules"),
@@ -224,12 +242,15 @@ def test_the_scan_says_where_and_flags_for_review():
     cell = "def attention(q, k, v, mask):\n    import gc\n    return gc.get_referrers(q)\n"
     report = compare_class({"mallory": ("lab1", {"lab1.attention": cell})})
     assert [(f.line, f.what) for f in report.findings["mallory"]] == [(2, "import gc"), (3, "gc.get_referrers")]
-    assert report.flags()["mallory"] == "lab1.attention: line 2 uses import gc; lab1.attention: line 3 uses gc.get_referrers"
+    assert (
+        report.flags()["mallory"]
+        == "lab1.attention: line 2 uses import gc; lab1.attention: line 3 uses gc.get_referrers"
+    )
 
 
 @pytest.mark.parametrize("lab", [entry.name for entry in LABS])
 def test_honest_solved_notebooks_have_no_finding(lab):
-    cells = exercise_cell_sources(read_notebook(solved_notebook(lab)))
+    cells = solved_cells(lab)
     assert cells and [finding for exercise, source in cells.items() for finding in scan_cell(exercise, source)] == []
 
 
@@ -257,7 +278,10 @@ def test_a_class_run_writes_the_report_beside_the_grades(tmp_path, monkeypatch):
     monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))  # the demo lab needs no model
     out = tmp_path / "grades"
     options = ["--lab", "demo", "--cell-timeout", "30", "--total-timeout", "300", "--jobs", "3"]
-    assert main(["grade", *paths, "--out", str(out), *options, *(["--no-sandbox"] if sandbox.sandbox_problem() else [])]) == 0
+    assert (
+        main(["grade", *paths, "--out", str(out), *options, *(["--no-sandbox"] if sandbox.sandbox_problem() else [])])
+        == 0
+    )
     with (out / "grades.csv").open() as file:
         rows = {row["submission"]: row for row in csv.DictReader(file)}
     assert {name: row["total"] for name, row in rows.items()} == {"alice": "4", "bob": "4", "carol": "4"}  # untouched

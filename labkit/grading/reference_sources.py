@@ -68,9 +68,9 @@ def lab_references(lab: str, folder: Path = LAB_SOURCES) -> LabReferences:
                 found.references.setdefault(exercise_id, {})[f"{SOLVED_LABEL} {path.name}"] = source
     for exercise in exercises:
         for dotted in exercise.answers:
-            source = _answer_source(dotted)
-            if source is None:
+            answer = _answer_source(dotted)
+            if answer is None:
                 found.notes.append(f"{exercise.id}: the source of {dotted} could not be read; not compared with it")
             else:
-                found.references.setdefault(exercise.id, {})[dotted] = source
+                found.references.setdefault(exercise.id, {})[dotted] = answer
     return found

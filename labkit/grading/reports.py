@@ -105,7 +105,8 @@ def write_grades_csv(grades: Sequence[SubmissionGrade], path: Path, flags: Mappi
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as file:
         writer = csv.writer(file, quoting=csv.QUOTE_ALL)
-        writer.writerow(["submission", "lab", *exercise_ids, "total", "max_total", "error", *(["flags"] if flags is not None else [])])
+        columns = ["submission", "lab", *exercise_ids, "total", "max_total", "error"]
+        writer.writerow(columns + (["flags"] if flags is not None else []))
         for grade in map(SubmissionGrade.as_reported, grades):
             points = {result.exercise: _points(result.points) for result in grade.results}
             row = [grade.name, grade.lab or "", *(points.get(i, "") for i in exercise_ids)]

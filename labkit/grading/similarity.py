@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import io
 import json
-from importlib import metadata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -236,7 +236,9 @@ def compare_class(
         report.notes += lab_refs.notes
         exercises = [exercise.id for exercise in exercises_for_lab(lab)]
         for exercise in exercises:
-            of_lab = {name: cell[exercise] for name, (its_lab, cell) in cells.items() if its_lab == lab and exercise in cell}
+            of_lab = {
+                name: cell[exercise] for name, (its_lab, cell) in cells.items() if its_lab == lab and exercise in cell
+            }
             references_of = lab_refs.references.get(exercise, {})
             _compare_exercise(exercise, of_lab, references_of, lab_refs.starters.get(exercise, ""), report)
         for name, (its_lab, sources) in cells.items():

@@ -39,10 +39,20 @@ def _visible(text: str) -> str:
     return "".join(shown)
 
 
-def _highlighted(source: str, spans: list[tuple[int, int]]) -> str:
-    """The cell with its matched spans marked."""
-    parts, done = [], 0
+def _whole_lines(source: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The matched spans widened to the lines they touch (copydetect's start inside a line's tokens)."""
+    widened = []
     for start, end in sorted(spans):
+        line_start = source.rfind("\n", 0, start) + 1
+        line_end = source.find("\n", max(end - 1, start))
+        widened.append((line_start, len(source) if line_end < 0 else line_end))
+    return widened
+
+
+def _highlighted(source: str, spans: list[tuple[int, int]]) -> str:
+    """The cell with its matched lines marked."""
+    parts, done = [], 0
+    for start, end in _whole_lines(source, spans):
         start = max(start, done)
         if end <= start:
             continue
@@ -54,10 +64,9 @@ def _highlighted(source: str, spans: list[tuple[int, int]]) -> str:
 
 def _pair_section(pair: Pair) -> list[str]:
     other = pair.other if pair.kind == CLASSMATE else f"reference: {pair.other}"
-    shares = f"{pair.shares[0]:.0%} of {pair.submission}'s cell, {pair.shares[1]:.0%} of {other}'s"
     return [
         f"<h3>{_visible(pair.submission)} and {_visible(other)}: {pair.score:.2f}</h3>",
-        f"<p>Matched: {_visible(shares)}.</p>",
+        f"<p>Share of each cell's code found in the other: {pair.shares[0]:.0%} and {pair.shares[1]:.0%}.</p>",
         '<table class="pair"><tr>',
         f"<th>{_visible(pair.submission)}</th><th>{_visible(other)}</th></tr><tr>",
         *(f"<td><pre>{_highlighted(source, spans)}</pre></td>" for source, spans in zip(pair.sources, pair.spans)),
@@ -81,7 +90,10 @@ def to_html(report: ClassSimilarity) -> str:
         lines.append(f"<p><strong>The similarity report could not be made:</strong> {_visible(report.problem)}</p>")
     for exercise, limit in report.thresholds.items():
         pairs = [pair for pair in report.pairs if pair.exercise == exercise]
-        lines += [f"<h2>{_visible(exercise)}</h2>", f"<p>Flagged at a score of {limit:.2f} or more: {len(pairs)} pair(s).</p>"]
+        lines += [
+            f"<h2>{_visible(exercise)}</h2>",
+            f"<p>Flagged at a score of {limit:.2f} or more: {len(pairs)} pair(s).</p>",
+        ]
         short = report.too_short.get(exercise, [])
         if short:
             names = ", ".join(map(_visible, short))
@@ -95,7 +107,9 @@ def to_html(report: ClassSimilarity) -> str:
         lines.append("<p>No exercise cell reaches around a check.</p>")
     else:
         lines.append("<p>Code that reaches around a check, for review (nothing here failed an exercise).</p>")
-        lines.append('<table class="findings"><tr><th>submission</th><th>exercise</th><th>line</th><th>what</th><th>why</th></tr>')
+        lines.append(
+            '<table class="findings"><tr><th>submission</th><th>exercise</th><th>line</th><th>what</th><th>why</th></tr>'
+        )
         for name, findings in report.findings.items():
             for finding in findings:
                 cells = (name, finding.exercise, str(finding.line), finding.what, finding.why)
