@@ -238,6 +238,12 @@ def test_the_scan_finds_what_reaches_around_a_check(source, what):
     assert all(finding.exercise == "lab1.attention" and finding.line >= 1 and finding.why for finding in findings)
 
 
+def test_the_scan_leaves_honest_words_alone_and_long_strings_short():
+    assert scan_cell("lab1.attention", 'model.eval()\nmode = "eval"\nprint("exec", "compile", "gc")') == []
+    (finding,) = scan_cell("lab1.attention", "name = 'labkit.grading." + "x" * 1000 + "'")
+    assert finding.what.startswith("'labkit.grading.xxx") and len(finding.what) == 80
+
+
 def test_the_scan_says_where_and_flags_for_review():
     cell = "def attention(q, k, v, mask):\n    import gc\n    return gc.get_referrers(q)\n"
     report = compare_class({"mallory": ("lab1", {"lab1.attention": cell})})

@@ -230,6 +230,7 @@ def compare_class(
     lab's own exercises are looked at: a tag the lab does not have is the learner's text, not an exercise."""
     from labkit.grading.reference_sources import lab_references
 
+    cells = dict(sorted(cells.items()))  # by name: a merge of shards reports exactly what one run would
     report = ClassSimilarity({name: {"lab": lab, "cells": dict(sources)} for name, (lab, sources) in cells.items()})
     for lab in sorted({lab for lab, _ in cells.values()}):
         lab_refs = (references or lab_references)(lab)

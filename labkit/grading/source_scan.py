@@ -76,6 +76,9 @@ SUSPICIOUS_ATTRIBUTES: dict[str, str] = {
 }
 
 
+MAX_WHAT = 80  # characters of a finding's `what` (a string constant of the cell's may be long)
+
+
 @dataclass(frozen=True)
 class Finding:
     """One place in an exercise cell worth a reviewer's look: where, what, and why."""
@@ -108,6 +111,7 @@ class _Scanner(ast.NodeVisitor):
 
     def _flag(self, node: ast.AST, what: str, why: str) -> None:
         line = getattr(node, "lineno", 0)
+        what = what if len(what) <= MAX_WHAT else what[: MAX_WHAT - 3] + "..."
         self.findings.setdefault((line, what), Finding(self.exercise, line, what, why))
 
     def _dotted(self, node: ast.expr) -> str | None:
@@ -148,8 +152,12 @@ class _Scanner(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Constant(self, node: ast.Constant) -> None:
-        """A string that names one (`getattr(f, "__code__")`, `import_module("labkit.grading.attempt")`)."""
-        if isinstance(node.value, str) and (why := SUSPICIOUS_ATTRIBUTES.get(node.value) or _why(node.value)):
+        """A string that names one (`getattr(f, "__code__")`, `import_module("labkit.grading.attempt")`); not a
+        bare word such as "eval", which honest code prints and passes as an option."""
+        if not isinstance(node.value, str):
+            return
+        dotted_or_dunder = "." in node.value or node.value.startswith("__")
+        if why := SUSPICIOUS_ATTRIBUTES.get(node.value) or (dotted_or_dunder and _why(node.value)):
             self._flag(node, repr(node.value), why)
 
 
