@@ -22,7 +22,14 @@ from labkit.grading.grader import SubmissionGrade
 from labkit.grading.reference_sources import lab_references, solved_notebook
 from labkit.grading.reports import write_reports
 from labkit.grading.result import CheckResult
-from labkit.grading.similarity import CLASSMATE, REFERENCE, class_similarity, compare_class, merged_similarity
+from labkit.grading.similarity import (
+    CLASSMATE,
+    REFERENCE,
+    class_similarity,
+    compare_class,
+    merged_similarity,
+    submitted_cells,
+)
 from labkit.grading.similarity_page import to_html, write_similarity
 from labkit.grading.source_scan import scan_cell
 from labkit.grading.submissions import exercise_cell_sources, read_notebook
@@ -45,9 +52,12 @@ def pasted(exercise: str) -> str:
     return "\n".join(line for line in cell.splitlines() if "SOLUTION" not in line)
 
 
+def lab_stem(lab: str) -> str:
+    return next(entry.stem for entry in LABS if entry.name == lab)
+
+
 def handed_out(lab: str) -> dict[str, str]:
-    stem = next(entry.stem for entry in LABS if entry.name == lab)
-    return exercise_cell_sources(read_notebook(LABS_DIR / f"{stem}.ipynb"))
+    return exercise_cell_sources(read_notebook(LABS_DIR / f"{lab_stem(lab)}.ipynb"))
 
 
 def honest_answers(lab: str) -> dict[str, dict[str, str]]:
@@ -258,6 +268,20 @@ def test_the_scan_says_where_and_flags_for_review():
 def test_honest_solved_notebooks_have_no_finding(lab):
     cells = solved_cells(lab)
     assert cells and [finding for exercise, source in cells.items() for finding in scan_cell(exercise, source)] == []
+    notebook = read_notebook(LABS_DIR / "source" / f"{lab_stem(lab)}.ipynb")  # its other cells too, as handed in
+    assert compare_class({"solved": (lab, submitted_cells(notebook))}).findings == {}
+
+
+def test_code_added_outside_the_exercise_cells_is_scanned_too():
+    """The first cell that switches answer blocking off: the lines added to the handed-out notebook count."""
+    notebook = read_notebook(LABS_DIR / "lab1_prefill_decode.ipynb")
+    setup = next(cell for cell in notebook.cells if cell.cell_type == "code")
+    setup.source += "\nimport labkit.grading.attempt as attempt\nattempt.answers_blocked = lambda *a: None\n"
+    findings = compare_class({"mallory": ("lab1", submitted_cells(notebook))}).findings["mallory"]
+    assert [(finding.what, finding.exercise) for finding in findings] == [
+        ("import labkit.grading.attempt", "cell 2"),
+        ("labkit.grading.attempt.answers_blocked", "cell 2"),
+    ]
 
 
 def test_every_lab_finds_its_references():

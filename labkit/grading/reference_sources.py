@@ -19,7 +19,7 @@ from labkit.grading.answers import reference
 from labkit.grading.checks import exercises_for_lab
 from labkit.grading.learner_notebook import make_learner_notebook
 from labkit.grading.similarity import SOLVED_LABEL
-from labkit.grading.submissions import SubmissionError, exercise_cell_sources, read_notebook
+from labkit.grading.submissions import SubmissionError, code_cells, exercise_cell_sources, read_notebook
 from labkit.labs import manifest
 
 LAB_SOURCES = Path(labkit.__file__).resolve().parents[1] / "labs" / "source"  # beside the labkit package
@@ -31,6 +31,7 @@ class LabReferences:
 
     references: dict[str, dict[str, str]] = field(default_factory=dict)
     starters: dict[str, str] = field(default_factory=dict)
+    handed_out: frozenset[str] | None = None  # the stripped lines of the learner notebook's code cells
     notes: list[str] = field(default_factory=list)
 
 
@@ -63,7 +64,11 @@ def lab_references(lab: str, folder: Path = LAB_SOURCES) -> LabReferences:
         except SubmissionError as error:
             found.notes.append(f"{lab}: {error}; its cells are compared with labkit's answers only")
         else:
-            found.starters = exercise_cell_sources(make_learner_notebook(solved, lab, path.name))
+            learner = make_learner_notebook(solved, lab, path.name)
+            found.starters = exercise_cell_sources(learner)
+            found.handed_out = frozenset(
+                line.strip() for _, source in code_cells(learner) for line in source.split("\n")
+            )
             for exercise_id, source in exercise_cell_sources(solved).items():
                 found.references.setdefault(exercise_id, {})[f"{SOLVED_LABEL} {path.name}"] = source
     for exercise in exercises:

@@ -29,8 +29,8 @@ import numpy as np
 
 from labkit.grading.checks import exercises_for_lab
 from labkit.grading.report_text import report_text
-from labkit.grading.source_scan import Finding, scan_cells
-from labkit.grading.submissions import SubmissionError, exercise_cell_sources, read_notebook
+from labkit.grading.source_scan import Finding, scan_notebook
+from labkit.grading.submissions import SubmissionError, code_cells, exercise_cell_sources, read_notebook
 
 if TYPE_CHECKING:
     from labkit.grading.grader import SubmissionGrade
@@ -90,7 +90,7 @@ class ClassSimilarity:
     findings, and each submission's exercise cells (so that `labkit grade merge` can compare shards);
     or, where it could not be made, why (`problem`)."""
 
-    cells: dict[str, dict[str, Any]]  # submission -> {"lab": lab, "cells": {exercise id: source}}
+    cells: dict[str, dict[str, Any]]  # submission -> {"lab": lab, "cells": `submitted_cells`}
     pairs: list[Pair] = field(default_factory=list)
     too_short: dict[str, list[str]] = field(default_factory=dict)  # exercise -> submissions (or REFERENCE)
     findings: dict[str, list[Finding]] = field(default_factory=dict)  # submission -> its scan's findings
@@ -243,7 +243,7 @@ def compare_class(
             references_of = lab_refs.references.get(exercise, {})
             _compare_exercise(exercise, of_lab, references_of, lab_refs.starters.get(exercise, ""), report)
         for name, (its_lab, sources) in cells.items():
-            if its_lab == lab and (found := scan_cells({i: sources[i] for i in exercises if i in sources})):
+            if its_lab == lab and (found := scan_notebook(sources, exercises, lab_refs.handed_out)):
                 report.findings[name] = found
     report.pairs.sort(key=lambda pair: (pair.exercise, -pair.score, pair.submission, pair.other))
     return report
@@ -257,6 +257,18 @@ def _guarded(make: Callable[[], ClassSimilarity]) -> ClassSimilarity:
         return ClassSimilarity({}, problem=f"{type(error).__name__}: {error}")
 
 
+def submitted_cells(notebook: Any) -> dict[str, str]:
+    """A notebook's code as the report takes it: each exercise's cell by its id, and each other code cell
+    as `cell N` (its position), which only the source scan reads."""
+    exercises = exercise_cell_sources(notebook)
+    others = {
+        f"cell {position}": source
+        for position, source in code_cells(notebook)
+        if not any(source in joined for joined in exercises.values())  # an exercise's cells are joined there
+    }
+    return {**exercises, **others}
+
+
 def class_similarity(grades: Sequence[SubmissionGrade]) -> ClassSimilarity:
     """The report of a graded class, from each graded notebook's exercise cells (a file that is no longer a
     readable notebook is left out; its grade says why). Never raises."""
@@ -266,7 +278,7 @@ def class_similarity(grades: Sequence[SubmissionGrade]) -> ClassSimilarity:
         for grade in grades:
             if grade.error is None and grade.lab is not None:
                 try:
-                    cells[grade.name] = (grade.lab, exercise_cell_sources(read_notebook(Path(grade.path))))
+                    cells[grade.name] = (grade.lab, submitted_cells(read_notebook(Path(grade.path))))
                 except SubmissionError:
                     continue
         return compare_class(cells)

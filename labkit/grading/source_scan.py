@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -173,18 +174,36 @@ def _python(source: str) -> str:
     return TransformerManager().transform_cell("\n".join(lines))
 
 
-def scan_cell(exercise: str, source: str) -> list[Finding]:
-    """What in one exercise cell reaches around a check, in line order. A cell that does not parse finds
-    nothing: the kernel could not run it either, so it defined nothing (the run's notes say so)."""
+def scan_cell(exercise: str, source: str, handed_out: Collection[str] = ()) -> list[Finding]:
+    """What in one cell reaches around a check, in line order, but on lines that the handed-out notebook
+    has too (`handed_out`: stripped lines). A cell that does not parse finds nothing: the kernel could
+    not run it either, so it defined nothing (the run's notes say so)."""
     try:
         tree = ast.parse(_python(source))
     except (SyntaxError, ValueError):
         return []
     scanner = _Scanner(exercise)
     scanner.visit(tree)
-    return sorted(scanner.findings.values(), key=lambda finding: (finding.line, finding.what))
+    lines = source.split("\n")
+    return sorted(
+        (
+            found
+            for found in scanner.findings.values()
+            if not 0 < found.line <= len(lines) or lines[found.line - 1].strip() not in handed_out
+        ),
+        key=lambda finding: (finding.line, finding.what),
+    )
 
 
-def scan_cells(cells: dict[str, str]) -> list[Finding]:
-    """Every finding in a submission's exercise cells (exercise id -> source)."""
-    return [finding for exercise, source in cells.items() for finding in scan_cell(exercise, source)]
+def scan_notebook(
+    cells: Mapping[str, str], exercises: Collection[str], handed_out: Collection[str] | None
+) -> list[Finding]:
+    """A submission's findings: its exercise cells (`exercises`: the lab's ids) whole, and its other code cells
+    (keyed `cell N`, or tagged as an exercise the lab does not have) on the lines the learner added to the
+    handed-out notebook; those are skipped where it is unknown (None), since the notebook's own imports of
+    labkit's checks could not be told from added ones."""
+    found = [finding for key, source in cells.items() if key in exercises for finding in scan_cell(key, source)]
+    if handed_out is not None:
+        others = [(key, source) for key, source in cells.items() if key not in exercises]
+        found += [finding for key, source in others for finding in scan_cell(key, source, handed_out)]
+    return found
