@@ -248,6 +248,25 @@ def test_the_scan_finds_what_reaches_around_a_check(source, what):
     assert all(finding.exercise == "lab1.attention" and finding.line >= 1 and finding.why for finding in findings)
 
 
+def test_an_exercise_cell_that_calls_labkits_answer_is_flagged_however_it_was_imported():
+    """What answer blocking stops in the notebook, found again should the block have been switched off."""
+    notebook = read_notebook(LABS_DIR / "lab1_prefill_decode.ipynb")
+    setup = next(cell for cell in notebook.cells if cell.cell_type == "code")
+    setup.source += "\nfrom labkit.kv.attention import attention as ref\n"
+    for cell in notebook.cells:
+        tags = cell.metadata.get("tags", [])
+        if "exercise:lab1.attention" in tags:
+            cell.source = "def attention(q, k, v, mask):\n    return ref(q, k, v, mask)\n"
+        if "exercise:lab1.causal_mask" in tags:
+            cell.source = "def causal_mask(n):\n    return labkit.kv.attention.causal_mask(n, n)\n"
+    findings = compare_class({"mallory": ("lab1", submitted_cells(notebook))}).findings["mallory"]
+    assert [(f.exercise, f.line, f.what) for f in findings] == [
+        ("lab1.causal_mask", 2, "labkit.kv.attention.causal_mask"),
+        ("lab1.attention", 2, "labkit.kv.attention.attention"),
+    ]
+    assert all("labkit's own answer" in finding.why for finding in findings)
+
+
 def test_the_scan_leaves_honest_words_alone_and_long_strings_short():
     assert scan_cell("lab1.attention", 'model.eval()\nmode = "eval"\nprint("exec", "compile", "gc")') == []
     (finding,) = scan_cell("lab1.attention", "name = 'labkit.grading." + "x" * 1000 + "'")

@@ -235,7 +235,8 @@ def compare_class(
     for lab in sorted({lab for lab, _ in cells.values()}):
         lab_refs = (references or lab_references)(lab)
         report.notes += lab_refs.notes
-        exercises = [exercise.id for exercise in exercises_for_lab(lab)]
+        answers = {exercise.id: exercise.answers for exercise in exercises_for_lab(lab)}
+        exercises = list(answers)
         for exercise in exercises:
             of_lab = {
                 name: cell[exercise] for name, (its_lab, cell) in cells.items() if its_lab == lab and exercise in cell
@@ -243,7 +244,7 @@ def compare_class(
             references_of = lab_refs.references.get(exercise, {})
             _compare_exercise(exercise, of_lab, references_of, lab_refs.starters.get(exercise, ""), report)
         for name, (its_lab, sources) in cells.items():
-            if its_lab == lab and (found := scan_notebook(sources, exercises, lab_refs.handed_out)):
+            if its_lab == lab and (found := scan_notebook(sources, answers, lab_refs.handed_out)):
                 report.findings[name] = found
     report.pairs.sort(key=lambda pair: (pair.exercise, -pair.score, pair.submission, pair.other))
     return report

@@ -6,9 +6,11 @@ what the known ways past a check use: re-loading or re-importing a module (`impo
 handed (`gc`, `sys._getframe`, `f_back`, `f_globals`), making functions from code objects
 (`__code__`, `types.FunctionType`, `marshal`), running text as code (`exec`, `eval`, `compile`),
 hooks (`sys.settrace`, `sys.meta_path`, audit hooks), patching the builtins, and importing labkit's
-checking code (`labkit.grading`, `labkit.labs.labN`, the checks' diagnosis). Names are followed
-through the cell's own imports (`import importlib as il; il.reload(...)`, `from sys import modules`),
-and a string that names one of them (`getattr(f, "__code__")`) counts too. A finding is for a
+checking code (`labkit.grading`, `labkit.labs.labN`, the checks' diagnosis); and in an exercise cell,
+any use of labkit's own answer to that exercise (`Exercise.answers`), which answer blocking stops in the
+notebook only as long as the block is left on. Names are followed through the notebook's imports, in
+any cell (`import importlib as il; il.reload(...)`, `from sys import modules`), and a string that names
+one of them (`getattr(f, "__code__")`) counts too. A finding is for a
 person to read: it is flagged for review beside the similarity report, never failed by itself.
 """
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -63,6 +65,8 @@ SUSPICIOUS_NAMES: dict[str, str] = {
     "labkit.labs.common.diagnose": _CHECKING,
     "labkit.labs.common.mistakes": _CHECKING,
 }
+NOTEBOOK_API = frozenset({"labkit.grading.check"})  # what the handed-out notebooks use from the checking code
+_ANSWER = "uses labkit's own answer to this exercise, the code the exercise asks for"
 _LAB_PACKAGE = re.compile(r"labkit\.labs\.lab\d+(\..*)?")  # a lab's own package: its exercise specs and oracles
 # Attributes that lead to frames, code objects and module globals, whatever object they are read from.
 SUSPICIOUS_ATTRIBUTES: dict[str, str] = {
@@ -95,6 +99,8 @@ class Finding:
 
 def _why(dotted: str) -> str | None:
     """Why `dotted` (a module, or a name inside one) is suspicious, or None."""
+    if dotted in NOTEBOOK_API:
+        return None
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
         if (why := SUSPICIOUS_NAMES.get(".".join(parts[:cut]))) is not None:
@@ -103,12 +109,19 @@ def _why(dotted: str) -> str | None:
 
 
 class _Scanner(ast.NodeVisitor):
-    """Walks one cell: records imports as aliases of dotted names, and each suspicious use once per line."""
+    """Walks one cell: records imports as aliases of dotted names, and each suspicious use once per line.
+    `answers` are the exercise's own (`Exercise.answers`); `aliases` the names the notebook's imports bound."""
 
-    def __init__(self, exercise: str) -> None:
+    def __init__(self, exercise: str, answers: Collection[str] = (), aliases: Mapping[str, str] | None = None) -> None:
         self.exercise = exercise
-        self.aliases: dict[str, str] = {}  # a name the cell bound by an import -> the dotted name it stands for
+        self.answers = answers
+        self.aliases: dict[str, str] = dict(aliases or {})  # a name bound by an import -> the dotted name it stands for
         self.findings: dict[tuple[int, str], Finding] = {}
+
+    def _why(self, dotted: str) -> str | None:
+        if any(dotted == answer or dotted.startswith(answer + ".") for answer in self.answers):
+            return _ANSWER
+        return _why(dotted)
 
     def _flag(self, node: ast.AST, what: str, why: str) -> None:
         line = getattr(node, "lineno", 0)
@@ -127,7 +140,7 @@ class _Scanner(ast.NodeVisitor):
         for alias in node.names:
             top = alias.name.partition(".")[0]  # `import a.b` binds `a`; `import a.b as x` binds x to a.b
             self.aliases[alias.asname or top] = alias.name if alias.asname else top
-            if why := _why(alias.name):
+            if why := self._why(alias.name):
                 self._flag(node, f"import {alias.name}", why)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
@@ -135,19 +148,19 @@ class _Scanner(ast.NodeVisitor):
         for alias in node.names:
             dotted = f"{module}.{alias.name}" if module else alias.name
             self.aliases[alias.asname or alias.name] = dotted
-            if why := _why(dotted):
+            if why := self._why(dotted):
                 self._flag(node, f"from {module} import {alias.name}", why)
 
     def visit_Name(self, node: ast.Name) -> None:
         dotted = self.aliases.get(node.id, node.id)
-        if why := _why(dotted):
+        if why := self._why(dotted):
             self._flag(node, dotted, why)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if why := SUSPICIOUS_ATTRIBUTES.get(node.attr):
             self._flag(node, f".{node.attr}", why)
         dotted = self._dotted(node)
-        if dotted is not None and (why := _why(dotted)):
+        if dotted is not None and (why := self._why(dotted)):
             self._flag(node, dotted, why)
             return  # one finding for `sys.modules.pop`, not one per part as well
         self.generic_visit(node)
@@ -174,36 +187,63 @@ def _python(source: str) -> str:
     return TransformerManager().transform_cell("\n".join(lines))
 
 
-def scan_cell(exercise: str, source: str, handed_out: Collection[str] = ()) -> list[Finding]:
-    """What in one cell reaches around a check, in line order, but on lines that the handed-out notebook
-    has too (`handed_out`: stripped lines). A cell that does not parse finds nothing: the kernel could
-    not run it either, so it defined nothing (the run's notes say so)."""
+def _parsed(source: str) -> ast.Module | None:
+    """The cell's syntax tree, or None for a cell Python cannot parse (the kernel could not run it either)."""
     try:
-        tree = ast.parse(_python(source))
+        return ast.parse(_python(source))
     except (SyntaxError, ValueError):
+        return None
+
+
+def notebook_aliases(sources: Iterable[str]) -> dict[str, str]:
+    """The names the notebook's imports bind, in any of its cells (`from labkit.kv.attention import attention as a`
+    in a first cell, `a(...)` in an exercise cell)."""
+    aliases: dict[str, str] = {}
+    for tree in filter(None, map(_parsed, sources)):
+        scanner = _Scanner("")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                scanner.visit(node)
+        aliases.update(scanner.aliases)
+    return aliases
+
+
+def scan_cell(
+    exercise: str,
+    source: str,
+    handed_out: Collection[str] = (),
+    answers: Collection[str] = (),
+    aliases: Mapping[str, str] | None = None,
+) -> list[Finding]:
+    """What in one cell reaches around a check, or uses the exercise's own `answers`, in line order, but on
+    lines that the handed-out notebook has too (`handed_out`: stripped lines). A cell that does not parse
+    finds nothing: the kernel could not run it either, so it defined nothing (the run's notes say so)."""
+    tree = _parsed(source)
+    if tree is None:
         return []
-    scanner = _Scanner(exercise)
+    scanner = _Scanner(exercise, answers, aliases)
     scanner.visit(tree)
     lines = source.split("\n")
-    return sorted(
-        (
-            found
-            for found in scanner.findings.values()
-            if not 0 < found.line <= len(lines) or lines[found.line - 1].strip() not in handed_out
-        ),
-        key=lambda finding: (finding.line, finding.what),
-    )
+    added = [
+        f
+        for f in scanner.findings.values()
+        if not 0 < f.line <= len(lines) or lines[f.line - 1].strip() not in handed_out
+    ]
+    return sorted(added, key=lambda finding: (finding.line, finding.what))
 
 
 def scan_notebook(
-    cells: Mapping[str, str], exercises: Collection[str], handed_out: Collection[str] | None
+    cells: Mapping[str, str], answers: Mapping[str, Collection[str]], handed_out: Collection[str] | None
 ) -> list[Finding]:
-    """A submission's findings: its exercise cells (`exercises`: the lab's ids) whole, and its other code cells
-    (keyed `cell N`, or tagged as an exercise the lab does not have) on the lines the learner added to the
-    handed-out notebook; those are skipped where it is unknown (None), since the notebook's own imports of
-    labkit's checks could not be told from added ones."""
-    found = [finding for key, source in cells.items() if key in exercises for finding in scan_cell(key, source)]
+    """A submission's findings: its exercise cells (`answers`: the lab's exercise ids -> their declared answers)
+    whole, and its other code cells (keyed `cell N`, or tagged as an exercise the lab does not have) on the
+    lines the learner added to the handed-out notebook; those are skipped where it is unknown (None), since
+    the notebook's own imports of labkit's checks could not be told from added ones."""
+    aliases = notebook_aliases(cells.values())
+    found = [
+        f for key, source in cells.items() if key in answers for f in scan_cell(key, source, (), answers[key], aliases)
+    ]
     if handed_out is not None:
-        others = [(key, source) for key, source in cells.items() if key not in exercises]
-        found += [finding for key, source in others for finding in scan_cell(key, source, handed_out)]
+        others = [(key, source) for key, source in cells.items() if key not in answers]
+        found += [f for key, source in others for f in scan_cell(key, source, handed_out, (), aliases)]
     return found
