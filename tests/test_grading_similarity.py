@@ -14,6 +14,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from script_loader import load_script
 
 from labkit.cli import main
 from labkit.grading import sandbox, similarity
@@ -127,6 +128,13 @@ def test_independent_honest_answers_are_not_flagged(lab):
         assert report.too_short == {
             "lab1.causal_mask": [REFERENCE, *(f"lab1.causal_mask/{s}" for s in answers["lab1.causal_mask"])]
         }
+
+
+def test_the_calibration_script_prints_each_exercise_under_its_threshold(capsys):
+    load_script("similarity_calibration").main(HONEST)
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [row[0] for row in rows] == sorted(path.name for path in HONEST.iterdir())
+    assert all(max(float(row[1]), float(row[2])) < float(row[-1]) for row in rows)
 
 
 @pytest.mark.parametrize("lab", ["lab1", "lab7"])

@@ -225,9 +225,9 @@ def _compare_exercise(
 def compare_class(
     cells: Mapping[str, tuple[str, Mapping[str, str]]], references: Callable[[str], LabReferences] | None = None
 ) -> ClassSimilarity:
-    """The similarity report of a class: `cells` maps each submission to (its lab, its exercise cells by
-    exercise id); `references(lab)` gives the lab's `LabReferences` (default: `lab_references`). Only the
-    lab's own exercises are looked at: a tag the lab does not have is the learner's text, not an exercise."""
+    """The similarity report of a class: `cells` maps each submission to (its lab, its `submitted_cells`);
+    `references(lab)` gives the lab's `LabReferences` (default: `lab_references`). Only the lab's own
+    exercises are compared: a tag the lab does not have is the learner's text, not an exercise."""
     from labkit.grading.reference_sources import lab_references
 
     cells = dict(sorted(cells.items()))  # by name: a merge of shards reports exactly what one run would
@@ -236,8 +236,7 @@ def compare_class(
         lab_refs = (references or lab_references)(lab)
         report.notes += lab_refs.notes
         answers = {exercise.id: exercise.answers for exercise in exercises_for_lab(lab)}
-        exercises = list(answers)
-        for exercise in exercises:
+        for exercise in answers:
             of_lab = {
                 name: cell[exercise] for name, (its_lab, cell) in cells.items() if its_lab == lab and exercise in cell
             }

@@ -12,7 +12,7 @@ import html
 import json
 from pathlib import Path
 
-from labkit.grading.similarity import CLASSMATE, MIN_CHARACTERS, ClassSimilarity, Pair
+from labkit.grading.similarity import CLASSMATE, MIN_CHARACTERS, REFERENCE, ClassSimilarity, Pair
 
 HTML_FILE = "similarity.html"
 JSON_FILE = "similarity.json"
@@ -96,7 +96,7 @@ def to_html(report: ClassSimilarity) -> str:
         ]
         short = report.too_short.get(exercise, [])
         if short:
-            names = ", ".join(map(_visible, short))
+            names = ", ".join("labkit's answer" if name == REFERENCE else _visible(name) for name in short)
             lines.append(
                 f"<p>Too short to compare (under {MIN_CHARACTERS} characters of code outside the starter): {names}</p>"
             )
