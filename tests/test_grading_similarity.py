@@ -33,7 +33,7 @@ from labkit.grading.similarity import (
 )
 from labkit.grading.similarity_page import to_html, write_similarity
 from labkit.grading.source_scan import scan_cell
-from labkit.grading.submissions import exercise_cell_sources, read_notebook
+from labkit.grading.submissions import exercise_cell_sources, read_notebook, submission_names
 from labkit.labs.manifest import LABS
 
 HONEST = Path(__file__).parent / "fixtures" / "similarity"  # independent honest answers, one folder per exercise
@@ -184,6 +184,11 @@ def test_grades_csv_gains_a_flags_column_and_keeps_the_points(tmp_path):
         "flags" not in (tmp_path / "off" / "grades.csv").read_text()
         and not (tmp_path / "off" / "similarity.html").exists()
     )
+
+
+def test_a_submission_named_like_the_report_keeps_its_own_name_apart(tmp_path):
+    names = submission_names([tmp_path / "similarity.ipynb", tmp_path / "Similarity.HTML.ipynb"])
+    assert names == ["similarity_submission", "Similarity.HTML_submission"]
 
 
 def test_a_report_that_fails_says_why_and_fails_nothing(tmp_path, monkeypatch):
