@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from labkit.grading.checks import exercises_for_lab
-from labkit.grading.report_text import report_text
+from labkit.grading.report_text import escaped
 from labkit.grading.source_scan import Finding, scan_notebook
 from labkit.grading.submissions import SubmissionError, code_cells, exercise_cell_sources, read_notebook
 
@@ -114,7 +114,7 @@ class ClassSimilarity:
     def summary(self) -> str:
         """One line for the end of a run."""
         if self.problem:
-            return f"the similarity report could not be made: {report_text(self.problem)}"
+            return f"the similarity report could not be made: {escaped(self.problem)}"
         scanned = len(self.findings)
         return (
             f"similarity report: {len(self.pairs)} pair(s) of cells flagged, {scanned} submission(s) with code "

@@ -2,8 +2,8 @@
 
 The page is one self-contained file (its style inline, no script, no external asset). Every text a
 submission controls (its cells, names drawn from its code) is shown as text: characters that
-`str.isprintable` rejects (bidi overrides, other controls) as visible `\\uXXXX` escapes, then
-`html.escape`, so nothing in a cell can become markup or reorder what a reviewer reads.
+`str.isprintable` rejects (bidi overrides, other controls) as visible escapes (`report_text.escaped`),
+then `html.escape`, so nothing in a cell can become markup or reorder what a reviewer reads.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import html
 import json
 from pathlib import Path
 
+from labkit.grading.report_text import escaped
 from labkit.grading.similarity import CLASSMATE, MIN_CHARACTERS, REFERENCE, ClassSimilarity, Pair
 
 HTML_FILE = "similarity.html"
@@ -23,20 +24,13 @@ table.pair { border-collapse: collapse; width: 100%; table-layout: fixed; }
 table.pair td { vertical-align: top; border: 1px solid #ccc; padding: 0.3em; }
 pre { white-space: pre-wrap; margin: 0; font-size: 0.85em; }
 mark { background: #ffd27f; }
-.escape { color: #b00; }
 .findings td, .findings th { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: left; }
 """
 
 
 def _visible(text: str) -> str:
-    """`text` as HTML showing each of its characters: unprintable ones (bar newline and tab) as escapes."""
-    shown = []
-    for char in text:
-        if char.isprintable() or char in "\n\t":
-            shown.append(html.escape(char))
-        else:
-            shown.append(f'<span class="escape">\\u{ord(char):04x}</span>')
-    return "".join(shown)
+    """`text` as HTML text: the grader's one rule for learner text (`escaped`), then `html.escape`."""
+    return html.escape(escaped(text, keep_newlines=True))
 
 
 def _whole_lines(source: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
