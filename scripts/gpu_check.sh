@@ -171,7 +171,7 @@ else:
     print(
         f"  engine: {engine['kernel_tokens_per_s']:.1f} tokens/s with the kernel, {engine['sdpa_tokens_per_s']:.1f} "
         f"with SDPA ({engine['kernel_tokens_per_s'] / engine['sdpa_tokens_per_s']:.2f}x); greedy tokens agree: "
-        f"{engine['tokens_agree']}"
+        f"{engine['tokens_agree']}" + ("" if bench["card"] else f"  [{bench['device']}]")
     )
 EOF
 if [ "$failed" = 1 ]; then echo "gpu_check: some steps FAILED"; else echo "gpu_check: every step passed or was skipped"; fi

@@ -67,7 +67,6 @@ def card_bandwidth() -> dict:
     source = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
     target = torch.empty_like(source)
     copy = copy_bandwidth(COPY_BYTES, timed(lambda: target.copy_(source), gpu=True))
-    del source, target
     peak = peak_from_properties(properties)
     return {
         "name": properties.name,
@@ -104,9 +103,9 @@ def one_case(name: str, batch: int, context: int, device, dtype, card: dict | No
     paths = {
         "kernel": lambda: paged_decode(q, k_pool, v_pool, tables, lengths, num_splits=splits),
         "gather": lambda: paged_attention(0, q, k_pool, v_pool, paged),
-        "sdpa": lambda: F.scaled_dot_product_attention(
-            q[:, :, None], k_contiguous, v_contiguous, enable_gqa=True
-        )[:, :, 0],
+        "sdpa": lambda: F.scaled_dot_product_attention(q[:, :, None], k_contiguous, v_contiguous, enable_gqa=True)[
+            :, :, 0
+        ],
     }
     outs = {path: run().float() for path, run in paths.items()}
     worst = max((outs[path] - outs["sdpa"]).abs().max().item() for path in ("kernel", "gather"))

@@ -55,4 +55,3 @@ def test_a_case_that_fails_is_recorded_and_the_rest_still_run(monkeypatch, capsy
     assert result["failures"] == 1 and len(result["rows"]) == len(script.SHAPES)
     assert result["rows"][1]["error"] == "RuntimeError: CUDA out of memory"
     assert "Llama-3.1-8B batch 2 context 40: FAILED: RuntimeError: CUDA out of memory" in capsys.readouterr().out
-

@@ -89,5 +89,7 @@ def over_peak_warning(fraction: float, working_set: int, l2_bytes: int | None) -
             "so the cache, not DRAM, served the bytes (flush the cache between runs)"
         )
     else:
-        cause = "the bytes counted are more than DRAM moved (a buffer read twice counted twice, e.g. one pool as K and V)"
+        cause = (
+            "the bytes counted are more than DRAM moved (a buffer read twice counted twice, e.g. one pool as K and V)"
+        )
     return f"WARNING: {fraction:.0%} of the card's peak is impossible: {cause}"
