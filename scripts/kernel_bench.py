@@ -49,8 +49,8 @@ COPY_BYTES = 2**30  # a copy far bigger than any L2 cache
 
 
 def timed(run, gpu: bool) -> float:
-    """Median seconds of ``run()``: on a GPU by CUDA events over many launches, the L2 cache flushed before each
-    (``triton.testing.do_bench``); under the interpreter by the wall clock over one run (a NumPy figure)."""
+    """Seconds ``run()`` takes: on a GPU the median by CUDA events over many launches, the L2 cache flushed before
+    each (``triton.testing.do_bench``); under the interpreter one run by the wall clock (a NumPy figure)."""
     if gpu:
         from triton.testing import do_bench
 
@@ -100,12 +100,14 @@ def one_case(name: str, batch: int, context: int, device, dtype, card: dict | No
         return pool[order.long()].view(batch, blocks * BLOCK_SIZE, kv_heads, head_dim)[:, :context].transpose(1, 2)
 
     k_contiguous, v_contiguous = contiguous(k_pool), contiguous(v_pool)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q[:, :, None], k_contiguous, v_contiguous, enable_gqa=True)[:, :, 0]
+
     paths = {
         "kernel": lambda: paged_decode(q, k_pool, v_pool, tables, lengths, num_splits=splits),
         "gather": lambda: paged_attention(0, q, k_pool, v_pool, paged),
-        "sdpa": lambda: F.scaled_dot_product_attention(q[:, :, None], k_contiguous, v_contiguous, enable_gqa=True)[
-            :, :, 0
-        ],
+        "sdpa": sdpa,
     }
     outs = {path: run().float() for path, run in paths.items()}
     worst = max((outs[path] - outs["sdpa"]).abs().max().item() for path in ("kernel", "gather"))
@@ -143,7 +145,7 @@ def describe(row: dict, gpu: bool) -> str:
 
 def engine_throughput(device, dtype, quick: bool) -> dict:
     """The default model's generated tokens/s in labkit's engine, with the kernel on every decode step and with
-    its own attention (gather, then SDPA), after a warm-up of each; and whether their greedy tokens agree."""
+    its own attention (gather, then SDPA), on a GPU after a warm-up of each; and whether their greedy tokens agree."""
     from labkit.engine import LLM
     from labkit.models import load_model
     from labkit.sampling import SamplingParams

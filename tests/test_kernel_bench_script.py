@@ -18,7 +18,7 @@ def test_the_quick_run_compares_the_three_paths_and_they_agree(tmp_path, capsys)
     assert result["failures"] == 0, [row.get("error") for row in rows] + [result["engine"].get("error")]
     assert {row["model"] for row in rows} == set(script.SHAPES)
     assert all(row["max_difference"] < 1e-4 for row in rows), [row["max_difference"] for row in rows]
-    assert all(row["splits"] == 2 for row in rows)  # split-KV and its merge, not only the one-program kernel
+    assert all(row["splits"] >= 2 for row in rows)  # split-KV and its merge, not only the one-program kernel
     assert all(row["bytes"]["gather"] > row["bytes"]["kernel"] > row["bytes"]["sdpa"] > 0 for row in rows)
     assert result["engine"]["tokens_agree"] and result["engine"]["kernel_tokens_per_s"] > 0
     if not torch.cuda.is_available():
