@@ -2,7 +2,7 @@
 # GPU check: what only a GPU can show, in one run of a few minutes, each step reported and one summary at the end.
 #   1. the environment: nvidia-smi, torch and Triton, labkit info;
 #   2. correctness on CUDA: the forward pass against transformers, every policy against solo decoding (fp32);
-#   3. lab 11's checks and notebook (pytest -m lab11), the learner's kernels compiled;
+#   3. lab 11's checks and notebook (pytest -m lab11), the kernels compiled and run on the card;
 #   4. the device walk (tests/test_device*.py): every lab's checks hand the learner's code tensors on CUDA;
 #   5. every kernel compiled for this card (scripts/compile_kernels.py, where present);
 #   6. scripts/kernel_bench.py: the kernel against gather+SDPA and SDPA, its share of the card's peak, and the
