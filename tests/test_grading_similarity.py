@@ -354,3 +354,13 @@ def test_a_class_run_writes_the_report_beside_the_grades(tmp_path, monkeypatch):
     assert data["problem"] is None and set(data["too_short"]) == {"demo.add", "demo.greedy_tokens"}
     assert "alice and bob: 1.00" in (out / "similarity.html").read_text()
     assert {"similarity.html", "similarity.json"} <= set(json.loads((out / "checksums.json").read_text())["files"])
+
+
+def test_every_labs_solved_notebook_is_found_by_name():
+    """The grader finds each lab's solved notebook without importing the labs (the manifest's names, by glob)."""
+    from labkit.grading.reference_sources import LAB_SOURCES, solved_notebook
+    from labkit.labs.manifest import LABS
+
+    for lab in LABS:
+        assert solved_notebook(lab.name) == LAB_SOURCES / lab.notebook, lab.name
+    assert solved_notebook("lab99") is None
