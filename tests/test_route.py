@@ -22,7 +22,9 @@ from labkit.engine.fleet import CacheAware, generate_on_fleet
 from labkit.engine.interfaces import ReplicaView
 from labkit.models import tiny_model
 from labkit.sampling import SamplingParams
+from labkit.serve.replica_procs import ReplicaProcesses
 from labkit.serve.router_app import Routing
+from labkit.serve.router_health import ReplicaHealth
 from labkit.serve.router_metrics import RouterMetrics
 from labkit.serve.router_policies import ShadowIndex, make_policy, prompt_text
 from labkit.serve.router_relay import REPLICA_HEADER
@@ -60,9 +62,11 @@ def replicas(model):
 
 
 def router_over(servers, policy: str, max_imbalance: int = 4) -> RouterThread:
-    urls = [server.url for server in servers]
+    urls = [getattr(server, "url", server) for server in servers]
     index = ShadowIndex(len(urls)) if policy == "cache_aware" else None
-    return RouterThread(Routing(urls, make_policy(policy, max_imbalance), index, RouterMetrics(urls), 60.0))
+    metrics = RouterMetrics(urls)
+    health = ReplicaHealth(urls, metrics, first_backoff_s=0.2, max_backoff_s=1.0, check_every_s=0.5)
+    return RouterThread(Routing(urls, make_policy(policy, max_imbalance), index, metrics, 60.0, health=health))
 
 
 def served(server) -> float:
@@ -321,8 +325,18 @@ def test_a_draining_replicas_503_sends_the_request_to_another(replicas):
             draining.worker.draining = False
         assert [answer.status_code for answer in answers] == [200] * 4
         assert {answer.headers[REPLICA_HEADER] for answer in answers} == {replicas[0].url}
-        assert scrape(router.url)[f"labkit_router_retries_total{{worker={draining.url}}}"] == 2
-    assert [served(server) - b for server, b in zip(replicas, before, strict=True)] == [4, 0]
+        metrics = scrape(router.url)
+        # its first 503 (or its /health, checked first) said it drains: it was ejected at once, and no later
+        # request tried it
+        assert metrics[f"labkit_router_retries_total{{worker={draining.url}}}"] <= 1
+        assert metrics[f"labkit_router_ejections_total{{worker={draining.url}}}"] == 1
+        assert metrics[f"labkit_router_worker_up{{worker={draining.url}}}"] in (0, 1)  # 1 once it was readmitted
+        wait_for(
+            lambda: scrape(router.url)[f"labkit_router_readmissions_total{{worker={draining.url}}}"] == 1,
+            "the router readmits the replica once its /health says 200 again",
+        )
+        assert {complete(router.url).headers[REPLICA_HEADER] for _ in range(2)} == {r.url for r in replicas}
+    assert [served(server) - b for server, b in zip(replicas, before, strict=True)] == [5, 1]
 
 
 def test_a_stopped_replica_loses_no_request_and_serves_none_twice(model):
@@ -348,7 +362,7 @@ def test_a_stopped_replica_loses_no_request_and_serves_none_twice(model):
                 thread.join(60)
             assert len(results) == 12 and [r.status_code for r in results] == [200] * 12, [r.text for r in results]
             assert served(a) + served(b) == 14  # every request finished once, over both replicas
-            assert scrape(router.url)[f"labkit_router_retries_total{{worker={b.url}}}"] >= 1
+            assert scrape(router.url)[f"labkit_router_ejections_total{{worker={b.url}}}"] >= 1
             # with every replica gone, the client is told why
             a.stop()
             refused = complete(router.url)
@@ -380,6 +394,77 @@ def test_a_replica_that_stops_mid_stream_is_not_replaced_by_another(model):
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_draining_replicas_streams_all_finish_while_new_requests_go_elsewhere(model):
+    """SIGTERM's drain, as a thread server does it: the streams in flight finish whole (a limit long enough), the
+    replica's /health says it drains, and the router sends every new request to the other one."""
+    a = ServerThread(make_llm(model, attention=slow_attention), shutdown_timeout=600.0).start()
+    b = ServerThread(make_llm(model)).start()
+    try:
+        with router_over([a, b], "round_robin") as router:
+            held = [HeldStream(router.url, turn(SYSTEM_A, f"Keep talking {i}.")) for i in range(3)]
+            assert [stream.replica for stream in held] == [a.url, b.url, a.url]
+            a.server.should_exit = True  # uvicorn stops accepting; the drain starts
+            wait_for(lambda: a.worker.draining, "the replica drains")
+            answers = [complete(router.url, f"Elsewhere {i}") for i in range(4)]
+            assert [answer.status_code for answer in answers] == [200] * 4
+            assert {answer.headers[REPLICA_HEADER] for answer in answers} == {b.url}
+            for stream in held:
+                rest = list(stream.events)
+                stream.close()
+                assert rest and "error" not in rest[-1], rest[-1:]
+                assert rest[-1]["choices"][0]["finish_reason"] == "length"
+            assert scrape(router.url)[f"labkit_router_ejections_total{{worker={a.url}}}"] == 1
+    finally:
+        a.stop()
+        b.stop()
+
+
+def zombie(pid: int) -> bool:
+    """Whether the process has exited and no one has reaped it."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_killed_replica_is_ejected_reaped_restarted_and_readmitted(default_model):
+    """``--start``'s children: one killed mid-run is tried by one request only, reaped, started again, readmitted;
+    killed once more than allowed, it is reported and left down. Its restarts are stepped here, not on a timer."""
+    dials = ["--max-num-seqs", "2", "--max-model-len", "256", "--num-gpu-blocks-override", "32"]
+    children = ReplicaProcesses(2, dials)
+    urls = children.start()
+    try:
+        with router_over(urls, "round_robin") as router:
+            assert [complete(router.url).headers[REPLICA_HEADER] for _ in range(2)] == urls
+            killed = children.processes[1].pid
+            os.kill(killed, signal.SIGKILL)
+            wait_for(lambda: zombie(killed), "the child is dead and not yet reaped")
+            answers = [complete(router.url, f"After {i}") for i in range(4)]
+            assert [a.status_code for a in answers] == [200] * 4
+            assert {a.headers[REPLICA_HEADER] for a in answers} == {urls[0]}
+            metrics = scrape(router.url)
+            assert metrics[f"labkit_router_retries_total{{worker={urls[1]}}}"] <= 1  # the first try, at most
+            assert metrics[f"labkit_router_ejections_total{{worker={urls[1]}}}"] == 1
+            children.check_children(max_restarts=1)
+            assert not zombie(killed) and children.restarts[1] == 1
+            wait_for(
+                lambda: scrape(router.url)[f"labkit_router_readmissions_total{{worker={urls[1]}}}"] == 1,
+                "the restarted replica is readmitted",
+                limit_s=600.0,  # it loads the model again, on a machine that may be busy
+            )
+            assert {complete(router.url).headers[REPLICA_HEADER] for _ in range(2)} == set(urls)
+            again = children.processes[1].pid
+            os.kill(again, signal.SIGKILL)
+            wait_for(lambda: zombie(again), "the child is dead again")
+            children.check_children(max_restarts=1)
+            assert not zombie(again) and children.given_up == {1}  # reported, not restarted past the bound
+            assert complete(router.url).headers[REPLICA_HEADER] == urls[0]
+    finally:
+        children.stop()
+    assert all(process.poll() is not None for process in children.processes)
 
 
 @pytest.mark.parametrize(
