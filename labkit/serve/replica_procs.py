@@ -97,14 +97,20 @@ class ReplicaProcesses:
                 self.restarts[i] += 1
                 log.warning(
                     "labkit route: the replica %s exited with status %s; starting it again (%d of %d)",
-                    self.urls[i], process.returncode, self.restarts[i], max_restarts,
+                    self.urls[i],
+                    process.returncode,
+                    self.restarts[i],
+                    max_restarts,
                 )
                 self.processes[i] = self._spawn(self.ports[i])
             else:
                 self.given_up.add(i)
                 log.warning(
                     "labkit route: the replica %s exited with status %s after %d restarts; it stays down "
-                    "(the others serve on)", self.urls[i], process.returncode, max_restarts,
+                    "(the others serve on)",
+                    self.urls[i],
+                    process.returncode,
+                    max_restarts,
                 )
 
     def _wait_healthy(self, process: subprocess.Popen, output, url: str) -> None:

@@ -4,7 +4,7 @@
     labkit route --start 2 --policy cache_aware -- --model default --max-num-seqs 8
 
 Each request to /v1/completions or /v1/chat/completions (streams included) goes to the replica the policy
-picks: round_robin (each in turn), least_outstanding (fewest requests in flight) or cache_aware (the replica
+picks: round_robin (each in turn), least_loaded (fewest requests in flight) or cache_aware (the replica
 believed to hold the longest prefix of this prompt, unless it is more than --max-imbalance requests busier than
 the least busy one). A replica that refuses a request before answering has it sent to another; none is served
 twice. A replica that refuses, dies, drains or fails its health check is ejected at once and readmitted when its
@@ -71,12 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def routing_for(urls: list[str], args: argparse.Namespace):
     """The router's shared state for these replica URLs and the command line's policy."""
+    from labkit.engine.fleet import make_router
     from labkit.serve.router_app import Routing
     from labkit.serve.router_metrics import RouterMetrics
-    from labkit.serve.router_policies import ShadowIndex, make_policy
+    from labkit.serve.router_policies import ShadowIndex
 
     index = ShadowIndex(len(urls), args.chunk_chars, args.index_blocks) if args.policy == "cache_aware" else None
-    return Routing(urls, make_policy(args.policy, args.max_imbalance), index, RouterMetrics(urls), args.timeout)
+    return Routing(urls, make_router(args.policy, args.max_imbalance), index, RouterMetrics(urls), args.timeout)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette
@@ -40,19 +40,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from labkit.engine.interfaces import ReplicaView, Router
+from labkit.engine.interfaces import ReplicaView, RequestView, Router
 from labkit.serve.body import answer_api_error, answer_http_error, read_json
 from labkit.serve.protocol import APIError
 from labkit.serve.router_health import HEALTH_TIMEOUT_S, ReplicaHealth, is_draining
 from labkit.serve.router_metrics import RouterMetrics, replica_families
 from labkit.serve.router_policies import ShadowIndex, prompt_text
 from labkit.serve.router_relay import Relay
-
-if TYPE_CHECKING:
-    from labkit.engine.request import Request as EngineRequest
-
-# The HTTP router picks before any tokenizing, so there is no engine Request: its policies read only the views.
-NO_ENGINE_REQUEST = cast("EngineRequest", None)
 
 
 @dataclass
@@ -83,14 +77,14 @@ class Routing:
     def cached(self, replica: int, chain: list[int]) -> int:
         return self.index.cached(replica, chain) if self.index else 0
 
-    def pick(self, chain: list[int]) -> list[int]:
+    def pick(self, request: RequestView, chain: list[int]) -> list[int]:
         """The replicas in service, the policy's pick first, then the others least busy first (who gets the
         request if the pick refuses). The policy sees only those in service, numbered 0 to n-1 among them."""
         live = self.replicas.live()
         if not live:
             return []
         views = [ReplicaView(n, self.in_flight[i], self.cached(i, chain)) for n, i in enumerate(live)]
-        chosen = self.policy.route(NO_ENGINE_REQUEST, views)
+        chosen = self.policy.route(request, views)
         if not (isinstance(chosen, int) and 0 <= chosen < len(live)):
             raise ValueError(f"router {self.policy.name!r} chose replica {chosen!r}; choose 0 to {len(live) - 1}")
         first = live[chosen]
@@ -175,9 +169,10 @@ async def forward(request: Request, path: str) -> Response:
 async def _dispatch(routing: Routing, request: Request, path: str, body: dict, content: bytes) -> Response:
     """Send the request to the replica the policy picks, or to the next that takes it (see the module's doc)."""
     assert routing.client is not None
-    chain = routing.index.chain(prompt_text(body)) if routing.index else []
+    text = prompt_text(body)  # before tokenizing: what the router knows of the prompt
+    chain = routing.index.chain(text) if routing.index else []
     failures: list[str] = []
-    tried = routing.pick(chain)
+    tried = routing.pick(RequestView("", text), chain)
     for replica in tried:
         url = routing.urls[replica]
         routing.enter(replica)

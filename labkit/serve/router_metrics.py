@@ -7,7 +7,7 @@ as there. Counters show ``_total`` appended, as Prometheus counters do.
 - ``labkit_router_processed_requests_total{worker}``: requests the router forwarded there and that replica
   answered (any status below 500); sgl_router_processed_requests_total.
 - ``labkit_router_running_requests{worker}``: requests in flight there now, from the router's side (forwarded,
-  answer not yet fully relayed): the load ``least_outstanding`` and ``cache_aware`` read;
+  answer not yet fully relayed): the load ``least_loaded`` and ``cache_aware`` read;
   sgl_router_running_requests.
 - ``labkit_router_cache_hits_total{worker}`` / ``labkit_router_cache_misses_total{worker}``: requests the
   router sent there predicting a cached prefix of the prompt (from its shadow index), or none; the router's
