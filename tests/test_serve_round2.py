@@ -21,6 +21,7 @@ import time
 
 import httpx
 import pytest
+import uvicorn
 from lazy_import import lazy_module
 from test_serve import CHAT, TEXT, chat_model, expected_text, make_llm, scrape, wait_for
 
@@ -117,6 +118,7 @@ def test_sigterm_drains_tells_every_client_and_exits_within_the_grace_period():
     assert data[-1] == "data: [DONE]"
     error = json.loads(data[-2][len("data: ") :])["error"]
     assert error["type"] == "service_unavailable" and "shut down" in error["message"]
+    assert "--shutdown-timeout" in error["message"]  # the limit that cut it, named
     assert results["whole"].status_code == 503 and results["whole"].json()["error"]["code"] == "server_shutting_down"
     assert results["short"].status_code == 200  # in flight at SIGTERM, it finished within the grace period
     assert grace <= exit_s < grace + 10, (
@@ -125,6 +127,29 @@ def test_sigterm_drains_tells_every_client_and_exits_within_the_grace_period():
     assert served.process.returncode in (0, -signal.SIGTERM)
     log = "\n".join(served.log)
     assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+
+
+class Measured:
+    """A worker stand-in that has measured ``per_token`` seconds between two tokens of a request (None: nothing)."""
+
+    def __init__(self, per_token):
+        self.per_token = per_token
+
+    def seconds_per_token(self):
+        return self.per_token
+
+
+def test_the_default_drain_limit_covers_a_512_token_answer_at_the_measured_speed():
+    from labkit.serve.server import DRAIN_FLOOR_S, DRAIN_MARGIN, DRAIN_TOKENS, Server
+
+    def limit(per_token, shutdown_timeout=None):
+        return Server(uvicorn.Config(app=None), Measured(per_token), shutdown_timeout).drain_limit_s()
+
+    assert DRAIN_TOKENS == 512 and DRAIN_MARGIN >= 1
+    assert limit(None) == DRAIN_FLOOR_S  # nothing measured yet: the floor
+    assert limit(0.001) == DRAIN_FLOOR_S  # a fast replica: 512 tokens take less than the floor
+    assert limit(0.1) == pytest.approx(512 * 0.1 * DRAIN_MARGIN)  # a slow one gets what 512 tokens take, and more
+    assert limit(0.1, shutdown_timeout=3.0) == 3.0  # --shutdown-timeout decides when given
 
 
 def test_a_stream_cut_by_a_thread_server_stop_gets_an_error_event_and_done(model):
