@@ -18,13 +18,15 @@ import pytest
 from test_serve import chat_model, make_llm, scrape, slow_attention, stream_events, wait_for
 
 from labkit.engine import LLM
-from labkit.engine.fleet import CacheAware, generate_on_fleet
-from labkit.engine.interfaces import ReplicaView
+from labkit.engine.fleet import ROUTERS, CacheAware, generate_on_fleet, make_router
+from labkit.engine.interfaces import ReplicaView, RequestView
 from labkit.models import tiny_model
 from labkit.sampling import SamplingParams
+from labkit.serve.replica_procs import ReplicaProcesses
 from labkit.serve.router_app import Routing
+from labkit.serve.router_health import ReplicaHealth
 from labkit.serve.router_metrics import RouterMetrics
-from labkit.serve.router_policies import ShadowIndex, make_policy, prompt_text
+from labkit.serve.router_policies import ShadowIndex, prompt_text
 from labkit.serve.router_relay import REPLICA_HEADER
 from labkit.serve.router_server import RouterThread
 from labkit.serve.server import ServerThread
@@ -60,9 +62,11 @@ def replicas(model):
 
 
 def router_over(servers, policy: str, max_imbalance: int = 4) -> RouterThread:
-    urls = [server.url for server in servers]
+    urls = [getattr(server, "url", server) for server in servers]
     index = ShadowIndex(len(urls)) if policy == "cache_aware" else None
-    return RouterThread(Routing(urls, make_policy(policy, max_imbalance), index, RouterMetrics(urls), 60.0))
+    metrics = RouterMetrics(urls)
+    health = ReplicaHealth(urls, metrics, first_backoff_s=0.2, max_backoff_s=1.0, check_every_s=0.5)
+    return RouterThread(Routing(urls, make_router(policy, max_imbalance), index, metrics, 60.0, health=health))
 
 
 def served(server) -> float:
@@ -116,6 +120,41 @@ def test_cache_aware_prefers_the_cache_within_the_load_bound():
     assert CacheAware(max_imbalance=2).route(None, views) == 2  # replica 1 is out; 2 has the most left
     assert CacheAware(max_imbalance=0).route(None, views) == 0  # only the least busy is allowed
     assert CacheAware().route(None, [ReplicaView(0, 2, 0), ReplicaView(1, 1, 0)]) == 1  # no cache: least busy
+
+
+class Seen:
+    """A router of your own that notes each request view it is shown (always the first replica)."""
+
+    name = "seen"
+
+    def __init__(self):
+        self.requests: list[RequestView] = []
+
+    def route(self, request, replicas):
+        self.requests.append(request)
+        return 0
+
+
+def test_one_router_object_sees_the_request_before_tokenizing_over_http_and_after_in_the_fleet(replicas):
+    """The engine's fleet routes tokenized requests; labkit route reads only the body's text (it does not tokenize)."""
+    seen = Seen()
+    llm = LLM(tiny_model("llama", seed=3), num_blocks=32, block_size=16)
+    generate_on_fleet([llm], [[5, 6, 7]], SamplingParams(max_tokens=1), router=seen)
+    assert seen.requests == [RequestView("0", None, (5, 6, 7))]
+    urls = [server.url for server in replicas]
+    metrics = RouterMetrics(urls)
+    with RouterThread(Routing(urls, seen, None, metrics, 60.0)) as router:
+        assert complete(router.url, "Hello there").headers[REPLICA_HEADER] == urls[0]
+    assert seen.requests[1] == RequestView("", "Hello there", None)
+
+
+def test_one_registry_of_routers_by_name():
+    from labkit.serve.route_cli import POLICIES
+
+    assert set(POLICIES) == set(ROUTERS) == {"round_robin", "least_loaded", "cache_aware"}
+    assert make_router("cache_aware", max_imbalance=2).max_imbalance == 2
+    with pytest.raises(ValueError, match="unknown router 'least_outstanding'"):
+        make_router("least_outstanding")
 
 
 def test_shadow_index_finds_the_longest_recorded_prefix_and_forgets_the_least_recent():
@@ -219,8 +258,8 @@ def test_a_stream_passes_through_event_by_event(replicas):
     assert len(got) >= 12  # one event per step's token at least
 
 
-def test_least_outstanding_avoids_the_busy_replica(replicas):
-    with router_over(replicas, "least_outstanding") as router:
+def test_least_loaded_avoids_the_busy_replica(replicas):
+    with router_over(replicas, "least_loaded") as router:
         held = HeldStream(router.url, turn(SYSTEM_A, "Keep talking."))
         try:
             assert held.replica == replicas[0].url
@@ -321,8 +360,18 @@ def test_a_draining_replicas_503_sends_the_request_to_another(replicas):
             draining.worker.draining = False
         assert [answer.status_code for answer in answers] == [200] * 4
         assert {answer.headers[REPLICA_HEADER] for answer in answers} == {replicas[0].url}
-        assert scrape(router.url)[f"labkit_router_retries_total{{worker={draining.url}}}"] == 2
-    assert [served(server) - b for server, b in zip(replicas, before, strict=True)] == [4, 0]
+        metrics = scrape(router.url)
+        # its first 503 (or its /health, checked first) said it drains: it was ejected at once, and no later
+        # request tried it
+        assert metrics[f"labkit_router_retries_total{{worker={draining.url}}}"] <= 1
+        assert metrics[f"labkit_router_ejections_total{{worker={draining.url}}}"] == 1
+        assert metrics[f"labkit_router_worker_up{{worker={draining.url}}}"] in (0, 1)  # 1 once it was readmitted
+        wait_for(
+            lambda: scrape(router.url)[f"labkit_router_readmissions_total{{worker={draining.url}}}"] == 1,
+            "the router readmits the replica once its /health says 200 again",
+        )
+        assert {complete(router.url).headers[REPLICA_HEADER] for _ in range(2)} == {r.url for r in replicas}
+    assert [served(server) - b for server, b in zip(replicas, before, strict=True)] == [5, 1]
 
 
 def test_a_stopped_replica_loses_no_request_and_serves_none_twice(model):
@@ -348,7 +397,7 @@ def test_a_stopped_replica_loses_no_request_and_serves_none_twice(model):
                 thread.join(60)
             assert len(results) == 12 and [r.status_code for r in results] == [200] * 12, [r.text for r in results]
             assert served(a) + served(b) == 14  # every request finished once, over both replicas
-            assert scrape(router.url)[f"labkit_router_retries_total{{worker={b.url}}}"] >= 1
+            assert scrape(router.url)[f"labkit_router_ejections_total{{worker={b.url}}}"] >= 1
             # with every replica gone, the client is told why
             a.stop()
             refused = complete(router.url)
@@ -380,6 +429,78 @@ def test_a_replica_that_stops_mid_stream_is_not_replaced_by_another(model):
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_draining_replicas_streams_all_finish_while_new_requests_go_elsewhere(model):
+    """SIGTERM's drain, as a thread server does it: the streams in flight finish whole (a limit long enough), the
+    replica's /health says it drains, and the router sends every new request to the other one."""
+    a = ServerThread(make_llm(model, attention=slow_attention), shutdown_timeout=600.0).start()
+    b = ServerThread(make_llm(model)).start()
+    try:
+        with router_over([a, b], "round_robin") as router:
+            held = [HeldStream(router.url, turn(SYSTEM_A, f"Keep talking {i}.")) for i in range(3)]
+            assert [stream.replica for stream in held] == [a.url, b.url, a.url]
+            a.server.should_exit = True  # uvicorn stops accepting; the drain starts
+            wait_for(lambda: a.worker.draining, "the replica drains")
+            answers = [complete(router.url, f"Elsewhere {i}") for i in range(4)]
+            assert [answer.status_code for answer in answers] == [200] * 4
+            assert {answer.headers[REPLICA_HEADER] for answer in answers} == {b.url}
+            for stream in held:
+                rest = list(stream.events)
+                stream.close()
+                assert rest and "error" not in rest[-1], rest[-1:]
+                assert rest[-1]["choices"][0]["finish_reason"] == "length"
+            assert scrape(router.url)[f"labkit_router_ejections_total{{worker={a.url}}}"] == 1
+    finally:
+        a.stop()
+        b.stop()
+
+
+def zombie(pid: int) -> bool:
+    """Whether the process has exited and no one has reaped it."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_killed_replica_is_ejected_reaped_restarted_and_readmitted(default_model):
+    """``--start``'s children: one killed mid-run is tried by one request only, reaped, started again, readmitted;
+    killed once more than allowed, it is reported and left down. Its restarts are stepped here, not on a timer."""
+    dials = ["--max-num-seqs", "2", "--max-model-len", "256", "--num-gpu-blocks-override", "32"]
+    children = ReplicaProcesses(2, dials)
+    urls = children.start()
+    try:
+        with router_over(urls, "round_robin") as router:
+            assert [complete(router.url).headers[REPLICA_HEADER] for _ in range(2)] == urls
+            killed = children.processes[1].pid
+            os.kill(killed, signal.SIGKILL)
+            wait_for(lambda: zombie(killed), "the child is dead and not yet reaped")
+            answers = [complete(router.url, f"After {i}") for i in range(4)]
+            assert [a.status_code for a in answers] == [200] * 4
+            assert {a.headers[REPLICA_HEADER] for a in answers} == {urls[0]}
+            metrics = scrape(router.url)
+            assert metrics[f"labkit_router_retries_total{{worker={urls[1]}}}"] <= 1  # the first try, at most
+            assert metrics[f"labkit_router_ejections_total{{worker={urls[1]}}}"] == 1
+            # a killed process with threads is reapable once all of them are gone: the watch's passes, by hand
+            wait_for(lambda: (children.check_children(max_restarts=1), not zombie(killed))[1], "it is reaped")
+            assert children.restarts[1] == 1
+            wait_for(
+                lambda: scrape(router.url)[f"labkit_router_readmissions_total{{worker={urls[1]}}}"] == 1,
+                "the restarted replica is readmitted",
+                limit_s=600.0,  # it loads the model again, on a machine that may be busy
+            )
+            assert {complete(router.url).headers[REPLICA_HEADER] for _ in range(2)} == set(urls)
+            again = children.processes[1].pid
+            os.kill(again, signal.SIGKILL)
+            wait_for(lambda: zombie(again), "the child is dead again")
+            wait_for(lambda: (children.check_children(max_restarts=1), not zombie(again))[1], "it is reaped again")
+            assert children.given_up == {1} and children.restarts[1] == 1  # reported, not restarted past the bound
+            assert complete(router.url).headers[REPLICA_HEADER] == urls[0]
+    finally:
+        children.stop()
+    assert all(process.poll() is not None for process in children.processes)
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,8 @@
 
 Each replica is an engine core and the executor that runs its steps (the cost model on the simulator's
 clock, the model on the wall clock). A request is routed the moment it arrives: the router
-(:class:`~labkit.engine.interfaces.Router`) sees, for every replica, how many requests it has
+(:class:`~labkit.engine.interfaces.Router`) sees the request (a :class:`~labkit.engine.interfaces.RequestView`,
+tokenized) and, for every replica, how many requests it has
 unfinished and how many tokens of this request's prompt its prefix cache holds, and picks one. Then
 every replica whose step in flight has ended takes its next step. The clock belongs to the caller:
 :func:`labkit.sim.fleet.simulate_fleet` moves it event by event, :func:`generate_on_fleet` reads the wall
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from labkit.engine.core import EngineCore, Executor, StepOutcome
 from labkit.engine.fleet_run import FleetRun
-from labkit.engine.interfaces import ReplicaView, Router, require
+from labkit.engine.interfaces import ReplicaView, RequestView, Router, require
 from labkit.engine.request import Request
 from labkit.sampling_params import SamplingParams
 from labkit.trace import RequestRecord
@@ -42,7 +43,7 @@ class RoundRobin:
     def __init__(self) -> None:
         self.turn = 0
 
-    def route(self, request: Request, replicas: Sequence[ReplicaView]) -> int:
+    def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
         index = self.turn % len(replicas)
         self.turn += 1
         return index
@@ -54,7 +55,7 @@ class LeastLoaded:
 
     name = "least_loaded"
 
-    def route(self, request: Request, replicas: Sequence[ReplicaView]) -> int:
+    def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
         return min(replicas, key=lambda replica: replica.unfinished).index
 
 
@@ -66,7 +67,7 @@ class FunctionRouter:
         self.name = getattr(choose, "__name__", "custom")
         self.turn = 0
 
-    def route(self, request: Request, replicas: Sequence[ReplicaView]) -> int:
+    def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
         index = self.choose([replica.unfinished for replica in replicas], self.turn)
         self.turn += 1
         return index
@@ -92,31 +93,41 @@ class CacheAware:
             raise ValueError(f"max_imbalance must be 0 or more requests (math.inf: no bound), got {max_imbalance}")
         self.max_imbalance = max_imbalance
 
-    def route(self, request: Request | None, replicas: Sequence[ReplicaView]) -> int:
+    def route(self, request: RequestView | None, replicas: Sequence[ReplicaView]) -> int:
         least = min(replica.unfinished for replica in replicas)
         allowed = [replica for replica in replicas if replica.unfinished - least <= self.max_imbalance]
         best = max(allowed, key=lambda replica: (replica.cached_tokens, -replica.unfinished, -replica.index))
         return best.index
 
 
+# The one registry of routers by name: the simulator's and the engines' fleets and ``labkit route --policy`` read it.
 ROUTERS: dict[str, type] = {"round_robin": RoundRobin, "least_loaded": LeastLoaded, "cache_aware": CacheAware}
 
 
-def make_router(router: str | Router | Callable[[Sequence[int], int], int]) -> Router:
-    """A router from its name, your own :class:`~labkit.engine.interfaces.Router` object, or a function."""
+def make_router(
+    router: str | Router | Callable[[Sequence[int], int], int], max_imbalance: float = DEFAULT_MAX_IMBALANCE
+) -> Router:
+    """A router from its name (``max_imbalance`` is cache_aware's load bound), your own
+    :class:`~labkit.engine.interfaces.Router` object, or a function."""
     if isinstance(router, str):
         if router not in ROUTERS:
             raise ValueError(
                 f"unknown router {router!r}; use one of {sorted(ROUTERS)}, pass an object with route(request, "
                 "replicas) and a name, or a function (loads, n) -> replica index"
             )
-        return ROUTERS[router]()
+        return CacheAware(max_imbalance) if router == "cache_aware" else ROUTERS[router]()
     if hasattr(router, "route"):
         require(router, "routing")
         return router  # type: ignore[return-value]  # it has route and name, as require checked
     if callable(router):
         return FunctionRouter(router)
     raise TypeError(f"a router is a name, an object with route(request, replicas), or a function; got {router!r}")
+
+
+def request_view(request: Request) -> RequestView:
+    """What a router in an engine's fleet sees of a request: its id, its tokens, and its text if it came as text."""
+    text = request.prompt if isinstance(request.prompt, str) else None
+    return RequestView(request.request_id, text, tuple(request.prompt_token_ids))
 
 
 class ArrivalQueue(Protocol):
@@ -163,7 +174,7 @@ class Fleet:
 
     def route(self, request: Request, now: float) -> int:
         """Send ``request`` (arriving at ``now``) to the replica the router picks; return its index."""
-        index = self.router.route(request, self.views(request, now))
+        index = self.router.route(request_view(request), self.views(request, now))
         if not (isinstance(index, int) and 0 <= index < len(self.replicas)):
             raise ValueError(
                 f"router {self.router.name!r} chose replica {index!r}; choose 0 to {len(self.replicas) - 1}"

@@ -184,19 +184,41 @@ class Proposer(Protocol):
 
 class Router(Protocol):
     """Which replica serves a request that has just arrived (the fleet's seam: round-robin, least-loaded and a
-    router that looks for the cache are each a few lines over it, see :mod:`labkit.engine.fleet`)."""
+    router that looks for the cache are each a few lines over it, see :mod:`labkit.engine.fleet`). The same
+    objects route the engines' and the simulator's fleets and ``labkit route``'s replicas over HTTP."""
 
     name: str  # shown in the fleet's trace and progress bar
 
-    def route(self, request: Request, replicas: Sequence[ReplicaView]) -> int:
+    def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
         """The index of the replica that serves ``request``. Called once per request, in order of arrival, with
         what each replica looks like at that moment; the answer must be ``0 <= index < len(replicas)``."""
         ...
 
 
 @dataclass(frozen=True)
+class RequestView:
+    """One request as a router sees it when it arrives: what it may know before tokenizing, and after.
+
+    Where the router runs decides which it has. The engines' and the simulator's fleets route requests already
+    tokenized (``prompt_token_ids``; ``prompt_text`` too where the prompt came as text). ``labkit route`` reads
+    the HTTP body and does not tokenize: it has ``prompt_text`` only (a chat's messages flattened in order, see
+    :func:`labkit.serve.router_policies.prompt_text`), and ``prompt_token_ids`` is None.
+    """
+
+    request_id: str
+    prompt_text: str | None = None  # before tokenizing: the prompt as text; None where it came as token ids
+    prompt_token_ids: tuple[int, ...] | None = None  # after tokenizing; None where the router does not tokenize
+
+
+@dataclass(frozen=True)
 class ReplicaView:
-    """One replica as a router sees it when a request arrives: how busy it is and what it has cached for it."""
+    """One replica as a router sees it when a request arrives: how busy it is and what it has cached for it.
+
+    In the engines' and the simulator's fleets both come from the replica itself (its unfinished requests, its
+    prefix cache's lookup, in tokens). ``labkit route`` cannot look inside its replicas: ``unfinished`` is the
+    requests it has in flight there, and ``cached_tokens`` its shadow index's guess of what it sent there, in
+    characters of the prompt's text, not tokens (see :class:`labkit.serve.router_policies.ShadowIndex`).
+    """
 
     index: int
     unfinished: int  # requests routed there and not finished (queued, running or not yet arrived)

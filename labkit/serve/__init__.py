@@ -12,11 +12,13 @@
 - :mod:`~labkit.serve.loadtest`: ``vllm bench serve``'s job with the ``openai`` client;
 - :mod:`~labkit.serve.background` and :mod:`~labkit.serve.watch`: a server, loads and scrapes from a notebook,
   with a live plot of the gauges while a load runs;
-- :mod:`~labkit.serve.router_policies` (which replica: round-robin, least outstanding, cache-aware over a shadow
-  index of prefixes, on the engine's router seam), :mod:`~labkit.serve.router_app` (the router's routes: forward,
-  retry before any answer byte), :mod:`~labkit.serve.router_relay` (one answer relayed as it comes),
+- :mod:`~labkit.serve.router_policies` (what the router knows of a request before tokenizing: its text, and a
+  shadow index of prefixes; the policies are the engine's router registry), :mod:`~labkit.serve.router_app` (the
+  router's routes: forward, retry before any answer byte), :mod:`~labkit.serve.router_health` (replicas ejected
+  and readmitted), :mod:`~labkit.serve.router_relay` (one answer relayed as it comes),
   :mod:`~labkit.serve.router_metrics` (per replica), :mod:`~labkit.serve.router_server` (uvicorn, a thread) and
-  :mod:`~labkit.serve.replica_procs` (``labkit serve`` replicas as child processes): ``labkit route``;
+  :mod:`~labkit.serve.replica_procs` (``labkit serve`` replicas as child processes, reaped and restarted):
+  ``labkit route``;
 - ``serve_cli``, ``route_cli`` and ``loadtest_cli``: the ``labkit serve``, ``labkit route`` and ``labkit loadtest``
   commands.
 

@@ -3,9 +3,11 @@
 Every connection holds a file descriptor, and a process may open only so many (``ulimit -n``,
 often 256 or 1024 in a shell). So, as ``vllm serve`` does, the server first raises its soft
 open-file limit to the hard one (:func:`raise_open_file_limit`), then keeps connections well
-below it: past ``max_connections`` a new connection may only ask for ``/health`` or
-``/metrics`` (a few more are kept for those, so a balancer still sees a healthy replica while
-idle sockets hold the rest), past those it gets a 503 and is closed at once, and one that has
+below it: past ``max_connections`` the oldest idle connection (no request on it) is closed to make
+room for the new one, so idle sockets cannot hold a healthy replica's ``/health`` hostage; with
+none idle, a new connection may only ask for ``/health`` or ``/metrics`` (a few more are kept for
+those, so a balancer still sees a healthy replica while busy ones hold the rest), past those it
+gets a 503 and is closed at once, and one that has
 not sent its request's headers within ``header_timeout`` seconds (an idle or half-open one, or
 one trickling a byte at a time) is closed (:class:`GuardedH11Protocol`).
 Uvicorn's own ``timeout_keep_alive`` closes connections idle between requests, and the app
@@ -118,9 +120,11 @@ def always_open_only(app: Callable[..., Awaitable[None]]) -> Callable[..., Await
 class GuardedH11Protocol(H11Protocol):
     """Uvicorn's HTTP/1.1 protocol, with a cap on connections and a deadline for each request's headers.
 
-    Past ``max_connections``, a connection may still ask for ``/health`` or ``/metrics``: a load
-    balancer that finds the health check refused takes a healthy replica out, so idle or slow
-    sockets holding every connection must not make it look dead. So ``HEADROOM`` more connections
+    Past ``max_connections``, the oldest idle connection (one that has sent no request since it
+    opened or since its last answer) is closed for the new one: a load balancer that finds the
+    health check refused takes a healthy replica out, so idle sockets holding every connection
+    must not make it look dead (nginx reuses idle keep-alive connections the same way). With none
+    idle, a connection may still ask for ``/health`` or ``/metrics``: ``HEADROOM`` more connections
     are let in, each for one such request (anything else gets 503) with a short deadline for its
     headers (``HEADROOM_HEADER_S``); past those, a connection gets its 503 and is closed at once,
     before it can hold a descriptor for long (uvicorn's ``limit_concurrency`` would 503 health too).
@@ -134,7 +138,10 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_made(transport)
         self._header_deadline: asyncio.TimerHandle | None = None
         self._prober: asyncio.TimerHandle | None = None
+        self._opened_at = time.monotonic()
         limit = self.max_connections
+        if limit is not None and len(self.connections) > limit:
+            self._close_oldest_idle()
         self._past_limit = limit is not None and len(self.connections) > limit
         if limit is not None and len(self.connections) > limit + HEADROOM:
             log.warning("Turned a client away: %d connections open (the limit, and %d for health)", limit, HEADROOM)
@@ -144,6 +151,22 @@ class GuardedH11Protocol(H11Protocol):
         if self._past_limit:
             self.app = always_open_only(self.app)
         self._arm_header_deadline()
+
+    def _close_oldest_idle(self) -> None:
+        """Close the connection open longest with no request on it, if there is one (it frees a place)."""
+        idle = [
+            other
+            for other in self.connections
+            if other is not self
+            and isinstance(other, GuardedH11Protocol)
+            and not other.transport.is_closing()
+            and other.conn.their_state is h11.IDLE
+            and (other.cycle is None or other.cycle.response_complete)
+        ]
+        if idle:
+            oldest = min(idle, key=lambda other: other._opened_at)
+            oldest.transport.close()
+            self.connections.discard(oldest)  # its connection_lost comes later; its place is free now
 
     def _arm_header_deadline(self) -> None:
         timeout = min(self.header_timeout, HEADROOM_HEADER_S) if self._past_limit else self.header_timeout

@@ -1,14 +1,19 @@
 """The ASGI app of ``labkit route``: the OpenAI endpoints of ``labkit serve``, each request forwarded to a replica.
 
 A completion or chat request is read once, its prompt's blocks looked up in the router's
-:class:`~labkit.serve.router_policies.ShadowIndex` (cache_aware only), and the policy picks a replica from what it
-sees of each (requests in flight at the router, characters predicted cached). The request goes there as it came
-(same JSON, same ``Authorization``); the answer comes back as it went, a stream event by event.
+:class:`~labkit.serve.router_policies.ShadowIndex` (cache_aware only), and the policy picks one of the replicas in
+service from what it sees of each (requests in flight at the router, characters predicted cached). The request
+goes there as it came (same JSON, same ``Authorization``); the answer comes back as it went, a stream event by
+event.
+
+Only replicas in service are offered to the policy (:mod:`~labkit.serve.router_health`): one that refuses a
+connection, closes it before answering, dies mid-answer, says it is draining or fails its health check is
+ejected at once and readmitted once its ``/health`` answers 200 again.
 
 Nothing is lost, nothing is served twice. A replica that refuses the connection, closes it before answering or
 answers 5xx (a draining ``labkit serve`` answers 503) has sent no byte of an answer: the request goes on to the
-next replica (each at most once; the least busy first), and if none takes it the client gets a 503 that names
-each replica and what it said. Once a replica has answered (its status line came back) the request is
+next replica in service (each at most once; the least busy first), and if none takes it the client gets a 503
+that names each replica and what it said. Once a replica has answered (its status line came back) the request is
 committed to it: if it dies mid-answer the client gets an error (an error event then ``[DONE]`` in a stream, as
 ``labkit serve`` does, or a 502), never a second answer from another replica. A replica that is too slow to
 answer (``timeout``) may still be working on it, so it is not retried either (504).
@@ -26,7 +31,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette
@@ -35,24 +40,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from labkit.engine.interfaces import ReplicaView, Router
+from labkit.engine.interfaces import ReplicaView, RequestView, Router
 from labkit.serve.body import answer_api_error, answer_http_error, read_json
 from labkit.serve.protocol import APIError
+from labkit.serve.router_health import HEALTH_TIMEOUT_S, ReplicaHealth, is_draining
 from labkit.serve.router_metrics import RouterMetrics, replica_families
 from labkit.serve.router_policies import ShadowIndex, prompt_text
 from labkit.serve.router_relay import Relay
 
-if TYPE_CHECKING:
-    from labkit.engine.request import Request as EngineRequest
-
-# The HTTP router picks before any tokenizing, so there is no engine Request: its policies read only the views.
-NO_ENGINE_REQUEST = cast("EngineRequest", None)
-HEALTH_TIMEOUT_S = 2.0
-
 
 @dataclass
 class Routing:
-    """What the routes share (``app.state.routing``): the replicas, the policy, its shadow index, the metrics."""
+    """What the routes share (``app.state.routing``): the replicas, the policy, its shadow index, the metrics,
+    which replicas are in service."""
 
     urls: list[str]
     policy: Router
@@ -61,21 +61,34 @@ class Routing:
     timeout_s: float  # how long a replica may take to start answering (and between two chunks of a stream)
     read_timeout: float = 10.0  # seconds a client's request body has to arrive
     in_flight: list[int] = field(init=False)
+    health: ReplicaHealth | None = None  # None: ejected at once, probed with the default backoff
     client: httpx.AsyncClient | None = None  # made when the app starts, on its event loop
 
     def __post_init__(self) -> None:
         self.in_flight = [0] * len(self.urls)
+        if self.health is None:
+            self.health = ReplicaHealth(self.urls, self.metrics)
 
-    def views(self, chain: list[int]) -> list[ReplicaView]:
-        """Each replica as the policy sees it now."""
-        return [
-            ReplicaView(i, self.in_flight[i], self.index.cached(i, chain) if self.index else 0)
-            for i in range(len(self.urls))
-        ]
+    @property
+    def replicas(self) -> ReplicaHealth:
+        assert self.health is not None, "made in __post_init__"
+        return self.health
 
-    def order(self, first: int) -> list[int]:
-        """The policy's pick, then the others, least busy first: who gets the request if the pick refuses."""
-        rest = sorted((i for i in range(len(self.urls)) if i != first), key=lambda i: (self.in_flight[i], i))
+    def cached(self, replica: int, chain: list[int]) -> int:
+        return self.index.cached(replica, chain) if self.index else 0
+
+    def pick(self, request: RequestView, chain: list[int]) -> list[int]:
+        """The replicas in service, the policy's pick first, then the others least busy first (who gets the
+        request if the pick refuses). The policy sees only those in service, numbered 0 to n-1 among them."""
+        live = self.replicas.live()
+        if not live:
+            return []
+        views = [ReplicaView(n, self.in_flight[i], self.cached(i, chain)) for n, i in enumerate(live)]
+        chosen = self.policy.route(request, views)
+        if not (isinstance(chosen, int) and 0 <= chosen < len(live)):
+            raise ValueError(f"router {self.policy.name!r} chose replica {chosen!r}; choose 0 to {len(live) - 1}")
+        first = live[chosen]
+        rest = sorted((i for i in live if i != first), key=lambda i: (self.in_flight[i], i))
         return [first, *rest]
 
     def enter(self, replica: int) -> None:
@@ -123,7 +136,11 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         routing.client = client
-        yield
+        watcher = asyncio.create_task(routing.replicas.watch(client))
+        try:
+            yield
+        finally:
+            watcher.cancel()
 
 
 def _routing(request: Request) -> Routing:
@@ -152,11 +169,11 @@ async def forward(request: Request, path: str) -> Response:
 async def _dispatch(routing: Routing, request: Request, path: str, body: dict, content: bytes) -> Response:
     """Send the request to the replica the policy picks, or to the next that takes it (see the module's doc)."""
     assert routing.client is not None
-    chain = routing.index.chain(prompt_text(body)) if routing.index else []
-    views = routing.views(chain)
-    first = routing.policy.route(NO_ENGINE_REQUEST, views)
+    text = prompt_text(body)  # before tokenizing: what the router knows of the prompt
+    chain = routing.index.chain(text) if routing.index else []
     failures: list[str] = []
-    for replica in routing.order(first):
+    tried = routing.pick(RequestView("", text), chain)
+    for replica in tried:
         url = routing.urls[replica]
         routing.enter(replica)
         try:
@@ -166,6 +183,7 @@ async def _dispatch(routing: Routing, request: Request, path: str, body: dict, c
             routing.leave(replica)
             failures.append(f"{url} refused the connection ({type(err).__name__})")
             routing.metrics.retries.labels(url).inc()
+            routing.replicas.eject(replica, "refused a connection")
             continue
         except httpx.TimeoutException:
             routing.leave(replica)
@@ -181,6 +199,7 @@ async def _dispatch(routing: Routing, request: Request, path: str, body: dict, c
             routing.leave(replica)
             failures.append(f"{url} closed the connection before answering ({type(err).__name__})")
             routing.metrics.retries.labels(url).inc()
+            routing.replicas.eject(replica, "closed a connection before answering")
             continue
         except BaseException:  # cancelled, or a bug: the replica is not left counted busy
             routing.leave(replica)
@@ -190,16 +209,19 @@ async def _dispatch(routing: Routing, request: Request, path: str, body: dict, c
             said = await relay.read_refusal()
             failures.append(f"{url} answered {upstream.status_code}: {said}")
             routing.metrics.retries.labels(url).inc()
+            if is_draining(said.encode()):  # it is going down: no new request for it (an overload 503 is not)
+                routing.replicas.eject(replica, "draining")
             continue
         # committed: this replica answers, whatever happens next
-        routing.metrics.routed(replica, views[replica].cached_tokens)
+        routing.metrics.routed(replica, routing.cached(replica, chain))
         if routing.index is not None and upstream.status_code < 400:
             routing.index.record(replica, chain)
         return await relay.response()
     routing.metrics.errors.labels("no_replica_available").inc()
+    out = [f"{routing.urls[i]} {routing.replicas.state(i)}" for i in routing.replicas.ejected if i not in tried]
     raise APIError(
         503,
-        f"No replica could take the request ({len(failures)} tried): " + "; ".join(failures),
+        f"No replica could take the request ({len(failures)} tried): " + "; ".join(failures + out),
         type="service_unavailable",
         code="no_replica_available",
     )
@@ -224,20 +246,12 @@ async def models(request: Request) -> Response:
     )
 
 
-async def _health_of(client: httpx.AsyncClient, url: str) -> str:
-    """``"ok"``, or why the replica is not healthy."""
-    try:
-        answer = await client.get(url + "/health", timeout=HEALTH_TIMEOUT_S)
-    except httpx.TransportError as err:
-        return f"unreachable ({type(err).__name__})"
-    return "ok" if answer.status_code == 200 else f"answered {answer.status_code}"
-
-
 async def health(request: Request) -> Response:
-    """``GET /health``: 200 while at least one replica is healthy (each replica's state in the body), else 503."""
+    """``GET /health``: 200 while at least one replica is healthy (each replica's state in the body), else 503.
+    Each replica is asked now, and ejected or readmitted by its answer."""
     routing = _routing(request)
     assert routing.client is not None
-    states = await asyncio.gather(*(_health_of(routing.client, url) for url in routing.urls))
+    states = await asyncio.gather(*(routing.replicas.check(routing.client, i) for i in range(len(routing.urls))))
     replicas: dict[str, Any] = dict(zip(routing.urls, states, strict=True))
     if "ok" in states:
         return JSONResponse({"replicas": replicas})

@@ -7,7 +7,7 @@ as there. Counters show ``_total`` appended, as Prometheus counters do.
 - ``labkit_router_processed_requests_total{worker}``: requests the router forwarded there and that replica
   answered (any status below 500); sgl_router_processed_requests_total.
 - ``labkit_router_running_requests{worker}``: requests in flight there now, from the router's side (forwarded,
-  answer not yet fully relayed): the load ``least_outstanding`` and ``cache_aware`` read;
+  answer not yet fully relayed): the load ``least_loaded`` and ``cache_aware`` read;
   sgl_router_running_requests.
 - ``labkit_router_cache_hits_total{worker}`` / ``labkit_router_cache_misses_total{worker}``: requests the
   router sent there predicting a cached prefix of the prompt (from its shadow index), or none; the router's
@@ -18,6 +18,10 @@ as there. Counters show ``_total`` appended, as Prometheus counters do.
 - ``labkit_router_retries_total{worker}``: requests that replica refused before answering (no connection, a 5xx,
   a connection closed before any answer), each then sent on to the next replica not yet tried, if one is left;
   sgl_router_retries_total.
+- ``labkit_router_ejections_total{worker}`` / ``labkit_router_readmissions_total{worker}``: times the replica was
+  taken out of service (refused, died, drained, failed its health check) and put back (its health check passed
+  again); ``labkit_router_worker_up{worker}`` is 1 while it is in service, 0 while ejected
+  (:mod:`~labkit.serve.router_health`); labkit's own, as Envoy's ``outlier_detection.ejections_total``.
 - ``labkit_router_request_errors_total{reason}``: requests the router itself answered with an error
   (``no_replica_available``, ``replica_timeout``, ``replica_failed_mid_answer``);
   sgl_router_request_errors_total.
@@ -72,12 +76,18 @@ class RouterMetrics:
         self.retries = counter(
             "labkit_router_retries", "Requests a replica refused before answering, sent on to the next if any."
         )
+        self.ejections = counter("labkit_router_ejections", "Times a replica was taken out of service.")
+        self.readmissions = counter("labkit_router_readmissions", "Times an ejected replica was put back in service.")
+        self.up = Gauge("labkit_router_worker_up", "1 while a replica is in service.", worker, registry=self.registry)
         self.errors = counter(
             "labkit_router_request_errors", "Requests the router answered with an error itself.", ["reason"]
         )
         for url in urls:  # every series shows from the start, at 0
             for metric in (self.processed, self.running, self.hits, self.misses, self.cached_chars, self.retries):
                 metric.labels(url)
+            for metric in (self.ejections, self.readmissions):
+                metric.labels(url)
+            self.up.labels(url).set(1)
 
     def routed(self, replica: int, cached_chars: int) -> None:
         """A replica answered a request the router sent it, predicting ``cached_chars`` of its prompt cached."""
@@ -85,6 +95,14 @@ class RouterMetrics:
         self.processed.labels(url).inc()
         (self.hits if cached_chars > 0 else self.misses).labels(url).inc()
         self.cached_chars.labels(url).inc(cached_chars)
+
+    def ejected(self, replica: int) -> None:
+        self.ejections.labels(self.urls[replica]).inc()
+        self.up.labels(self.urls[replica]).set(0)
+
+    def readmitted(self, replica: int) -> None:
+        self.readmissions.labels(self.urls[replica]).inc()
+        self.up.labels(self.urls[replica]).set(1)
 
     def in_flight(self, replica: int, count: int) -> None:
         self.running.labels(self.urls[replica]).set(count)

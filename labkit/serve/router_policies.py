@@ -1,18 +1,11 @@
-"""Which replica serves a request: the routing policies of ``labkit route``, on the engine's router seam.
+"""What ``labkit route`` knows of a request before tokenizing: its prompt's text, and a shadow index of the caches.
 
-Each policy is a :class:`~labkit.engine.interfaces.Router`: it sees one
-:class:`~labkit.engine.interfaces.ReplicaView` per replica (requests unfinished there, tokens of this prompt it
-holds cached) and returns a replica's index. So the same objects route real replicas over HTTP
-(:mod:`labkit.serve.router_app`, where "unfinished" is the requests in flight at the router and "cached" comes
-from the router's :class:`ShadowIndex`) and simulated ones in :class:`labkit.engine.fleet.Fleet` (where both come
-from the engines themselves): one router, both clocks.
-
-- ``round_robin``: each replica in turn, blind to load and cache (the engine's :class:`RoundRobin`).
-- ``least_outstanding``: the replica with the fewest requests in flight (lowest index among equals).
-- ``cache_aware``: the replica holding the longest cached prefix of the prompt, among those at most
-  ``max_imbalance`` requests busier than the least busy one (the load bound: one hot prefix cannot pile every
-  request on one replica); fewest in flight, then lowest index, among equals (the engine's :class:`CacheAware`,
-  the same object the engine's and the simulator's fleets run).
+The routing policies themselves are the engine's (:data:`labkit.engine.fleet.ROUTERS`, one registry by name:
+``round_robin``, ``least_loaded``, ``cache_aware``), the same objects the engines' and the simulator's fleets run:
+one router, both clocks. Over HTTP each sees a :class:`~labkit.engine.interfaces.RequestView` holding the prompt's
+text (:func:`prompt_text`; no token ids, since the router does not tokenize) and one
+:class:`~labkit.engine.interfaces.ReplicaView` per replica in service, where "unfinished" is the requests in flight
+at the router and "cached" comes from the router's :class:`ShadowIndex`, in characters.
 """
 
 from __future__ import annotations
@@ -21,32 +14,13 @@ import json
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from labkit.engine.fleet import DEFAULT_MAX_IMBALANCE, CacheAware, LeastLoaded, RoundRobin
-from labkit.engine.interfaces import Router
+from labkit.engine.fleet import DEFAULT_MAX_IMBALANCE, ROUTERS
 from labkit.kv.prefix_cache import block_hashes
 
 DEFAULT_CHUNK_CHARS = 64  # characters per shadow block: about 16 tokens of English, the engine's block size
 DEFAULT_INDEX_BLOCKS = 65536  # shadow blocks remembered per replica (~4 M characters of prompts)
-
-
-class LeastOutstanding(LeastLoaded):
-    """The replica with the fewest requests in flight; the lowest index among equals (Envoy's "least request")."""
-
-    name = "least_outstanding"
-
-
-POLICIES = ("round_robin", "least_outstanding", "cache_aware")
-
-
-def make_policy(name: str, max_imbalance: int = DEFAULT_MAX_IMBALANCE) -> Router:
-    """A fresh policy object by name (``max_imbalance`` is cache_aware's load bound)."""
-    if name == "round_robin":
-        return RoundRobin()
-    if name == "least_outstanding":
-        return LeastOutstanding()
-    if name == "cache_aware":
-        return CacheAware(max_imbalance)
-    raise ValueError(f"unknown routing policy {name!r}; use one of {', '.join(POLICIES)}")
+POLICIES = tuple(ROUTERS)  # ``--policy``'s choices
+__all__ = ["DEFAULT_MAX_IMBALANCE", "POLICIES", "ShadowIndex", "prompt_text"]
 
 
 def prompt_text(body: object) -> str:

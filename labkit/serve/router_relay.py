@@ -38,6 +38,11 @@ class Relay:
             self.routing.leave(self.replica)
             await self.upstream.aclose()
 
+    def failed(self) -> None:
+        """The replica died mid-answer: count it, and take the replica out of service."""
+        self.routing.metrics.errors.labels("replica_failed_mid_answer").inc()
+        self.routing.replicas.eject(self.replica, "failed mid-answer")
+
     async def read_refusal(self) -> str:
         """The start of a 5xx answer's body (what the replica said), and the relay closed."""
         try:
@@ -59,7 +64,7 @@ class Relay:
         try:
             content = await self.upstream.aread()
         except httpx.TransportError as err:
-            self.routing.metrics.errors.labels("replica_failed_mid_answer").inc()
+            self.failed()
             raise APIError(
                 502,
                 f"The replica {self.url} failed while sending its answer ({type(err).__name__}); the request was "
@@ -77,7 +82,7 @@ class Relay:
             async for chunk in self.upstream.aiter_raw():
                 yield chunk
         except httpx.TransportError as err:
-            self.routing.metrics.errors.labels("replica_failed_mid_answer").inc()
+            self.failed()
             error = APIError(
                 502,
                 f"The replica {self.url} failed mid-stream ({type(err).__name__}); the request was not sent "

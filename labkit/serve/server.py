@@ -3,9 +3,13 @@
 The socket is bound here, before uvicorn starts, so port 0 (any free port) works and the
 caller knows the address at once; the "serving on URL" line waits until it accepts
 connections. Ctrl-C or SIGTERM drains the server (:meth:`Server.drain`): new requests get 503
-and ``/health`` says so, requests in flight get ``shutdown_timeout`` seconds to finish, and
-each one left then ends with an error its client can read (an error event and ``[DONE]`` in a
-stream, a 503 otherwise) before uvicorn closes the connections and the engine loop stops.
+and ``/health`` says so (code ``server_shutting_down``: a router stops sending it requests), requests
+in flight get the drain limit to finish, and each one left then ends with an error its client can
+read (an error event and ``[DONE]`` in a stream, a 503 otherwise) that names the limit, before uvicorn
+closes the connections and the engine loop stops. The limit is ``shutdown_timeout`` seconds if given;
+by default it is long enough for a :data:`DRAIN_TOKENS`-token answer at the speed the server measured
+(the median time between two tokens of a request lately, times :data:`DRAIN_MARGIN`), and never below
+:data:`DRAIN_FLOOR_S` (vLLM's shutdown takes such a timeout too).
 Connections are bounded (see :mod:`~labkit.serve.guard`).
 """
 
@@ -25,13 +29,16 @@ from labkit.serve.protocol import APIError
 from labkit.serve.uvicorn_thread import ReadyServer, UvicornThread, bound_socket
 from labkit.serve.worker import EngineWorker
 
+DRAIN_TOKENS = 512  # the default drain limit lets an answer this long finish at the measured speed ...
+DRAIN_MARGIN = 1.5  # ... with this much to spare (it may have been queued, or the batch may grow) ...
+DRAIN_FLOOR_S = 10.0  # ... and never less than this (before anything is measured, this)
 LAST_WORDS_S = 0.5  # after the grace period, how long the cut requests' handlers get to send their error
 
 
 class Server(ReadyServer):
     """Uvicorn's server, saying when it is ready and draining before it stops."""
 
-    def __init__(self, config: uvicorn.Config, worker: EngineWorker, shutdown_timeout: float):
+    def __init__(self, config: uvicorn.Config, worker: EngineWorker, shutdown_timeout: float | None):
         super().__init__(config)
         self.worker = worker
         self.shutdown_timeout = shutdown_timeout
@@ -40,18 +47,27 @@ class Server(ReadyServer):
         await super().main_loop()  # until Ctrl-C, SIGTERM or ``should_exit``
         await self.drain()
 
+    def drain_limit_s(self) -> float:
+        """Seconds requests in flight get to finish once the server drains (see the module's doc)."""
+        if self.shutdown_timeout is not None:
+            return self.shutdown_timeout
+        per_token = self.worker.seconds_per_token()
+        return max(DRAIN_FLOOR_S, DRAIN_TOKENS * per_token * DRAIN_MARGIN if per_token is not None else 0.0)
+
     async def drain(self) -> None:
-        """Refuse new requests; give those in flight the grace period; then end the rest with an error."""
+        """Refuse new requests; give those in flight the drain limit; then end the rest with an error."""
         self.worker.draining = True
-        deadline = time.monotonic() + self.shutdown_timeout
-        while self.server_state.tasks and time.monotonic() < deadline and not self.force_exit:
+        started = time.monotonic()
+        while self.server_state.tasks and time.monotonic() - started < self.drain_limit_s() and not self.force_exit:
             await asyncio.sleep(0.05)
         if self.server_state.tasks:
+            limit = self.drain_limit_s()
+            how = "--shutdown-timeout" if self.shutdown_timeout is not None else f"{DRAIN_TOKENS} tokens' time"
             self.worker.end_all(
                 APIError(
                     503,
-                    f"The server shut down before this answer was complete (it gives requests in flight "
-                    f"{self.shutdown_timeout:g} s); send the request again once it is back.",
+                    f"The server shut down before this answer was complete: it gives requests in flight "
+                    f"{limit:.3g} s to finish ({how}), and this one took longer; send it again once it is back.",
                     type="service_unavailable",
                     code="server_shutting_down",
                 )
@@ -70,7 +86,7 @@ def make_server(
     max_waiting: int | None = None,
     admission: AdmissionHook | None = None,
     served_model_name: str | None = None,
-    shutdown_timeout: float = 10.0,
+    shutdown_timeout: float | None = None,
     max_connections: int = 1000,
     read_timeout: float = 10.0,
 ) -> tuple[Server, socket.socket, EngineWorker]:

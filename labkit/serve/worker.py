@@ -60,6 +60,7 @@ def shutting_down() -> APIError:
     )
 
 
+TOKEN_WINDOW = 256  # the speed a drain reads is the median gap between two tokens of a request, over this many
 SERVICE_WINDOW = 16  # the service time the admission hook sees is the median of this many finished requests
 
 
@@ -153,6 +154,7 @@ class EngineWorker:
         self._num_queued = 0
         self._num_running = 0
         self._service_s: deque[float] = deque(maxlen=SERVICE_WINDOW)  # start -> finish of recent requests
+        self._token_s: deque[float] = deque(maxlen=TOKEN_WINDOW)  # seconds per token of a request, recent steps
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="labkit-engine-loop", daemon=True)
 
@@ -163,6 +165,12 @@ class EngineWorker:
     @property
     def healthy(self) -> bool:
         return self.error is None and self._thread.is_alive()
+
+    def seconds_per_token(self) -> float | None:
+        """The median time between two tokens of one request lately (its decode speed under the batch it ran
+        in), or None before any request has had two tokens."""
+        with self._lock:
+            return statistics.median(self._token_s) if self._token_s else None
 
     def queue_snapshot(self) -> QueueSnapshot:
         """What a request arriving now would be shown: the queue, the batch, the recent service time."""
@@ -351,6 +359,9 @@ class EngineWorker:
             first = now - live.arrival if live.num_tokens == 0 else None
             gaps = [] if live.last_token_at is None else [now - live.last_token_at]
             self.metrics.on_tokens(live.handle.prompt_len, num_new, first, gaps)
+            if gaps:
+                with self._lock:
+                    self._token_s.append(gaps[0] / num_new)
             live.num_tokens, live.last_token_at = len(output.token_ids), now
         if output.finished:
             del self._live[output.request_id]
