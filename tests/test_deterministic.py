@@ -24,9 +24,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 PRECISIONS = ["fp32", "bf16", "int8"]
 MAX_TOKENS = 12
-import os
-
-DET = os.environ.get("DET", "1") == "1"
 
 
 @pytest.fixture(scope="module", params=PRECISIONS)
