@@ -7,22 +7,30 @@ are labkit's, with one line changed, written to a file (Triton reads a kernel's 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 
 from labkit.engine import LLM
 from labkit.grading import evaluate
-from labkit.grading.result import NOT_DONE
-from labkit.kernels import paged_decode, runtime
+from labkit.grading.checks import get_exercise
+from labkit.grading.judge import verdict, with_source_rule
+from labkit.grading.result import FAIL, NOT_DONE, PASS, Mismatch, Note
+from labkit.grading.submissions import exercise_cell_sources
+from labkit.kernels import compile_for_gpu, paged_decode, runtime
+from labkit.kernels.compile_for_gpu import compiler_problem
 from labkit.kernels.runtime import tl, triton
 from labkit.kernels.traffic import DecodeShape, decode_bytes, gather_bytes, kernel_bytes
 from labkit.kv.paged_attention import paged_attention
 from labkit.kv.paged_batch import PagedBatch, SequenceSlice
-from labkit.labs import lab11  # noqa: F401 (registers the checks)
+from labkit.labs import lab11
+from labkit.labs.lab11.kernel_cell import PRELUDE
+from labkit.labs.lab11.variants import simulate
 from labkit.models import tiny_model
 from labkit.sampling import SamplingParams
 
@@ -170,6 +178,46 @@ WRONG_KERNELS = {
         [("tl.load(block_tables_ptr + seq * max_blocks_per_seq + index)", "(index + 0 * context_len)")],
         "position in the table was used as the block itself",
     ),
+    "block_own_max": (
+        [("new_max = tl.maximum(running_max, tl.max(scores, axis=1))", "new_max = tl.max(scores, axis=1)")],
+        "that block's own max, not the running one",
+    ),
+    "unwritten_rows": (
+        [
+            (
+                "tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=(in_group < GROUP)[:, None])",
+                "tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=(in_group < GROUP)[:, None] & (seq == 0))",
+            )
+        ],
+        "the kernel never wrote",
+    ),
+    "bf16_accumulator": (
+        [
+            (
+                "acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)",
+                "acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=v_pool_ptr.dtype.element_ty)",
+            ),
+            (
+                "acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)",
+                "acc = (acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)).to("
+                "v_pool_ptr.dtype.element_ty)",
+            ),
+        ],
+        "a sum kept in bf16",
+    ),
+    "store_past_the_end": (  # the padding rows of the last group land past the output's end
+        [
+            (
+                "tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=(in_group < GROUP)[:, None])",
+                "tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty))",
+            )
+        ],
+        "stored past the end of the output",
+    ),
+    "sum_never_added": (  # l stays 0: a NaN that is 0/0, not an overflow
+        [("running_sum = running_sum * rescale + tl.sum(weights, axis=1)", "running_sum = running_sum * rescale")],
+        "so exp cannot overflow: a NaN is 0/0",
+    ),
 }
 
 
@@ -191,6 +239,25 @@ def test_splits_merged_without_rescaling_fail_with_the_mistake_named(tmp_path):
     )
     result = evaluate("lab11.split_kv", namespace=wrong)
     assert not result.passed and "scale split s by exp(max_s - overall_max)" in result.message, result.message
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (  # exp(max_s) overflows on the large-score case
+            ("tl.exp(maxes - overall))  # an empty split", "tl.exp(maxes))  # an empty split"),
+            "overflow",
+        ),
+        (  # right only when the split count is a power of two
+            ("(row * NUM_SPLITS + splits)", "(row * SPLITS_PAD + splits)"),
+            "3 splits",
+        ),
+    ],
+)
+def test_a_merge_without_the_overall_max_or_striding_by_the_padded_count_fails(tmp_path, change, named):
+    wrong = kernels_with(tmp_path, "merge_variant", change)
+    result = evaluate("lab11.split_kv", namespace=wrong)
+    assert not result.passed and named in result.message, result.message
 
 
 def test_a_split_that_runs_past_the_context_fails(tmp_path):
@@ -265,3 +332,159 @@ def test_achieved_bandwidth_is_bytes_over_seconds():
     assert math.isclose(achieved_bandwidth(3_350_000_000, 0.001), 3.35e12)
     with pytest.raises(ValueError, match="seconds must be positive"):
         achieved_bandwidth(1, 0)
+
+
+# --- the kernel cell's source: Triton only, compiled for a GPU --------------------------------------------
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "labs" / "source" / "lab11_the_kernel.ipynb"
+CELLS = exercise_cell_sources(nbformat.read(NOTEBOOK, as_version=4))
+needs_compiler = pytest.mark.skipif(bool(compiler_problem()), reason=str(compiler_problem()))
+
+
+def cell_kernels(tmp_path: Path, source: str, name: str = "cell") -> dict:
+    """The kernels a notebook cell defines (after the lab's first cell's imports), imported from a file."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(PRELUDE + source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return vars(module)
+
+
+@needs_compiler
+@pytest.mark.parametrize("exercise", ["lab11.paged_decode", "lab11.split_kv"])
+def test_the_solved_notebooks_kernels_pass_compiled_and_interpreted(tmp_path, exercise):
+    source = CELLS[exercise]
+    result = evaluate(exercise, namespace=cell_kernels(tmp_path, source), source=source)
+    assert result.passed and "Note" not in result.message, result.message
+
+
+@needs_compiler
+def test_a_kernel_only_the_interpreter_runs_fails_by_name(tmp_path):
+    """A `break` out of the block loop: the interpreter gives the right outputs, the compiler refuses it."""
+    source = CELLS["lab11.paged_decode"].replace(
+        "        running_max = new_max\n", "        running_max = new_max\n        if index > 100:\n            break\n"
+    )
+    result = evaluate("lab11.paged_decode", namespace=cell_kernels(tmp_path, source), source=source)
+    assert not result.passed and "unsupported AST node type: Break" in result.message, result.message
+    assert "a `break` out of a loop runs only in the interpreter" in result.message
+
+
+RULE_BREAKERS = {
+    "a plain object that answers kernel[grid] with SDPA": (
+        "import torch\nclass Kernel:\n    def __getitem__(self, grid):\n        return lambda *args, **kw: "
+        "torch.nn.functional.scaled_dot_product_attention\npaged_decode_kernel = Kernel()\n",
+        "'class Kernel:' runs when the cell does",
+    ),
+    "an empty kernel whose work a pre-run hook does": (
+        "@triton.jit\ndef paged_decode_kernel(out_ptr):\n    pass\n\n"
+        "paged_decode_kernel.add_pre_run_hook(lambda *args, **kwargs: None)\n",
+        "add_pre_run_hook",
+    ),
+    "torch inside the kernel": (
+        "import torch\n@triton.jit\ndef paged_decode_kernel(out_ptr):\n    torch.softmax(out_ptr, 0)\n",
+        "torch is Python, not Triton",
+    ),
+    "a launcher patched in the cell": (
+        "import triton\ntriton.runtime.jit.JITFunction.run = print\n",
+        "only constants may be assigned outside the kernels",
+    ),
+    "a Python wrapper in place of the kernel": (
+        "def paged_decode_kernel(*args):\n    return None\n",
+        "is not decorated with plain @triton.jit",
+    ),
+    "torch imported as tl": (
+        "import torch as tl\n@triton.jit\ndef paged_decode_kernel(out_ptr):\n    tl.softmax(out_ptr, 0)\n",
+        "tl is bound twice",
+    ),
+    "tl rebound inside the kernel": (
+        "@triton.jit\ndef paged_decode_kernel(out_ptr):\n    tl = out_ptr\n    tl.store(out_ptr, 0.0)\n",
+        "it must stay Triton's",
+    ),
+    "a private attribute": (
+        "@triton.jit\ndef paged_decode_kernel(out_ptr):\n    x = out_ptr.__class__\n",
+        "no private or special attributes",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", RULE_BREAKERS)
+def test_a_cell_that_is_not_triton_only_is_refused_by_name(name):
+    source, named = RULE_BREAKERS[name]
+    finding = get_exercise("lab11.paged_decode").source_rule(source)
+    assert isinstance(finding, Mismatch) and named in finding.difference, finding
+
+
+def test_a_fake_kernel_with_right_outputs_scores_zero():
+    """The outputs pass (labkit's kernels ran), but the cell holds an object, not a kernel: 0 points."""
+    source, _ = RULE_BREAKERS["a plain object that answers kernel[grid] with SDPA"]
+    result = evaluate("lab11.split_kv", namespace=RIGHT, source=source)
+    assert result.points == 0 and "runs when the cell does" in result.message, result.message
+
+
+@needs_compiler
+@pytest.mark.parametrize(
+    "old, new, named",
+    [
+        (
+            'running_max = tl.zeros([GROUP_PAD], dtype=tl.float32) - float("inf")',
+            'running_max = float("-inf")',
+            "one that starts as a Python float",
+        ),
+        (".to(tl.int64)\n", "\n", "multiplies the block number it loads as a 32-bit integer"),
+        ("    tl.store(out_ptr", "    if acc > 0:\n        acc = acc * 1.0\n    tl.store(out_ptr", "a Python `if`"),
+    ],
+)
+def test_what_the_compiler_refuses_or_int32_offsets_fail_by_name(old, new, named):
+    source = CELLS["lab11.paged_decode"].replace(old, new)
+    assert source != CELLS["lab11.paged_decode"]
+    finding = get_exercise("lab11.paged_decode").source_rule(source)
+    assert isinstance(finding, Mismatch) and named in finding.hint + finding.difference, finding
+
+
+def test_without_a_compiler_the_verdict_says_so_and_a_right_answer_passes(monkeypatch):
+    monkeypatch.setattr(compile_for_gpu, "compiler_problem", lambda: "ptxas is missing (test)")
+    finding = get_exercise("lab11.paged_decode").source_rule(CELLS["lab11.paged_decode"])
+    assert isinstance(finding, Note) and "ptxas is missing" in finding.text and "interpreter only" in finding.text
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_a_running_max_replaced_by_the_blocks_own_is_caught_under_every_seed(seed):
+    cases = lab11.decode_cases(seed)
+    expected = lab11._expected(cases, ("max", "block_max", "rescale"))
+    keys = ("q", "k_pool", "v_pool", "block_tables", "context_lens")
+    got = {name: simulate(*(case[k] for k in keys), block_max=True) for name, case in cases.items()}
+    mismatch = lab11._compare_cases(expected, got)
+    assert isinstance(mismatch, Mismatch) and "own max" in mismatch.hint, mismatch
+
+
+def test_an_object_or_a_hooked_kernel_is_not_launched(tmp_path):
+    """In the notebook too: a stand-in for a kernel, or a kernel whose work a pre-run hook does, is refused."""
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+        def __call__(self, *args):
+            return None
+
+    result = evaluate("lab11.paged_decode", namespace={"paged_decode_kernel": Kernel()})
+    assert result.points == 0 and "not a @triton.jit kernel" in result.message, result.message
+    hooked = kernels_with(tmp_path, "hooked")
+    hooked["paged_decode_kernel"].add_pre_run_hook(lambda *args, **kwargs: None)
+    result = evaluate("lab11.paged_decode", namespace=hooked)
+    assert result.points == 0 and "has pre-run hooks" in result.message, result.message
+
+
+def test_a_source_rule_fails_only_what_passed_and_adds_its_note():
+    """The seam the grader calls with the exercise cell's source (read as data): a broken rule fails outputs that
+    passed, a note is added to a pass, and a verdict that did not pass stands as it is."""
+    exercise = dataclasses.replace(
+        get_exercise("lab11.decode_bytes"),
+        source_rule=lambda source: Mismatch("holds a class") if "class" in source else Note("compiled: fine"),
+    )
+    passed, failed = verdict(exercise, PASS), verdict(exercise, FAIL, "wrong bytes")
+    assert not with_source_rule(exercise, passed, "class K: pass").passed
+    assert "holds a class" in with_source_rule(exercise, passed, "class K: pass").message
+    assert with_source_rule(exercise, passed, "def f(): pass").message.endswith("Note: compiled: fine")
+    assert with_source_rule(exercise, failed, "def f(): pass") == failed

@@ -50,6 +50,9 @@ class Exercise:
       (``"labkit.models.config.ModelConfig.kv_bytes_per_token"``); while `run` calls the learner's code
       they are out of its reach, and calling one fails the exercise (`labkit.grading.answers`). Name
       none that the check's own run (the engine it drives) calls or makes.
+    - `source_rule(source)`: judges the exercise cell's source, read as data in the judging process
+      (never run there): a `Mismatch` fails an exercise whose outputs passed, a `Note` is added to
+      its verdict. Lab 11's says the cell holds Triton kernels only, which compile for a GPU.
     """
 
     id: str
@@ -64,6 +67,7 @@ class Exercise:
     measured_once: bool = False
     builds_on: tuple[str, ...] = ()
     answers: tuple[str, ...] = ()
+    source_rule: Callable[[str], Mismatch | Note | None] | None = None
 
     @property
     def lab(self) -> str:

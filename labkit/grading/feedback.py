@@ -9,6 +9,8 @@ line naming the learner's own line that failed.
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import html
 import sys
 from collections.abc import Callable, Mapping
@@ -16,7 +18,7 @@ from typing import Any
 
 from labkit.grading.attempt import OK, attempt_exercise, attempt_in_namespace
 from labkit.grading.checks import get_exercise
-from labkit.grading.judge import expected_outputs, judge
+from labkit.grading.judge import expected_outputs, judge, with_source_rule
 from labkit.grading.result import NOT_DONE, PASS, CheckResult
 
 # Border colours of the HTML box, by status; anything else is a failure.
@@ -32,12 +34,15 @@ def evaluate(
     *functions: Callable[..., Any],
     seed: int = 0,
     namespace: Mapping[str, Any] | None = None,
+    source: str | None = None,
 ) -> CheckResult:
     """Run one exercise's check in this process and return the verdict without showing it.
 
     Pass the learner's functions in the order the exercise lists them, or a
-    `namespace` (such as the notebook's globals) to find them by name. Each verdict is
-    remembered by the function objects it judged (see :func:`known_verdict`).
+    `namespace` (such as the notebook's globals) to find them by name. An exercise with a
+    `source_rule` reads the exercise cell's `source` (default: the latest notebook cell that
+    defines its functions). Each verdict is remembered by the function objects it judged
+    (see :func:`known_verdict`).
     """
     exercise = get_exercise(exercise_id)
     if functions:
@@ -55,8 +60,31 @@ def evaluate(
         result = judge(exercise, attempt, None)
     else:
         result = judge(exercise, attempt, expected_outputs(exercise, seed))
+    if exercise.source_rule is not None:
+        source = source if source is not None else cell_source(exercise.functions)
+        if source is None and result.passed:
+            result = dataclasses.replace(result, message=f"{result.message}\nNote: {_NO_SOURCE}")
+        elif source is not None:
+            result = with_source_rule(exercise, result, source)
     _verdicts[(exercise_id, seed, *functions)] = result.passed
     return result
+
+
+_NO_SOURCE = "no notebook cell defining these functions was found, so the rules on its source were not checked here"
+
+
+def cell_source(names: tuple[str, ...]) -> str | None:
+    """The source of the latest notebook cell run (IPython's history) that defines every one of ``names``."""
+    shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+    history = shell.user_ns.get("In", []) if shell is not None else []
+    for source in reversed(history):
+        try:
+            defined = {node.name for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
+        except SyntaxError:
+            continue
+        if set(names) <= defined:
+            return source
+    return None
 
 
 def known_verdict(exercise_id: str, functions: tuple[Callable[..., Any], ...], seed: int = 0) -> bool | None:

@@ -8,12 +8,13 @@ a headline, what was tested, the first difference (or the problem), and a hint.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import OrderedDict
 from typing import Any
 
 from labkit.grading.attempt import OK, Attempt, describe_exception
 from labkit.grading.checks import Exercise
-from labkit.grading.result import FAIL, NOT_DONE, PASS, STATUS_LABELS, CheckResult, Mismatch, Note
+from labkit.grading.result import ERROR, FAIL, NOT_DONE, PASS, STATUS_LABELS, CheckResult, Mismatch, Note
 
 
 def _not_done_advice(exercise: Exercise) -> str:
@@ -83,3 +84,19 @@ def judge(exercise: Exercise, attempt: Attempt, expected: Any) -> CheckResult:
     if mismatch is None or isinstance(mismatch, Note):
         return verdict(exercise, PASS, mismatch.text if mismatch else "")
     return verdict(exercise, FAIL, mismatch.difference, mismatch.hint)
+
+
+def with_source_rule(exercise: Exercise, result: CheckResult, source: str) -> CheckResult:
+    """The verdict once the exercise's `source_rule` has read its cell's `source`: a rule broken fails
+    outputs that passed; a note from it is added to a pass. Other verdicts stand as they are."""
+    if exercise.source_rule is None or not result.passed:
+        return result
+    try:
+        finding = exercise.source_rule(source)
+    except Exception as error:  # a source the rule did not foresee (nested too deep, ...): no pass on trust
+        return verdict(exercise, ERROR, f"the rule on your exercise cell's source could not be applied: {error!r:.200}")
+    if isinstance(finding, Mismatch):
+        return verdict(exercise, FAIL, finding.difference, finding.hint)
+    if isinstance(finding, Note):
+        return dataclasses.replace(result, message=f"{result.message}\nNote: {finding.text}")
+    return result

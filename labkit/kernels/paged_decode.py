@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 
+from labkit.kernels.contract import UNWRITTEN
 from labkit.kernels.runtime import launch, tl, triton
 from labkit.kv.paged_attention import paged_attention
 from labkit.kv.paged_batch import PagedBatch
@@ -241,7 +242,7 @@ def launch_paged_decode(
     grid (sequences, KV heads); the attention output, shaped like ``q``."""
     num_seqs, num_heads, num_kv_heads, block_size, head_dim = _shapes(q, k_pool)
     group = num_heads // num_kv_heads
-    out = torch.empty_like(q)
+    out, guard = _guarded(q.shape, UNWRITTEN, q.dtype, q.device)  # rows the kernel never writes show as such
     launch(
         kernel,
         (num_seqs, num_kv_heads),
@@ -259,7 +260,25 @@ def launch_paged_decode(
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
     )
+    _check_guard(guard, "the output")
     return out
+
+
+def _guarded(shape: tuple[int, ...], fill: float, dtype: torch.dtype, device: torch.device):
+    """(a tensor of ``shape`` filled with ``fill``, the guard): one more row of its first dimension right after it
+    in memory, where a store past its end lands instead of corrupting other memory."""
+    buffer = torch.full((shape[0] + 1, *shape[1:]), fill, dtype=dtype, device=device)
+    return buffer[:-1], buffer[-1]
+
+
+def _check_guard(guard: torch.Tensor, what: str) -> None:
+    """Raise if a kernel stored into ``guard`` (it still holds its fill, NaN or :data:`UNWRITTEN`, when untouched)."""
+    untouched = torch.isnan(guard) | (guard == UNWRITTEN)
+    if not bool(untouched.all()):
+        raise IndexError(
+            f"the kernel stored past the end of {what}: a store must leave out the padding rows of the group "
+            "(mask=in_group < GROUP), which lie past the last query head"
+        )
 
 
 def launch_split_kv(
@@ -279,10 +298,11 @@ def launch_split_kv(
     num_seqs, num_heads, num_kv_heads, block_size, head_dim = _shapes(q, k_pool)
     group = num_heads // num_kv_heads
     blocks_per_split = -(-block_tables.shape[1] // num_splits)
-    partial = dict(device=q.device, dtype=torch.float32)
-    maxes = torch.empty(num_seqs, num_heads, num_splits, **partial)
-    sums = torch.empty(num_seqs, num_heads, num_splits, **partial)
-    accs = torch.empty(num_seqs, num_heads, num_splits, head_dim, **partial)
+    # NaN until written: a partial the split kernel never stores poisons its row instead of passing for empty
+    (maxes, max_guard), (sums, sum_guard), (accs, acc_guard) = (
+        _guarded(shape, math.nan, torch.float32, q.device)
+        for shape in [(num_seqs, num_heads, num_splits)] * 2 + [(num_seqs, num_heads, num_splits, head_dim)]
+    )
     launch(
         split_kernel,
         (num_seqs, num_kv_heads, num_splits),
@@ -304,7 +324,9 @@ def launch_split_kv(
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
     )
-    out = torch.empty_like(q)
+    for guard, what in ((max_guard, "the split maxes"), (sum_guard, "the split sums"), (acc_guard, "the split accs")):
+        _check_guard(guard, what)
+    out, guard = _guarded(q.shape, UNWRITTEN, q.dtype, q.device)
     launch(
         merge_kernel,
         (num_seqs * num_heads,),
@@ -316,6 +338,7 @@ def launch_split_kv(
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         HEAD_DIM=head_dim,
     )
+    _check_guard(guard, "the output")
     return out
 
 

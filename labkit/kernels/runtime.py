@@ -20,14 +20,18 @@ class TritonUnavailableError(RuntimeError):
     """Triton cannot run kernels here: not installed, or its interpreter gives wrong answers."""
 
 
+COMPILE_ONLY_ENV = "LABKIT_TRITON_COMPILE_ONLY"  # set: kernels stay compilable for a GPU target, not runnable
+
+
 def interpreted() -> bool:
     """Whether kernels run in Triton's interpreter: always without CUDA, or when TRITON_INTERPRET=1 is set."""
     return not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def load_triton() -> tuple[ModuleType, ModuleType]:
-    """``triton`` and ``triton.language``, with the interpreter switched on where there is no GPU."""
-    if not torch.cuda.is_available():
+    """``triton`` and ``triton.language``, with the interpreter switched on where there is no GPU (unless
+    :data:`COMPILE_ONLY_ENV` asks for kernels to compile for a GPU target: :mod:`~labkit.kernels.compile_for_gpu`)."""
+    if not torch.cuda.is_available() and os.environ.get(COMPILE_ONLY_ENV) != "1":
         os.environ["TRITON_INTERPRET"] = "1"
     try:
         import triton
@@ -53,8 +57,10 @@ def launch(kernel, grid: tuple[int, ...], *args, **constants) -> None:
     """``kernel[grid](*args, **constants)``, with an error raised by the kernel's own code reported as itself.
 
     The interpreter wraps whatever a kernel raises (a blank's NotImplementedError, an IndexError) in its
-    InterpreterError; unwrapped, it points at the line of the kernel that raised it.
+    InterpreterError; unwrapped, it points at the line of the kernel that raised it. Only a ``@triton.jit``
+    function with nothing hooked to its launch is launched: anything else could do its work in PyTorch.
     """
+    _refuse_non_kernels(kernel)
     check_interpreter()
     try:
         kernel[grid](*args, **constants)
@@ -62,6 +68,22 @@ def launch(kernel, grid: tuple[int, ...], *args, **constants) -> None:
         if type(error).__name__ == "InterpreterError" and error.__cause__ is not None:
             raise error.__cause__ from None
         raise
+
+
+def _refuse_non_kernels(kernel) -> None:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(kernel, (JITFunction, InterpretedFunction)):
+        raise TypeError(
+            f"{getattr(kernel, '__name__', type(kernel).__name__)} is a {type(kernel).__name__}, not a @triton.jit "
+            "kernel: define it with @triton.jit in its exercise cell and run that cell again"
+        )
+    if getattr(kernel, "pre_run_hooks", None):
+        raise ValueError(
+            f"{kernel.__name__} has pre-run hooks (add_pre_run_hook): a kernel is launched alone, so remove them "
+            "(run its exercise cell again)"
+        )
 
 
 _checked: list[bool] = []
@@ -83,6 +105,7 @@ def check_interpreter() -> None:
         raise TritonUnavailableError(
             f"Triton's {mode} computed x + 1 wrongly here (got {out[:4].tolist()}... for 1, 2, 3, 4): this "
             f"environment (triton {triton.__version__}, torch {torch.__version__}) is broken, not your kernel; "
-            "reinstall the versions labkit pins: pip install -e '.[labs]'"
+            "reinstall the pair labkit is tested with: a CPU build of torch==2.13.0 with triton==3.8.0 (`make setup` "
+            "does), or a CUDA build with the Triton it pins"
         )
     _checked.append(True)

@@ -3,11 +3,15 @@
 - ``paged_decode_kernel``: one program per (sequence, KV head) walks the block table, loads each block's
   keys and values where they lie, masks the last block's empty slots, and keeps a running softmax for the
   group of query heads that share the KV head. Checked under Triton's interpreter on seeded cases (random
-  block tables, contexts that end mid-block, one and three query heads per KV head, scores large enough to
-  overflow ``exp`` without the running max) against labkit's reference, and inside the engine.
+  block tables, contexts that end mid-block, one to three query heads per KV head, scores large enough to
+  overflow ``exp`` without the running max, a first block far above the rest, bf16 pools) against labkit's
+  reference, and inside the engine.
 - ``split_kv_kernel`` and ``merge_splits_kernel``: split-KV ("flash-decoding"): each split keeps its partial
-  max, sum and weighted values; the merge brings them to one max. Checked with one, two and more splits
-  than a sequence has blocks.
+  max, sum and weighted values; the merge brings them to one max. Checked with one, three and five splits
+  (not powers of two, some empty), large scores and bf16.
+
+Both kernel checks grade kernels, not only outputs: the exercise cell's source, read as data, must hold Triton
+kernels only, and they must compile for an H100 (:mod:`~labkit.labs.lab11.compiled`).
 - ``decode_bytes``: the bytes one layer's decode step reads, kernel against gather-then-SDPA.
 
 Each wrong answer is compared with the typical mistakes (simulated in :mod:`~labkit.labs.lab11.variants`)
@@ -23,15 +27,25 @@ import torch
 from labkit.grading.checks import Exercise, register
 from labkit.grading.compare import compare_tensors
 from labkit.grading.result import Mismatch, Note
+from labkit.kernels.contract import UNWRITTEN
 from labkit.kernels.traffic import DecodeShape, decode_bytes
 from labkit.labs.common.engine_runs import compare_with_solo, random_requests, run_failure, serve, solo_oracle
 from labkit.labs.common.learner_errors import diagnosed
 from labkit.labs.common.shared import rng, torch_generator
 from labkit.labs.hints import register_hints
+from labkit.labs.lab11.compiled import kernel_rule
 from labkit.labs.lab11.variants import simulate
 
 BLOCK_SIZE, HEAD_DIM, POOL_BLOCKS, TABLE_WIDTH = 16, 16, 24, 4
-ATOL = RTOL = 1e-4
+# What a right kernel may differ by on a GPU too: fp32 tl.dot is TF32 there (2e-4 to 5e-4 at these shapes). An
+# accumulator kept in bf16 is off by 4e-3 and more on the bf16 pools' case, whose queries and output stay fp32 (a
+# bf16 output would hide it in its own rounding, which Triton's interpreter truncates where a GPU rounds).
+ATOL = RTOL = 2e-3
+BF16_HINT = (
+    "Only the bf16 pools' case is off: keep m, l and acc in float32 (tl.zeros(..., dtype=tl.float32)) and load "
+    "keys and values .to(tl.float32): a sum kept in bf16 loses all but 8 bits at every block."
+)
+OVERFLOWS = 80.0  # scores past this overflow exp in float32 (88.7) once a few are added: below it, a NaN is no overflow
 
 MISTAKES = {  # simulate()'s switch -> what the learner is told
     "rescale": (
@@ -43,6 +57,12 @@ MISTAKES = {  # simulate()'s switch -> what the learner is told
         dict(subtract_max=False),
         "exp(score) overflowed: scores of a few hundred are beyond float32's range. Subtract the running max "
         "before exp (and rescale what you gathered whenever it grows).",
+    ),
+    "block_max": (
+        dict(block_max=True),
+        "Each block's scores were taken against that block's own max, not the running one: after a block of high "
+        "scores, a lower block makes exp(old_max - block_max) overflow. new_max = tl.maximum(running_max, the "
+        "block's max).",
     ),
     "tail": (
         dict(mask_tail=False),
@@ -64,23 +84,45 @@ MISTAKES = {  # simulate()'s switch -> what the learner is told
         "The splits were added up as they are, but each split's sum and weighted values are relative to its "
         "own max: scale split s by exp(max_s - overall_max) before adding (an empty split counts 0).",
     ),
+    "merge_max": (
+        dict(merge_shifted=False),
+        "The merge weighted each split by exp(max_s): split maxes in the hundreds overflow float32. Subtract the "
+        "overall max first: exp(max_s - overall_max).",
+    ),
 }
 
 
 # --- seeded cases ---------------------------------------------------------------------------------------
 
 
-def _case(seed: int, heads: int, kv_heads: int, lengths: list[int], q_scale: float = 1.0) -> dict[str, Any]:
-    """Pools full of random values (so unmasked slots show), random block tables, contexts ending mid-block."""
+def _case(
+    seed: int, heads: int, kv_heads: int, lengths: list[int], q_scale: float = 1.0, dtype=torch.float32
+) -> dict[str, Any]:
+    """Pools full of random values (so unmasked slots show) in ``dtype``, random block tables, contexts ending
+    mid-block; queries in fp32."""
     generator, r = torch_generator(seed), rng(seed)
     blocks = r.sample(range(POOL_BLOCKS), len(lengths) * TABLE_WIDTH)
-    return {
+    case = {
         "q": q_scale * torch.randn(len(lengths), heads, HEAD_DIM, generator=generator),
         "k_pool": torch.randn(POOL_BLOCKS, BLOCK_SIZE, kv_heads, HEAD_DIM, generator=generator),
         "v_pool": torch.randn(POOL_BLOCKS, BLOCK_SIZE, kv_heads, HEAD_DIM, generator=generator),
         "block_tables": torch.tensor(blocks, dtype=torch.int32).view(len(lengths), TABLE_WIDTH),
         "context_lens": torch.tensor(lengths, dtype=torch.int32),
     }
+    for key in ("k_pool", "v_pool"):
+        case[key] = case[key].to(dtype)
+    return case
+
+
+def _loud_first_block(seed: int, lengths: list[int]) -> dict[str, Any]:
+    """Queries and each sequence's first block's keys all positive and large (scores of about 150), the later
+    blocks' scores small: after the first block every block's own max lies far below the running max, under
+    every seed, so a running max replaced by the block's own overflows exp(old - new)."""
+    case = _case(seed, 4, 2, lengths)
+    case["q"] = case["q"].abs()
+    first = case["block_tables"][:, 0].long()
+    case["k_pool"][first] = 60 * case["k_pool"][first].abs()
+    return case
 
 
 def _mid_block(r, low: int, high: int) -> int:
@@ -90,28 +132,43 @@ def _mid_block(r, low: int, high: int) -> int:
 
 
 def decode_cases(seed: int) -> dict[str, dict[str, Any]]:
-    """Three cases: one query head per KV head, three, and scores large enough to overflow exp."""
+    """One query head per KV head, three, two with scores large enough to overflow exp, a first block far above
+    the rest, and bf16 pools."""
     r = rng(seed)
     lengths = [_mid_block(r, 1, 15), _mid_block(r, 17, 47), _mid_block(r, 49, 63)]
     return {
         "one query head per KV head": _case(seed, 2, 2, lengths),
         "three query heads per KV head": _case(seed + 1, 6, 2, lengths[::-1]),
         "large scores (q x 60)": _case(seed + 2, 4, 2, lengths[1:], q_scale=60.0),
+        "a first block scoring far above the rest": _loud_first_block(seed + 3, lengths),
+        "bf16 pools": _case(seed + 4, 6, 2, lengths, dtype=torch.bfloat16),
     }
 
 
 def split_cases(seed: int) -> dict[str, dict[str, Any]]:
-    """One split, two, and more splits than a sequence has blocks (empty splits), three query heads per KV head."""
+    """One split, three and five (not powers of two, and more than a short sequence's blocks: empty splits),
+    large scores, and bf16; three query heads per KV head."""
     r = rng(seed)
     lengths = [_mid_block(r, 1, 15), _mid_block(r, 33, 63)]
-    return {
+    cases = {
         f"{splits} split{'s' if splits > 1 else ''}": {**_case(seed + splits, 6, 2, lengths), "num_splits": splits}
-        for splits in (1, 2, 8)
+        for splits in (1, 3, 5)
     }
+    cases["large scores (q x 60), 3 splits"] = {**_case(seed + 7, 6, 2, lengths, q_scale=60.0), "num_splits": 3}
+    cases["bf16 pools, 3 splits"] = {**_case(seed + 8, 6, 2, lengths, dtype=torch.bfloat16), "num_splits": 3}
+    return cases
+
+
+def _max_score(case: dict[str, Any]) -> float:
+    """The largest |score| a query meets in the case's pools: whether exp could overflow at all."""
+    q, k = case["q"].double(), case["k_pool"].double()
+    group = q.shape[1] // k.shape[2]
+    keys = k.repeat_interleave(group, dim=2).flatten(0, 1)  # [slots, heads, dim]
+    return float(torch.einsum("shd,nhd->nsh", keys, q).abs().max()) / HEAD_DIM**0.5
 
 
 def _expected(cases: dict[str, dict[str, Any]], mistakes: tuple[str, ...]) -> dict[str, Any]:
-    """Each case's right output and what each typical mistake would give."""
+    """Each case's right output, what each typical mistake would give, and how large its scores get."""
     tensors = ("q", "k_pool", "v_pool", "block_tables", "context_lens")
     expected = {}
     for name, case in cases.items():
@@ -120,13 +177,47 @@ def _expected(cases: dict[str, dict[str, Any]], mistakes: tuple[str, ...]) -> di
         expected[name] = {
             "out": simulate(*args, num_splits=splits),
             "wrong": {key: simulate(*args, num_splits=splits, **MISTAKES[key][0]) for key in mistakes},
+            "max_score": _max_score(case),
+            "hint": BF16_HINT if case["k_pool"].dtype == torch.bfloat16 else None,
         }
     return expected
+
+
+def _rows(mask: torch.Tensor) -> str:
+    """The (sequence, query head) rows where ``mask`` holds, the first few named."""
+    rows = [tuple(index) for index in mask.nonzero().tolist()]
+    shown = ", ".join(f"({seq}, {head})" for seq, head in rows[:4])
+    return f"{len(rows)} of {mask.numel()} (sequence, query head) rows: {shown}{', ...' if len(rows) > 4 else ''}"
+
+
+def _non_finite(have: torch.Tensor, max_score: float) -> str:
+    """What the NaN and inf in ``have`` are, told apart from an overflow where the scores cannot overflow."""
+    bad = ~torch.isfinite(have).all(dim=-1)
+    if max_score > OVERFLOWS:
+        return (
+            f"NaN or inf in {_rows(bad)}, with scores up to {max_score:.0f}: exp of a score (or of a split's max) "
+            "past 88 overflows float32, and inf / inf is NaN. Subtract the running max before exp (in the merge, "
+            "the overall max: exp(max_s - overall_max))."
+        )
+    return (
+        f"NaN or inf in {_rows(bad)}, though no score here passes {max_score:.0f}, so exp cannot overflow: a NaN "
+        "is 0/0 (a row whose sum l stayed 0: nothing added, or every weight 0) or exp(-inf - -inf) (a max still "
+        "-inf subtracted from -inf: a block or split with no visible slot, or a masked load's `other` left at "
+        "-inf). Check the masks, the starting values, and that an empty split is given weight 0."
+    )
 
 
 def _compare_cases(expected: dict[str, Any], got: dict[str, Any]) -> Mismatch | Note | None:
     for name, want in expected.items():
         have = got.get(name) if isinstance(got, dict) else None
+        if isinstance(have, torch.Tensor) and have.shape == want["out"].shape:
+            unwritten = (have == torch.tensor(UNWRITTEN, dtype=have.dtype)).all(dim=-1)
+            if unwritten.any():
+                return Mismatch(
+                    f"the kernel never wrote {_rows(unwritten)}",
+                    "Every (sequence, query head) row of the output is stored once: check the store's offsets "
+                    "and its mask (mask only the padding rows, in_group >= GROUP), and the grid's programs.",
+                ).within(name)
         mismatch = compare_tensors(
             want["out"], have, dims=("sequence", "query head", "dim"), what="attention output", atol=ATOL, rtol=RTOL
         )
@@ -134,11 +225,11 @@ def _compare_cases(expected: dict[str, Any], got: dict[str, Any]) -> Mismatch | 
             continue
         for key, wrong in want["wrong"].items():
             if isinstance(have, torch.Tensor) and have.shape == wrong.shape:
-                if torch.allclose(have, wrong, atol=ATOL, rtol=RTOL, equal_nan=True):
+                if torch.allclose(have.double(), wrong.double(), atol=ATOL, rtol=RTOL, equal_nan=True):
                     return Mismatch(mismatch.difference, MISTAKES[key][1]).within(name)
         if isinstance(have, torch.Tensor) and not torch.isfinite(have).all():
-            return Mismatch(mismatch.difference, MISTAKES["max"][1]).within(name)
-        return mismatch.within(name)
+            return Mismatch(mismatch.difference, _non_finite(have, want["max_score"])).within(name)
+        return Mismatch(mismatch.difference, want["hint"] or mismatch.hint).within(name)
     return None
 
 
@@ -165,7 +256,7 @@ def _run_decode(functions, inputs) -> dict[str, Any]:
 
 def _decode_oracle(inputs) -> dict[str, Any]:
     return {
-        "outs": _expected(inputs["cases"], ("max", "rescale", "tail", "head", "table")),
+        "outs": _expected(inputs["cases"], ("max", "block_max", "rescale", "tail", "head", "table")),
         **solo_oracle({"requests": inputs["requests"]}),
     }
 
@@ -190,9 +281,12 @@ register(
             run=_run_decode,
             oracle=_decode_oracle,
             compare=_compare_decode,
-            tested="your kernel under Triton's interpreter on 3 seeded cases (pools of 24 blocks of 16, random block "
-            "tables, contexts ending mid-block, 1 and 3 query heads per KV head, scores up to a few hundred) equals "
-            "labkit's attention, and the engine with your kernel on its decode steps gives every request its solo tokens",
+            source_rule=kernel_rule(("paged_decode_kernel",)),
+            tested="your kernel cell holds Triton kernels only and compiles for an H100 (sm_90); under Triton's "
+            "interpreter, on 5 seeded cases (pools of 24 blocks of 16, random block tables, contexts ending mid-block, "
+            "1, 2 and 3 query heads per KV head, scores up to a few hundred, a first block scoring far above the rest, "
+            "bf16 pools), it equals labkit's attention within 2e-3 (what TF32 on a GPU allows), and the engine with "
+            "your kernel on its decode steps gives every request its solo tokens",
             hint="Per block: load the keys and values of this KV head at block_tables[seq, i], mask positions past the "
             "context, score the group's queries, raise the running max, rescale the sum and the accumulator, add "
             'the block. labkit.hint("lab11.paged_decode") shows more.',
@@ -238,11 +332,12 @@ register(
             functions=("split_kv_kernel", "merge_splits_kernel"),
             make_inputs=split_cases,
             run=_run_split,
-            oracle=lambda cases: _expected(cases, ("merge", "rescale", "tail", "table")),
+            oracle=lambda cases: _expected(cases, ("merge", "merge_max", "rescale", "tail", "table")),
             compare=_compare_cases,
-            tested="your split and merge kernels under Triton's interpreter with 1, 2 and 8 splits (more splits than "
-            "a sequence has blocks, so some are empty) on seeded cases with 3 query heads per KV head equal labkit's "
-            "attention",
+            source_rule=kernel_rule(("split_kv_kernel", "merge_splits_kernel")),
+            tested="your kernel cell holds Triton kernels only and compiles for an H100 (sm_90); under Triton's "
+            "interpreter your split and merge kernels with 1, 3 and 5 splits (not powers of two; some splits empty), "
+            "large scores and bf16 pools, 3 query heads per KV head, equal labkit's attention",
             hint="Each split walks only its own run of blocks and stores its m, l and acc unnormalized; the merge finds "
             "the largest m over the splits and adds each split's l and acc times exp(m_s - largest). "
             'labkit.hint("lab11.split_kv") shows more.',

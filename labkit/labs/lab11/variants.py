@@ -4,8 +4,9 @@
 softmax, with one switch per mistake: no rescaling when the running max grows, no max subtracted at all
 (exp overflows on large scores), the last block's empty slots not masked, a query head read against the
 wrong KV head (``head % kv_heads`` instead of ``head // group``), the block's position in the table used as
-the block itself, and split-KV partials merged without bringing them to one max. With every switch off it
-is the right answer.
+the block itself, the running max replaced by each block's own max, and split-KV partials merged without
+bringing them to one max, or weighted by exp(max) without the overall max subtracted. Exponentials are taken
+in float32's range, as a kernel's are. With every switch off it is the right answer.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def simulate(
     mask_tail: bool = True,
     head_map: str = "group",
     use_table: bool = True,
+    block_max: bool = False,
     merge_rescaled: bool = True,
+    merge_shifted: bool = True,
 ) -> torch.Tensor:
     """Decode attention computed the way a kernel walks the blocks, with the mistakes switched on as asked."""
     num_seqs, num_heads, head_dim = q.shape
@@ -38,23 +41,31 @@ def simulate(
     out = torch.empty(q.shape, dtype=torch.float64)
     for seq in range(num_seqs):
         length = int(context_lens[seq])
-        walk = Walk(q, k_pool, v_pool, block_tables, seq, length, rescale, subtract_max, mask_tail, use_table)
+        mistakes = dict(
+            rescale=rescale, subtract_max=subtract_max, mask_tail=mask_tail, use_table=use_table, block_max=block_max
+        )
+        walk = Walk(q, k_pool, v_pool, block_tables, seq, length, **mistakes)
         for head in range(num_heads):
             kv_head = head // group if head_map == "group" else head % num_kv_heads
             parts = []
             for split in range(num_splits):
                 first, last = split * per_split, min((split + 1) * per_split, -(-length // block_size))
                 parts.append(walk(head, kv_head, range(first, last)))
-            out[seq, head] = _merge(parts, merge_rescaled)
+            out[seq, head] = _merge(parts, merge_rescaled, merge_shifted)
     return out.to(q.dtype)
 
 
 class Walk:
     """One sequence's programs: a running softmax over some of its blocks, for one query head."""
 
-    def __init__(self, q, k_pool, v_pool, tables, seq, length, rescale, subtract_max, mask_tail, use_table):
+    def __init__(self, q, k_pool, v_pool, tables, seq, length, **mistakes: bool):
         self.q, self.k_pool, self.v_pool, self.tables, self.seq, self.length = q, k_pool, v_pool, tables, seq, length
-        self.rescale, self.subtract_max, self.mask_tail, self.use_table = rescale, subtract_max, mask_tail, use_table
+        self.rescale, self.subtract_max, self.mask_tail = (
+            mistakes["rescale"],
+            mistakes["subtract_max"],
+            mistakes["mask_tail"],
+        )
+        self.use_table, self.block_max = mistakes["use_table"], mistakes["block_max"]
 
     def __call__(self, head: int, kv_head: int, blocks: range) -> tuple[float, float, torch.Tensor]:
         """(running max, running sum, weighted values) after ``blocks``, in float64."""
@@ -69,7 +80,8 @@ class Walk:
                 visible = torch.arange(block_size) + index * block_size < self.length
                 scores = scores.masked_fill(~visible, -math.inf)
             new_max = max(running_max, float(scores.max())) if self.subtract_max else 0.0
-            factor = math.exp(running_max - new_max) if self.rescale and running_max > -math.inf else 1.0
+            new_max = float(scores.max()) if self.block_max else new_max
+            factor = _exp32(running_max - new_max) if self.rescale and running_max > -math.inf else 1.0
             weights = torch.exp(scores - new_max).float().double()  # fp32's range: exp overflows as a kernel's would
             running_sum = running_sum * factor + float(weights.sum())
             acc = acc * factor + weights @ values
@@ -77,9 +89,15 @@ class Walk:
         return running_max, running_sum, acc
 
 
-def _merge(parts: list[tuple[float, float, torch.Tensor]], rescaled: bool) -> torch.Tensor:
-    """Split-KV's merge: each part brought to the largest max (or, wrongly, added up as it is)."""
-    top = max(part[0] for part in parts)
-    worth = [(math.exp(m - top) if rescaled else 1.0) if m > -math.inf else 0.0 for m, _, _ in parts]
+def _exp32(x: float) -> float:
+    """exp(x) as float32 computes it: inf past 88.7."""
+    return float(torch.tensor(x, dtype=torch.float64).exp().float())
+
+
+def _merge(parts: list[tuple[float, float, torch.Tensor]], rescaled: bool, shifted: bool) -> torch.Tensor:
+    """Split-KV's merge: each part brought to the largest max (or, wrongly, added up as it is, or weighted
+    by exp(max) with no max subtracted)."""
+    top = max(part[0] for part in parts) if shifted else 0.0
+    worth = [(_exp32(m - top) if rescaled else 1.0) if m > -math.inf else 0.0 for m, _, _ in parts]
     total = sum(w * s for w, (_, s, _) in zip(worth, parts))
     return sum(w * acc for w, (_, _, acc) in zip(worth, parts)) / total
