@@ -30,8 +30,9 @@ def model_facts(model, bandwidth: float) -> dict:
     }
 
 
-def machine_facts(model) -> dict:
-    """Which kernels this machine runs the model's matmuls on, and why (CPU name, ISA, threads)."""
+def machine_facts(model, remeasure: bool = False) -> dict:
+    """Which kernels this machine runs the model's matmuls on, and why (CPU name, ISA, threads); what
+    `labkit serve` computes in, from the measurements kept for this machine (taken again if ``remeasure``)."""
     import torch
 
     from labkit.device import cpu_features, cpu_threads
@@ -45,11 +46,11 @@ def machine_facts(model) -> dict:
             why = "set by the caller"
         facts["torch threads"] = f"{torch.get_num_threads()} ({why}; LABKIT_THREADS=N overrides)"
     facts["matmuls"] = model.matmul.describe()
-    facts["labkit serve computes in"] = choose_serving_dtype(model.device).describe()
+    facts["labkit serve computes in"] = choose_serving_dtype(model.device, remeasure=remeasure).describe()
     if model.device.type == "cpu":
         from labkit.models.int8_linear import choose_int8_backend
 
-        backend = choose_int8_backend()
+        backend = choose_int8_backend(remeasure=remeasure)
         facts["--quantization int8 runs on"] = backend.reason if backend.works else f"nothing: {backend.reason}"
     return facts
 

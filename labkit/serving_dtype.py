@@ -6,10 +6,13 @@ run several times faster than fp32, while on one without (AVX2 only) bf16 is emu
 So nothing is read from the CPU's flags: bf16 is chosen only if oneDNN's packed bf16 linear works
 and matches ``F.linear`` here (the prepack probe), and a decode-shaped product of the default
 model's size, timed in both dtypes in turns, is at least ``MIN_SPEEDUP`` times faster in bf16.
+That timing is taken once per machine and kept (:mod:`labkit.kept_measurements`): every later
+start reads the same ratio and makes the same choice, however busy the machine is then.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -19,9 +22,11 @@ from dataclasses import dataclass
 import torch
 
 from labkit.device import parse_dtype
+from labkit.kept_measurements import kept_measurement
 from labkit.models.fast_linear import prepacked_linear, probe_prepack
 
 MIN_SPEEDUP = 1.3  # less than this is within what two noisy timings can disagree by
+MEASUREMENT = "bf16 speed over fp32"  # its name among the kept measurements
 PROBE_SHAPE = (32, 576, 1536)  # 32 sequences decoding through SmolLM2-135M's MLP up-projection
 ROUNDS = 5
 
@@ -58,14 +63,20 @@ def measured_speedup(shape: tuple[int, int, int] = PROBE_SHAPE, rounds: int = RO
             linears[dtype](inputs[dtype])
         for _ in range(rounds):
             for dtype in linears:
-                times[dtype].append(_seconds(lambda dtype=dtype: linears[dtype](inputs[dtype])))
+                times[dtype].append(_seconds(functools.partial(linears[dtype], inputs[dtype])))
     return statistics.median(times[torch.float32]) / statistics.median(times[torch.bfloat16])
 
 
 def choose_serving_dtype(
-    device: torch.device, asked: str | None = None, speedup: Callable[[], float] = measured_speedup
+    device: torch.device,
+    asked: str | None = None,
+    speedup: Callable[[], float] = measured_speedup,
+    remeasure: bool = False,
 ) -> DtypeChoice:
-    """The dtype for a server on `device`: what was asked (--dtype, then LABKIT_DTYPE), else the measured choice."""
+    """The dtype for a server on `device`: what was asked (--dtype, then LABKIT_DTYPE), else the kept choice.
+
+    ``speedup()`` is timed only when no measurement is kept for this machine, or ``remeasure`` asks for one.
+    """
     if asked:
         return DtypeChoice(parse_dtype(asked), "asked for with --dtype")
     if os.environ.get("LABKIT_DTYPE"):
@@ -75,7 +86,12 @@ def choose_serving_dtype(
     path = probe_prepack(device, torch.bfloat16)
     if not path.prepacked:
         return DtypeChoice(torch.float32, f"no fast bf16 matmul on this CPU: {path.reason}")
-    ratio = speedup()
+    kept = kept_measurement(MEASUREMENT, lambda: {"speedup": round(speedup(), 3)}, remeasure)
+    ratio = float(kept.value["speedup"])
     if ratio < MIN_SPEEDUP:
-        return DtypeChoice(torch.float32, f"bf16 measured only {ratio:.2f}x as fast as fp32 here; fp32 is exact")
-    return DtypeChoice(torch.bfloat16, f"bf16 measured {ratio:.1f}x as fast as fp32 on this CPU, and matches it")
+        return DtypeChoice(
+            torch.float32, f"bf16 measured {ratio:.2f}x fp32, under {MIN_SPEEDUP}x: fp32 is exact; {kept.provenance()}"
+        )
+    return DtypeChoice(
+        torch.bfloat16, f"bf16 measured {ratio:.2f}x fp32 on this CPU, and matches it; {kept.provenance()}"
+    )

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from labkit import kept_measurements
 from labkit.engine import LLM
 from labkit.models import int8_linear as int8
 from labkit.models import tiny_model
@@ -14,6 +15,14 @@ from labkit.serving_quantization import check_quantization, quantize_for_serving
 
 BACKEND = choose_int8_backend()
 needs_int8 = pytest.mark.skipif(not BACKEND.works, reason=f"no int8 kernel here: {BACKEND.reason}")
+
+
+@pytest.fixture(autouse=True)
+def kept_file(tmp_path, monkeypatch):
+    """Each test keeps its timings in a file of its own (the fake engines' timings stay out of labkit's cache)."""
+    path = tmp_path / kept_measurements.FILE_NAME
+    monkeypatch.setattr(kept_measurements, "kept_path", lambda: path)
+    return path
 
 
 def working_engines() -> list[Int8Backend]:
@@ -75,6 +84,25 @@ def test_the_fastest_working_kernel_is_chosen_and_its_speed_stated(monkeypatch):
     assert backend.engine == "fast" and "4.0x fp32's speed" in backend.reason and "slow 2.0x" in backend.reason
 
 
+def test_two_starts_pick_the_same_kernel_however_the_second_timing_comes_out(monkeypatch, kept_file):
+    monkeypatch.setattr(int8, "try_backend", lambda engine, rr: (Int8Backend(engine, rr, engine), ""))
+    timings = iter([{"fp32": 4.0, "x86": 4.0, "onednn": 2.8}, {"fp32": 4.0, "x86": 4.0, "onednn": 5.0}])
+    engines = lambda: [("x86", False), ("onednn", False)]  # noqa: E731
+    first = choose_int8_backend(candidates=engines, timer=lambda _: next(timings))
+    written = kept_file.read_text()
+    second = choose_int8_backend(candidates=engines, timer=lambda _: next(timings))
+    assert first == second and first.engine == "onednn" and "1.4x fp32's speed" in second.reason
+    assert str(kept_file) in second.reason and kept_file.read_text() == written
+    redone = choose_int8_backend(candidates=engines, timer=lambda _: next(timings), remeasure=True)
+    assert redone.engine == "x86"
+
+
+def test_a_single_working_kernel_is_not_timed(monkeypatch, kept_file):
+    monkeypatch.setattr(int8, "try_backend", lambda engine, rr: (Int8Backend(engine, rr, engine), ""))
+    backend = choose_int8_backend(candidates=lambda: [("fbgemm", False)], timer=lambda _: pytest.fail("timed"))
+    assert backend.engine == "fbgemm" and "the one that works here" in backend.reason and not kept_file.exists()
+
+
 @pytest.mark.parametrize("value", ["int4", "fp8", "INT8", ""])
 def test_other_quantizations_are_refused_saying_what_is_served(value):
     with pytest.raises(ValueError, match="labkit serves 'int8'") as err:
@@ -100,8 +128,9 @@ def test_tiny_model_in_int8_gives_a_request_the_same_tokens_alone_and_in_a_batch
     alone, batch = greedy_alone_and_in_a_batch(llm, prompts, 12)
     assert alone == batch
     plain = LLM(model, num_blocks=64).generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True), use_tqdm=False)
-    # int8 stays close to fp32: measured, the first 5 tokens of 7 of these 8 agree (random weights: near-ties)
-    assert sum(a[:4] == p.outputs[0].token_ids[:4] for a, p in zip(alone, plain)) >= 6
+    # int8 stays close to fp32: measured, the first 4 tokens of 7 of these 8 agree with 8-bit activations, of 5
+    # with the 7-bit ones the kernels of a CPU without VNNI take (AVX2; random weights: near-ties)
+    assert sum(a[:4] == p.outputs[0].token_ids[:4] for a, p in zip(alone, plain)) >= 5
 
 
 @needs_int8
@@ -134,6 +163,9 @@ def test_an_engine_named_in_the_environment_is_the_only_one_tried(monkeypatch):
     engines = sorted({engine for engine, _ in int8._candidates()})
     monkeypatch.setenv(int8.ENGINE_VARIABLE, engines[-1])
     assert {engine for engine, _ in int8._candidates()} == {engines[-1]}
+    pinned = choose_int8_backend(candidates=int8._candidates, timer=lambda _: pytest.fail("timed"))
+    assert pinned.works == (BACKEND.works and pinned.engine == engines[-1])
+    assert not pinned.works or f"named by {int8.ENGINE_VARIABLE}" in pinned.reason
     monkeypatch.setenv(int8.ENGINE_VARIABLE, "no-such-engine")
     with pytest.raises(ValueError, match="LABKIT_INT8_ENGINE='no-such-engine', but this torch's int8 engines are"):
         int8._candidates()

@@ -106,6 +106,13 @@ def test_the_prefix_caching_flag_reaches_the_engine_only_when_given(flags, expec
     assert dials.get("enable_prefix_caching") == expected  # left out: the engine's default (on, as vLLM V1)
 
 
+def test_the_deterministic_flag_reaches_the_engine_only_when_given():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert engine_dials(parser.parse_args(["--deterministic"]))["deterministic"] is True
+    assert "deterministic" not in engine_dials(parser.parse_args([]))  # the engine's default
+
+
 def test_the_speculative_config_is_json_as_in_vllm(capsys):
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -1,14 +1,23 @@
-"""`labkit serve`'s dtype: bf16 only where it was tried, matched fp32 and measured faster; fp32 elsewhere."""
+"""`labkit serve`'s dtype: bf16 only where it was tried, matched fp32 and measured faster (once, kept); fp32 elsewhere."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from labkit import serving_dtype
+from labkit import kept_measurements, serving_dtype
 from labkit.models.fast_linear import MatmulPath, probe_prepack
 from labkit.serving_dtype import MIN_SPEEDUP, choose_serving_dtype
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def kept_file(tmp_path, monkeypatch):
+    """Each test keeps its measurements in a file of its own."""
+    path = tmp_path / kept_measurements.FILE_NAME
+    monkeypatch.setattr(kept_measurements, "kept_path", lambda: path)
+    return path
 
 
 def with_probe(monkeypatch, works: bool) -> None:
@@ -27,9 +36,23 @@ def test_bf16_is_chosen_only_when_it_is_measured_faster(monkeypatch):
     monkeypatch.delenv("LABKIT_DTYPE", raising=False)
     with_probe(monkeypatch, works=True)
     fast = choose_serving_dtype(CPU, speedup=lambda: 4.2)
-    assert fast.dtype == torch.bfloat16 and "4.2x" in fast.reason
-    slow = choose_serving_dtype(CPU, speedup=lambda: MIN_SPEEDUP - 0.1)
-    assert slow.dtype == torch.float32 and "only" in slow.reason
+    assert fast.dtype == torch.bfloat16 and "4.20x" in fast.reason
+    slow = choose_serving_dtype(CPU, speedup=lambda: MIN_SPEEDUP - 0.1, remeasure=True)
+    assert slow.dtype == torch.float32 and f"under {MIN_SPEEDUP}x" in slow.reason
+
+
+def test_two_starts_make_the_same_choice_however_the_second_timing_comes_out(monkeypatch, kept_file):
+    monkeypatch.delenv("LABKIT_DTYPE", raising=False)
+    with_probe(monkeypatch, works=True)
+    timings = iter([0.81, 4.2])  # a busy first start, a quiet second: a race would serve fp32, then bf16
+    first = choose_serving_dtype(CPU, speedup=lambda: next(timings))
+    written = kept_file.read_text()
+    second = choose_serving_dtype(CPU, speedup=lambda: next(timings))
+    assert first == second and first.dtype == torch.float32
+    assert "0.81x" in second.reason and str(kept_file) in second.reason and "--remeasure" in second.reason
+    assert kept_file.read_text() == written  # written once, read back
+    redone = choose_serving_dtype(CPU, speedup=lambda: next(timings), remeasure=True)
+    assert redone.dtype == torch.bfloat16 and "4.20x" in redone.reason
 
 
 def test_what_the_user_asks_for_wins(monkeypatch):

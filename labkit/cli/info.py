@@ -1,6 +1,7 @@
 """Show this machine, the model, its size, KV bytes per token and the single-stream decode bound.
 
-The CPU and the kernel path its matrix multiplies take come first, then the model's facts;
+The CPU and the kernel path its matrix multiplies take come first, with what `labkit serve` computes
+in and why (from timings kept for this machine; ``--remeasure`` takes them again), then the model's facts;
 ``--json`` prints them all as one JSON object.
 """
 
@@ -22,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="memory bandwidth in GB/s for the decode bound (default: measure it)",
     )
     parser.add_argument("--json", action="store_true", help="print the facts as JSON instead of a table")
+    parser.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="time bf16 against fp32 and the int8 kernels again, and keep the new timings for `labkit serve`",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     bandwidth = args.bandwidth * 1e9 if args.bandwidth else measure_bandwidth(device=model.device)
-    facts = {**machine_facts(model), **model_facts(model, bandwidth)}
+    facts = {**machine_facts(model, remeasure=args.remeasure), **model_facts(model, bandwidth)}
     if args.json:
         print_json(facts)
         return 0

@@ -36,7 +36,7 @@ from labkit.trace import Trace
 
 _COUNTS = ("max_num_seqs", "block_size")  # whole numbers >= 1
 _OPTIONAL_COUNTS = ("max_model_len", "max_num_batched_tokens", "num_blocks", "trace_window")  # ... or None
-_SWITCHES = ("enable_chunked_prefill", "enable_prefix_caching")  # True, False or None
+_SWITCHES = ("enable_chunked_prefill", "enable_prefix_caching", "deterministic")  # True, False or None
 # vLLM's kv_cache_dtype values that labkit stores: the model's dtype, or float8_e4m3fn (labkit.kv.fp8)
 KV_CACHE_DTYPES = ("auto", "fp8")
 
@@ -67,6 +67,9 @@ class EngineConfig:
     trace_window: int | None = None  # labkit's own: keep only the last N steps (and finished requests); None: all
     kv_offloading_size: float | None = None  # GiB of a slower tier for evicted prefix blocks; None: no tier (off)
     kv_offloading_backend: str = "native"  # the tier: "native" host memory (vLLM's), "disk" files (labkit's own)
+    # batch-invariant kernels (labkit.batch_invariant): a request's tokens do not depend on what shares its step;
+    # vLLM's VLLM_BATCH_INVARIANT=1, SGLang's --enable-deterministic-inference. Off: it costs speed (README)
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         for name in _COUNTS + _OPTIONAL_COUNTS:
@@ -127,6 +130,7 @@ class EngineConfig:
             kv_offloading="off"
             if self.kv_offloading_size is None
             else f"{self.kv_offloading_backend}, {self.kv_offloading_size:g} GiB",
+            deterministic=bool(self.deterministic),
         )
 
 

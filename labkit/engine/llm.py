@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence, cast
 
 from tqdm.auto import tqdm
 
+from labkit.batch_invariant import batch_invariant_attention, batch_invariant_model
 from labkit.engine.config import EngineConfig, build_core, engine_config
 from labkit.engine.core import Batch, EngineCore, Executor, StepOutcome
 from labkit.engine.interfaces import (
@@ -96,6 +97,10 @@ class LLM:
     ``quantization="int8"`` (vLLM's name; off by default) computes the model's linears in int8, weights per
     channel and activations per token, on the fastest int8 kernel that works here
     (:mod:`labkit.serving_quantization`); ``llm.quantization.describe()`` says what was chosen and why.
+
+    ``deterministic=True`` (vLLM's ``VLLM_BATCH_INVARIANT=1``; off by default, it costs speed) runs batch-invariant
+    matmuls, norms and attention (:mod:`labkit.batch_invariant`): a request's tokens are the same alone or in any
+    batch, however its prompt is chunked, from the prefix cache or not, after a preemption, with speculation on.
     """
 
     def __init__(
@@ -115,6 +120,10 @@ class LLM:
         self.model, self.quantization = quantize_for_serving(_resolve_model(model), quantization)
         cfg = self.model.config
         requested = engine_config(config, **settings)
+        if requested.deterministic:
+            if attention is not paged_attention:
+                raise ValueError("deterministic=True brings its own attention (batch-invariant); pass one or the other")
+            self.model, attention = batch_invariant_model(self.model), batch_invariant_attention
         max_model_len = requested.max_model_len or cfg.max_position_embeddings
         if max_model_len > cfg.max_position_embeddings:
             raise ValueError(

@@ -15,7 +15,9 @@ int32 sums are exact, so a row's result is the same alone or in a batch (the pro
 Which kernel runs, if any, is decided by trying (never by CPU name): :func:`choose_int8_backend`
 packs a small weight with each quantized engine this torch build lists, compares the product
 with fp32 ``F.linear`` (on random rows, and on a row built to overflow the 16-bit intermediate
-sums some CPUs without VNNI use), and times the ones that match. Quantized tensors are deprecated
+sums some CPUs without VNNI use), and times the ones that match, once per machine: the timing is kept
+(:mod:`labkit.kept_measurements`) and every later start picks the same kernel from it, so two starts
+compute with the same kernel whatever the load. Quantized tensors are deprecated
 in PyTorch (issue 184982); when they go, the probe fails and the server says so and stays unquantized.
 """
 
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from labkit.kept_measurements import kept_measurement
 from labkit.models.fast_linear import LinearFn, prepacked_linear
 from labkit.models.quant import INT8_MAX, quantize_int8
 
@@ -185,16 +188,23 @@ def measured_times(backends: list[Int8Backend], shape: tuple[int, int, int] = PR
     return {name: statistics.median(samples) for name, samples in times.items()}
 
 
+MEASUREMENT = "int8 kernels' speed over fp32"  # its name among the kept measurements
 _chosen: list[Int8Backend] = []
 
 
 def choose_int8_backend(
     candidates: Callable[[], list[tuple[str, bool]]] = _candidates,
     timer: Callable[[list[Int8Backend]], dict[str, float]] = measured_times,
+    remeasure: bool = False,
 ) -> Int8Backend:
-    """The fastest quantized engine that computes int8 linears correctly here, with the measured reason;
-    ``Int8Backend(None, ...)`` with every engine's failure where none does. Tried once per process."""
-    if candidates is _candidates and timer is measured_times and _chosen:
+    """The fastest quantized engine that computes int8 linears correctly here, with the reason;
+    ``Int8Backend(None, ...)`` with every engine's failure where none does. Tried once per process.
+
+    Every engine is checked at each start (cheap); which working one is fastest is timed only when no
+    timing of them is kept for this machine (or ``remeasure`` asks), and not at all for a single one.
+    """
+    default = candidates is _candidates and timer is measured_times
+    if default and _chosen and not remeasure:
         return _chosen[0]
     working: dict[str, Int8Backend] = {}
     failures = []
@@ -208,18 +218,40 @@ def choose_int8_backend(
             working[engine] = backend
     if not working:
         chosen = Int8Backend(None, False, "no int8 kernel works here (" + "; ".join(failures or ["none listed"]) + ")")
+    elif len(working) == 1:
+        (best,) = working.values()
+        named = f", named by {ENGINE_VARIABLE}" if os.environ.get(ENGINE_VARIABLE) else ", the one that works here"
+        chosen = _described(best, f"{named}, tried and within {TOLERANCE:.0%} of fp32")
     else:
-        times = timer(list(working.values()))
-        engine = min(working, key=lambda name: times[name])
-        others = ", ".join(f"{name} {times['fp32'] / times[name]:.1f}x" for name in working if name != engine)
-        best = working[engine]
-        chosen = Int8Backend(
-            engine,
-            best.reduce_range,
-            f"{engine} int8 kernels{' (7-bit activations)' if best.reduce_range else ''}, tried and within "
-            f"{TOLERANCE:.0%} of fp32; {times['fp32'] / times[engine]:.1f}x fp32's speed at {PROBE_SHAPE[0]} rows"
-            + (f" (also working: {others})" if others else ""),
-        )
-    if candidates is _candidates and timer is measured_times:
-        _chosen.append(chosen)
+        chosen = _fastest(working, timer, remeasure)
+    if default:
+        _chosen[:] = [chosen]
     return chosen
+
+
+def _fastest(
+    working: dict[str, Int8Backend], timer: Callable[[list[Int8Backend]], dict[str, float]], remeasure: bool
+) -> Int8Backend:
+    """The working engine the kept timing says is fastest (timed now if none kept covers them all)."""
+
+    def speeds() -> dict:
+        times = timer(list(working.values()))
+        return {name: round(times["fp32"] / times[name], 3) for name in working}
+
+    kept = kept_measurement(MEASUREMENT, speeds, remeasure)
+    if not set(working) <= set(kept.value):  # the engines that work here changed: time them again
+        kept = kept_measurement(MEASUREMENT, speeds, remeasure=True)
+    speed = {name: float(kept.value[name]) for name in working}
+    engine = max(working, key=lambda name: (speed[name], name))
+    others = ", ".join(f"{name} {speed[name]:.1f}x" for name in sorted(working) if name != engine)
+    return _described(
+        working[engine],
+        f", tried and within {TOLERANCE:.0%} of fp32; measured {speed[engine]:.1f}x fp32's speed at "
+        f"{PROBE_SHAPE[0]} rows (also working: {others}); {kept.provenance()}",
+    )
+
+
+def _described(backend: Int8Backend, why: str) -> Int8Backend:
+    """``backend`` with its reason for ``labkit info`` and the start-up line."""
+    bits = " (7-bit activations)" if backend.reduce_range else ""
+    return Int8Backend(backend.engine, backend.reduce_range, f"{backend.engine} int8 kernels{bits}{why}")

@@ -64,6 +64,7 @@ class LlamaModel:
         ]
         self._hf_loader, self._hf = hf_loader, None
         self.embed = self.weights["model.embed_tokens.weight"]
+        self.rms_norm = rms_norm  # labkit.batch_invariant swaps in one that adds in a fixed order
         self.final_norm = self.weights["model.norm.weight"]
         self.matmul = (
             matmul_path(self.device, self.dtype, self.weight_bytes()) if prepack else MatmulPath(False, "prepack=False")
@@ -131,13 +132,13 @@ class LlamaModel:
         x = F.embedding(input_ids, self.embed)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, x.dtype)
         for index, layer in enumerate(self.layers):
-            q, k, v = self._project_qkv(layer, rms_norm(x, layer.input_norm, cfg.rms_norm_eps))
+            q, k, v = self._project_qkv(layer, self.rms_norm(x, layer.input_norm, cfg.rms_norm_eps))
             out = attend(index, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
             x = x + layer.o_proj(out.reshape(x.shape[0], -1))
-            x = x + swiglu_mlp(rms_norm(x, layer.post_norm, cfg.rms_norm_eps), layer.gate_up, layer.down)
+            x = x + swiglu_mlp(self.rms_norm(x, layer.post_norm, cfg.rms_norm_eps), layer.gate_up, layer.down)
         if logits_indices is not None:
             x = x[logits_indices]
-        return self.lm_head(rms_norm(x, self.final_norm, cfg.rms_norm_eps)).float()
+        return self.lm_head(self.rms_norm(x, self.final_norm, cfg.rms_norm_eps)).float()
 
     def _project_qkv(self, layer: DecoderLayer, h: torch.Tensor):
         """One matmul for q, k and v, split into heads; Qwen3 normalises q and k per head."""
@@ -149,8 +150,8 @@ class LlamaModel:
         k = k.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
         if layer.q_norm is not None:
-            q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
-            k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
+            q = self.rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
+            k = self.rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
         return q, k, v
 
     # --- one sequence with a contiguous cache: the two phases of generation -------------

@@ -86,6 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(off by default)",
     )
     engine.add_argument(
+        "--deterministic",
+        action="store_true",
+        default=None,
+        help="batch-invariant kernels: a request's tokens do not depend on what shares its step, how its prompt "
+        "was chunked or whether its prefix was cached (vLLM: VLLM_BATCH_INVARIANT=1; off by default: it costs speed)",
+    )
+    engine.add_argument(
         "--policy", help="scheduler policy: static, continuous, chunked, or module:Class for your own SchedulerPolicy"
     )
     parser.add_argument(
@@ -192,6 +199,7 @@ def engine_dials(args: argparse.Namespace) -> dict:
         speculative_config=args.speculative_config,
         kv_offloading_size=args.kv_offloading_size,
         kv_offloading_backend=args.kv_offloading_backend,
+        deterministic=args.deterministic,
         policy=import_policy(args.policy),
     )
     return {name: value for name, value in dials.items() if value is not None}
@@ -235,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
         f"labkit serve: {setup['model']} ({setup['device']}, {setup['dtype']}, policy {setup['policy']}, "
         f"{setup['num_blocks']} blocks of {setup['block_size']}, max_model_len {setup['max_model_len']}, "
         f"prefix caching {'on' if setup['enable_prefix_caching'] else 'off'}, "
-        f"speculative decoding {setup['speculative_decoding']}, KV offloading {setup['kv_offloading']}) "
+        f"speculative decoding {setup['speculative_decoding']}, KV offloading {setup['kv_offloading']}, "
+        f"deterministic {'on' if setup['deterministic'] else 'off'}) "
         f"on {url_of(sock)}/v1"
     )
     serve_forever(server, sock, ready)  # says ``ready`` once the socket accepts connections
