@@ -16,6 +16,7 @@ from typing import Any
 
 from labkit.grading.attempt import OK, attempt_exercise, attempt_in_namespace
 from labkit.grading.checks import get_exercise
+from labkit.grading.graded_run import check_left_to_grader, in_graded_run
 from labkit.grading.judge import expected_outputs, judge
 from labkit.grading.result import NOT_DONE, PASS, CheckResult
 
@@ -37,8 +38,11 @@ def evaluate(
 
     Pass the learner's functions in the order the exercise lists them, or a
     `namespace` (such as the notebook's globals) to find them by name. Each verdict is
-    remembered by the function objects it judged (see :func:`known_verdict`).
+    remembered by the function objects it judged (see :func:`known_verdict`). In the grader's kernel
+    nothing is checked here: the grader does it after the notebook has run (graded_run.py).
     """
+    if in_graded_run():
+        return check_left_to_grader(exercise_id)
     exercise = get_exercise(exercise_id)
     if functions:
         if len(functions) != len(exercise.functions):
@@ -104,4 +108,8 @@ def check(exercise_id: str, *functions: Callable[..., Any], seed: int = 0) -> No
     they are looked up by name among the caller's globals (the notebook's variables).
     """
     caller_globals = sys._getframe(1).f_globals
-    show(evaluate(exercise_id, *functions, seed=seed, namespace=caller_globals))
+    result = evaluate(exercise_id, *functions, seed=seed, namespace=caller_globals)
+    if in_graded_run():
+        print(result.message)
+    else:
+        show(result)

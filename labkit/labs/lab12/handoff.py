@@ -24,6 +24,7 @@ from labkit.grading.checks import Exercise, register
 from labkit.grading.compare import compare_tensors
 from labkit.grading.result import Mismatch
 from labkit.kv.block_allocator import FreeListBlockAllocator
+from labkit.labs.common.diagnose import diagnosed
 from labkit.labs.common.engine_runs import (
     MAX_STEPS,
     CheckRequest,
@@ -33,7 +34,6 @@ from labkit.labs.common.engine_runs import (
     run_failure,
     solo_oracle,
 )
-from labkit.labs.common.learner_errors import diagnosed
 from labkit.labs.common.shared import rng, small_model, torch_generator
 from labkit.labs.hints import register_hints
 from labkit.sampling_params import SamplingParams

@@ -19,6 +19,7 @@ from typing import Any
 
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
+from labkit.labs.common.diagnose import diagnosed, raised_mismatch
 from labkit.labs.common.engine_runs import (
     CheckRequest,
     compare_with_solo,
@@ -28,7 +29,7 @@ from labkit.labs.common.engine_runs import (
     serve,
     solo_oracle,
 )
-from labkit.labs.common.learner_errors import diagnosed, noting_errors, raised_mismatch
+from labkit.labs.common.learner_errors import noting_errors
 from labkit.labs.common.shared import rng
 from labkit.labs.hints import register_hints
 from labkit.labs.lab4 import SCHEDULING_ANSWERS, check_decisions

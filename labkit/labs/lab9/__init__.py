@@ -29,7 +29,7 @@ from typing import Any
 from labkit.engine.reference import compare_to_solo, solo_greedy
 from labkit.grading.checks import Exercise, get_exercise, register
 from labkit.grading.result import Mismatch
-from labkit.labs.common.learner_errors import diagnosed, raised_mismatch
+from labkit.labs.common.diagnose import diagnosed, raised_mismatch
 from labkit.labs.common.pieces import Piece, on_its_own
 from labkit.labs.common.shared import small_model
 from labkit.labs.hints import register_hints
