@@ -41,7 +41,7 @@ from labkit.grading import cgroups, sandbox
 from labkit.grading import kernel_session as ks
 from labkit.grading.checks import Exercise, exercises_for_lab, lab_module
 from labkit.grading.graded_run import GRADED_RUN
-from labkit.grading.hint_counts import read_hint_counts, self_reported, weigh_hints
+from labkit.grading.hint_counts import read_hint_counts, self_reported, tier_count, weigh_hints
 from labkit.grading.judge import expected_outputs, verdict
 from labkit.grading.judge_process import judge_taken, start_judges, take_result
 from labkit.grading.kernel_side import attempt_code, hint_counts_code
@@ -57,7 +57,6 @@ from labkit.grading.submissions import (
     reserved,
     submission_names,
 )
-from labkit.labs.hints import tiers
 from labkit.models.default_model import ModelCacheError, contents_verified
 
 # The only variables of the grader's environment a kernel gets: what programs, locale, labkit, the
@@ -385,7 +384,7 @@ class Grader:
                     grade.results.append(result)
             hints = read_hint_counts(folder / hints_file)
         grade.results = [  # no more than the exercise has: a sandboxed kernel counts hints it cannot show
-            weigh_hints(result, min(hints.get(result.exercise, 0), len(tiers(result.exercise))), settings.hint_penalty)
+            weigh_hints(result, min(hints.get(result.exercise, 0), tier_count(result.exercise)), settings.hint_penalty)
             for result in grade.results
         ]
         order = [exercise.id for exercise in exercises]

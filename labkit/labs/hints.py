@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from labkit.grading.checks import get_exercise
 from labkit.grading.graded_run import HINT_NOT_SHOWN, in_graded_run
-from labkit.grading.hint_counts import hints_shown, note_hint_shown
+from labkit.grading.hint_counts import hints_shown, note_hint_shown, note_tiers
 
 __all__ = ["hint", "hints_shown", "register_hints", "tiers"]
 
@@ -25,6 +25,7 @@ def register_hints(exercise_id: str, *tiers: str) -> None:
     if len(tiers) < 2:
         raise ValueError(f"{exercise_id}: give at least two tiers of hints (the idea, then the structure)")
     _TIERS[exercise_id] = tiers
+    note_tiers(exercise_id, len(tiers))
 
 
 def tiers(exercise_id: str) -> tuple[str, ...]:

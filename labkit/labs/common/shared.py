@@ -1,7 +1,8 @@
 """Things every lab check needs: one copy of the course model per process, and seeded prompts.
 
 The checks run the real model as their oracle, so they and the notebook share one loaded
-copy (``course_model()``) instead of paying for a second load. Inputs come from a seed so
+copy (``course_model()``) instead of paying for a second load; the grader's requests name these models
+rather than copy them, and a kernel loads its own from the same cache. Inputs come from a seed so
 that the notebook's check and the grader (which draws its own seed) build the same ones.
 """
 
@@ -13,6 +14,7 @@ import random
 
 import torch
 
+from labkit.grading.request import sent_by_name
 from labkit.models import LlamaModel, load_model, tiny_model
 
 # Short prompts the default model continues with confidence (no near-ties in the first tokens).
@@ -35,16 +37,6 @@ PROMPTS = (
 ENDS_EARLY = "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
 
 
-# id -> (the object, how to get it again): the models this process shares, which the grader's requests name
-# rather than copy (labkit.grading.request), and the kernel loads again from the same read-only cache.
-_SHARED: dict[int, tuple[object, tuple]] = {}
-
-
-def _shared(value, *recipe):
-    _SHARED[id(value)] = (value, recipe)
-    return value
-
-
 @functools.lru_cache(maxsize=1)
 def course_model() -> LlamaModel:
     """The default model in fp32 on labkit's device, loaded once per process (notebook and checks share it).
@@ -52,33 +44,15 @@ def course_model() -> LlamaModel:
     fp32 even on a GPU: the checks compare logits with transformers' to a tolerance that 16-bit
     arithmetic would not meet, and a 135M-parameter model is small enough either way.
     """
-    model = _shared(load_model(dtype="float32", progress=False), "course_model")
-    _shared(model.tokenizer, "course_model", "tokenizer")
+    model = sent_by_name(load_model(dtype="float32", progress=False), course_model)
+    sent_by_name(model.tokenizer, course_model, attribute="tokenizer")
     return model
 
 
 @functools.lru_cache(maxsize=4)
 def small_model(seed: int = 0) -> LlamaModel:
     """A tiny random-weight Llama for checks that need a model's shapes but not its knowledge."""
-    return _shared(tiny_model("llama", seed=seed), "small_model", seed)
-
-
-def shared_recipe(value: object) -> tuple | None:
-    """How another process gets ``value`` again, if it is one of the models (or the tokenizer) shared here."""
-    entry = _SHARED.get(id(value))
-    return entry[1] if entry is not None and entry[0] is value else None
-
-
-def from_recipe(recipe: tuple) -> object:
-    """The shared object a recipe of :func:`shared_recipe` names, made (or found) in this process."""
-    match recipe:
-        case ("course_model",):
-            return course_model()
-        case ("course_model", "tokenizer"):
-            return course_model().tokenizer
-        case ("small_model", int(seed)):
-            return small_model(seed)
-    raise ValueError(f"no shared model is called {recipe!r}")
+    return sent_by_name(tiny_model("llama", seed=seed), small_model, seed)
 
 
 def rng(seed: int) -> random.Random:
