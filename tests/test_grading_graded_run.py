@@ -11,9 +11,9 @@ import pytest
 import labkit
 from labkit.grading import evaluate, hint_counts
 from labkit.grading.answers import answers_blocked
+from labkit.grading.graded_run import GRADED_RUN
 from labkit.grading.grader import kernel_env
 from labkit.grading.grader_only import STUB
-from labkit.grading.graded_run import GRADED_RUN
 from labkit.labs.common.gate import passed
 
 

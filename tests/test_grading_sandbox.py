@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -28,7 +29,7 @@ from markdown_it import MarkdownIt
 
 import labkit
 from labkit.cli import main
-from labkit.grading import sandbox
+from labkit.grading import grader_only, sandbox
 from labkit.grading.report_text import MAX_TEXT_BYTES
 from labkit.grading.submissions import submission_names
 
@@ -422,3 +423,29 @@ def test_no_port_of_the_host_is_reachable_from_a_submission(attacked_run):
     report = attack_failed(attacked_run, "scans_ports")
     assert "open ports not its own: []; the host's: False" in messages(report), messages(report)
     assert attacked_run["host_connections"]["tcp port"] == 0
+
+
+def test_a_sandboxed_process_sees_every_grader_only_module_as_a_stub():
+    """Issue 55.1, directly: each grader-only file reads as the stub, its __pycache__ is empty, its package still
+    imports (so the visible modules beside it do), and no check is registered there."""
+    files = [str(path) for path in grader_only.source_files()]
+    folders = [str(path) for path in grader_only.pycache_folders() if path.is_dir()]
+    script = (
+        "import json, os, sys\n"
+        "files, folders = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
+        f"print(sorted(path for path in files if open(path).read() != {grader_only.STUB!r}))\n"
+        "print(sorted(path for path in folders if os.listdir(path)))\n"
+        "import labkit.labs.lab1, labkit.grading.exercises.demo as demo\n"
+        "print(labkit.labs.lab1.__labkit_hidden__, hasattr(demo, 'course_add'))\n"
+    )
+    with sandbox.sandbox_folder(sandbox.sandbox_uid(0)) as folder:
+        command = sandbox.sandbox_command(folder, sandbox.sandbox_uid(0), sandbox.Limits(None, 60))
+        done = subprocess.run(
+            [*command, sys.executable, "-c", script, json.dumps(files), json.dumps(folders)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["[]", "[]", "True False"]
+    assert len(files) == len(grader_only.GRADER_ONLY) and folders  # and there was something to hide
