@@ -151,8 +151,11 @@ def sandbox_command(
 
 @functools.cache
 def _stub_file() -> Path:
-    """The one file every grader-only module reads as in a sandbox (grader_only.STUB)."""
-    path = sandboxes_root() / "grader-only-stub.py"
+    """The one file every grader-only module reads as in a sandbox (grader_only.STUB), in a folder of its own."""
+    folder = Path(tempfile.mkdtemp(prefix="labkit-stub-"))
+    folder.chmod(0o755)
+    atexit.register(remove_tree, folder, False)
+    path = folder / "grader-only-stub.py"
     path.write_text(grader_only.STUB)
     path.chmod(0o644)
     return path
