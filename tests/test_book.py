@@ -28,7 +28,15 @@ from labkit.labs.manifest import LABS
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
 from colophon import bibtex, licence_summary  # noqa: E402  (the book's own extensions)
 from offline_search import searchable_text  # noqa: E402
-from quiz import QuizError, read_quiz, salt_of, scramble, spread_problems, spread_problems_by_page  # noqa: E402
+from quiz import (  # noqa: E402
+    QuizError,
+    read_quiz,
+    salt_of,
+    scramble,
+    sequence_problems,
+    spread_problems,
+    spread_problems_by_page,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = Path(__file__).resolve().parents[2] / "shared" / "sources"
@@ -348,12 +356,16 @@ def test_a_position_never_right_gives_itself_away_too() -> None:
 
 
 def test_one_chapter_clustered_is_named_even_when_the_book_is_spread() -> None:
-    spread = [(f"page{i}", i % 3, (10 + i % 2, 20, 15)) for i in range(30)]
+    positions = "022012122020112002122112002021"  # no position, length or sequence a reader could follow
+    spread = [(f"page{i}", int(right), (10 + i % 2, 20, 15)) for i, right in enumerate(positions)]
+    assert spread_problems_by_page(spread) == []
     one_page = [("crowded", 0, (15, 10, 20))] * 5
     problems = spread_problems_by_page(spread + one_page)
     assert problems == [
         "in crowded: option 1 is right in 5 of 5 checks, 1.7 by chance "
-        "(['crowded', 'crowded', 'crowded', 'crowded', 'crowded'])"
+        "(['crowded', 'crowded', 'crowded', 'crowded', 'crowded'])",
+        "in crowded: the right option is the same as the previous check's in 4 of 4 checks, 1.3 by chance",
+        "in crowded: the right option is the same as the one two checks back in 3 of 3 checks, 1.0 by chance",
     ]
 
 
@@ -381,8 +393,44 @@ def test_the_build_stops_on_checks_whose_right_answers_cluster(tmp_path: Path) -
     clustered = sphinx_build_with_checks(tmp_path / "clustered", [1, 1, 1, 1, 0])
     assert clustered.returncode != 0, "five checks, four right at option 2, built without complaint"
     assert "give themselves away" in clustered.stderr and "option 2 is right in 4 of 5" in clustered.stderr
-    spread = sphinx_build_with_checks(tmp_path / "spread", [1, 0, 2, 1, 0])
+    spread = sphinx_build_with_checks(tmp_path / "spread", [1, 1, 0, 2, 2])
     assert spread.returncode == 0, spread.stderr
+    rotation = sphinx_build_with_checks(tmp_path / "rotation", [0, 1, 2, 0, 1, 2])
+    assert rotation.returncode != 0, "right answers A, B, C, A, B, C built without complaint"
+    assert "the option after the previous check's" in rotation.stderr
+
+
+def test_right_answers_that_follow_a_pattern_are_named() -> None:
+    """A reader who notices "the next letter", "the same letter again" or an A-B-A-B swing scores without reading."""
+    three = (10, 20, 30)
+    rotation = [(f"page{i}", i % 3, three) for i in range(9)]
+    assert any("the option after the previous check's" in problem for problem in sequence_problems(rotation))
+    same = [("page", 2 if i < 5 else i % 3, three) for i in range(9)]
+    assert any("the same as the previous check's" in problem for problem in sequence_problems(same))
+    swing = [("page", (0, 2)[i % 2], three) for i in range(9)]
+    assert any("two checks back" in problem for problem in sequence_problems(swing))
+    mixed = [("page", right, three) for right in (1, 1, 0, 2, 2, 0, 1, 0, 2)]
+    assert sequence_problems(mixed) == []
+
+
+def test_a_dollar_in_a_check_is_money_not_math(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "conf.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO / 'book' / '_ext')!r})\nextensions = ['quiz']\n", encoding="utf-8"
+    )
+    options = "".join(
+        f"     - answer: ${price} per million tokens.\n       why: Because ${price} and $2.00 differ.\n"
+        + ("       right: true\n" if price == "0.28" else "")
+        for price in ("0.28", "2.00", "7.20")
+    )
+    question = "   question: A planner reports $0.28 per million tokens at $2.00 per hour. What is right?\n"
+    (source / "index.rst").write_text(f"Checks\n======\n\n.. quiz::\n\n{question}   options:\n{options}\n")
+    command = [sys.executable, "-m", "sphinx", "-b", "html", "-q", str(source), str(tmp_path / "html")]
+    built = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert built.returncode == 0, built.stderr
+    page = (tmp_path / "html" / "index.html").read_text(encoding="utf-8")
+    assert "$0.28 per million tokens at $2.00 per hour" in page and 'class="math' not in page
 
 
 def test_seed_lessons_check_is_a_real_check_in_the_kv_chapter() -> None:

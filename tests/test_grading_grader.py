@@ -15,11 +15,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from hostile_text import ESCAPES, FORGED_FILE_NAME, HOSTILE, raw_learner_text
 
 from labkit.cli import main
 from labkit.grading import sandbox
 from labkit.grading.grader import kernel_env
-from labkit.grading.submissions import SubmissionError, infer_lab, read_notebook, submission_names
+from labkit.grading.submissions import SubmissionError, infer_lab, lab_notes, read_notebook, submission_names
 
 pytestmark = pytest.mark.timing  # its verdicts hold on a busy machine: CI proves it with --busy 2
 
@@ -221,16 +222,83 @@ def test_malformed_files_are_described_not_raised(tmp_path):
         read_notebook(tmp_path)
 
 
-def test_lab_is_read_from_metadata_or_tags_or_refused():
-    tagged = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("", metadata={"tags": ["exercise:lab2.x"]})])
-    assert infer_lab(tagged) == "lab2"
-    tagged.metadata["labkit"] = {"lab": "lab3"}
-    assert infer_lab(tagged) == "lab3"
+def tagged_notebook(*tags: str, lab_in_metadata: str | None = None) -> nbformat.NotebookNode:
+    cells = [nbformat.v4.new_code_cell("", metadata={"tags": [tag]}) for tag in tags]
+    notebook = nbformat.v4.new_notebook(cells=cells)
+    if lab_in_metadata:
+        notebook.metadata["labkit"] = {"lab": lab_in_metadata}
+    return notebook
+
+
+def test_the_lab_comes_from_the_exercise_tags_never_from_metadata_alone():
+    """Issue 55.5: metadata that disagrees is noted; tags naming several labs or none are refused."""
+    assert infer_lab(tagged_notebook("exercise:lab2.x", "check:lab3.y", "exercise:lab2.z")) == "lab2"
+    assert lab_notes(tagged_notebook("exercise:lab2.x"), "lab2") == []
+    disagrees = tagged_notebook("exercise:lab2.x", lab_in_metadata="demo")
+    assert infer_lab(disagrees) == "lab2"
+    assert lab_notes(disagrees, "lab2") == [
+        "its metadata names the lab 'demo'; graded against lab2 (the lab comes from --lab or the exercise tags, "
+        "never from metadata)"
+    ]
+    with pytest.raises(SubmissionError, match=r"no cell is tagged exercise:<lab>.<name>.*; pass --lab"):
+        infer_lab(tagged_notebook("exercise:no_dot", "exercise:bad lab.x", lab_in_metadata="demo"))
+    with pytest.raises(SubmissionError, match=r"tagged for 2 labs \(demo, lab2\).*; pass --lab"):
+        infer_lab(tagged_notebook("exercise:lab2.x", "exercise:demo.add"))
     odd = nbformat.from_dict(
         {"metadata": {"labkit": "lab3"}, "cells": [{"cell_type": "code", "metadata": {"tags": "exercise:lab2.x"}}]}
     )
     with pytest.raises(SubmissionError, match="pass --lab"):
         infer_lab(odd)
+
+
+def test_with_lab_given_tags_and_metadata_naming_another_are_noted():
+    other = tagged_notebook("exercise:lab2.x", lab_in_metadata="lab2")
+    assert lab_notes(other, "demo") == [
+        "its exercise cells are tagged for lab2; graded against demo, as --lab says",
+        "its metadata names the lab 'lab2'; graded against demo (the lab comes from --lab or the exercise tags, "
+        "never from metadata)",
+    ]
+
+
+def hostile_demo_notebook() -> nbformat.NotebookNode:
+    """The solved demo notebook, its metadata naming lab2, its `add` raising `HOSTILE`."""
+    notebook = nbformat.read(FIXTURES / "source" / "demo_basics.ipynb", as_version=4)
+    notebook.metadata["labkit"] = {"lab": "lab2"}
+    for cell in notebook.cells:
+        if "exercise:demo.add" in cell.metadata.get("tags", []):
+            cell.source = f"def add(a, b):\n    raise ValueError({HOSTILE!r})"
+    return notebook
+
+
+def test_a_class_run_without_lab_grades_by_tags_and_prints_no_learner_text_raw(tmp_path, capfd):
+    """Issues 55.4 and 55.5 in one run without --lab: a forged file name, a hostile message, a notebook whose
+    metadata names another lab than its tags, one with no exercise tags and one with two labs' tags."""
+    submissions = tmp_path / "class"
+    submissions.mkdir()
+    (submissions / FORGED_FILE_NAME).write_text("not a notebook")
+    nbformat.write(hostile_demo_notebook(), submissions / "hostile.ipynb")
+    nbformat.write(tagged_notebook(lab_in_metadata="demo"), submissions / "untagged.ipynb")
+    nbformat.write(tagged_notebook("exercise:demo.add", "exercise:lab2.x"), submissions / "two_labs.ipynb")
+    out = tmp_path / "grades"
+    paths = sorted(str(path) for path in submissions.iterdir())
+    args = ["--cell-timeout", str(CELL_TIMEOUT_S), *(["--no-sandbox"] if sandbox.sandbox_problem() else [])]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
+        assert main(["grade", *paths, "--out", str(out), *args]) == 0
+    printed = capfd.readouterr()
+    assert raw_learner_text(printed.out + printed.err) == [], printed
+    reports = {
+        path.stem: json.loads(path.read_text()) for path in out.glob("*.json") if path.stem not in ("run", "checksums")
+    }
+    hostile = reports["hostile"]
+    assert hostile["lab"] == "demo" and hostile["score"] == 3 and statuses(hostile)["demo.add"] == "error"
+    assert any(note.startswith("its metadata names the lab 'lab2'; graded against demo") for note in hostile["notes"])
+    assert all(escape in hostile["exercises"][0]["message"] for escape in ESCAPES)
+    assert "pass --lab" in reports["untagged"]["error"] and "tagged for 2 labs" in reports["two_labs"]["error"]
+    (forged,) = [report for name, report in reports.items() if name.startswith("x_alice")]
+    assert "not a readable Jupyter notebook" in forged["error"] and "\n" not in forged["path"]
+    for path in out.iterdir():
+        assert raw_learner_text(path.read_text()) == [], path
 
 
 def test_same_file_names_in_different_folders_get_distinct_report_names(tmp_path):

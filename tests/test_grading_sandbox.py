@@ -25,6 +25,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from hostile_text import FORGED_FILE_NAME, raw_learner_text
 from markdown_it import MarkdownIt
 
 import labkit
@@ -173,6 +174,8 @@ def attacked_run(tmp_path_factory):
         path = folder / f"{name}.ipynb"
         path.write_text(text)
         paths.append(path)
+    paths.append(folder / FORGED_FILE_NAME)  # a name that would print a forged score line (issue 55.4)
+    paths[-1].write_text("not a notebook")
     before = {path: path.read_bytes() for path in [*GUARDED, honest, cache / "model.safetensors"]}
     printed = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
@@ -341,6 +344,11 @@ def test_learner_text_cannot_forge_or_swamp_the_reports(attacked_run):
     for suffix in (".json", ".xml", ".md"):  # each message within the bound, not 3 MB
         assert (out / f"forges_reports{suffix}").stat().st_size < 10 * MAX_TEXT_BYTES, suffix
     ET.parse(out / "forges_reports.xml")  # still well-formed XML
+    # Issue 55.4: nothing the learners control reaches any file of the run, or its console, raw.
+    assert raw_learner_text(attacked_run["printed"]) == [], attacked_run["printed"]
+    for path in out.iterdir():
+        assert raw_learner_text(path.read_text()) == [], path
+        assert not [line for line in path.read_text().splitlines() if line.startswith("# forges_reports: 4")], path
 
 
 def test_crafted_results_still_get_a_verdict_on_every_exercise(attacked_run):

@@ -32,6 +32,7 @@ Add ``compute: true`` below ``question:`` for a number the reader works out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -99,11 +100,49 @@ def spread_problems(records: list[Record]) -> list[str]:
     return problems
 
 
+# Patterns a reader can follow from one check's right answer to the next (options counted 0-based; `n` options in
+# the later check): each names the position it predicts from the last two right positions.
+FOLLOWABLE: dict[str, Callable[[int, int | None, int], int]] = {
+    "the same as the previous check's": lambda last, _, n: last,
+    "the option after the previous check's (back to the first past the last)": lambda last, _, n: (last + 1) % n,
+    "the option before the previous check's": lambda last, _, n: (last - 1) % n,
+    "two options after the previous check's": lambda last, _, n: (last + 2) % n,
+    "the same as the one two checks back": lambda last, before, n: -1 if before is None else before,
+}
+
+
+def sequence_problems(records: list[Record]) -> list[str]:
+    """What the order of the right answers gives away, from the checks in reading order: a pattern of
+    :data:`FOLLOWABLE` (the same letter again, the next letter, a cycle) that predicts the next right option in
+    more than 1.5 times the checks chance would (1/options of each), or, where chance expects six or more, in
+    fewer than 1/1.5 of them (a reader learns to avoid it). Empty below four checks, too few to tell."""
+    if len(records) < 4:
+        return []
+    problems = []
+    for pattern, predict in FOLLOWABLE.items():
+        pairs = [
+            (records[index - 2][1] if index >= 2 else None, records[index - 1][1], records[index])
+            for index in range(1, len(records))
+        ]
+        judged = [
+            (before, last, record) for before, last, record in pairs if predict(last, before, len(record[2])) >= 0
+        ]
+        hits = [record[0] for before, last, record in judged if record[1] == predict(last, before, len(record[2]))]
+        chance = sum(1 / len(record[2]) for _, _, record in judged)
+        if judged and clustered(len(hits), chance):
+            problems.append(
+                f"the right option is {pattern} in {len(hits)} of {len(judged)} checks, {chance:.1f} by chance"
+            )
+    return problems
+
+
 def spread_problems_by_page(records: list[Record]) -> list[str]:
-    """:func:`spread_problems` over the whole book, then over each page's own checks (a reader takes them together)."""
-    problems = spread_problems(records)
-    for page in sorted({page for page, _, _ in records}):
-        problems += [f"in {page}: {problem}" for problem in spread_problems([r for r in records if r[0] == page])]
+    """:func:`spread_problems` and :func:`sequence_problems` over the whole book (``records`` in reading order),
+    then over each page's own checks (a reader takes them together)."""
+    problems = spread_problems(records) + sequence_problems(records)
+    for page in dict.fromkeys(page for page, _, _ in records):
+        own = [r for r in records if r[0] == page]
+        problems += [f"in {page}: {problem}" for problem in spread_problems(own) + sequence_problems(own)]
     return problems
 
 
@@ -147,6 +186,10 @@ class QuizDirective(SphinxDirective):
 
     has_content = True
 
+    def parse_prose(self, text: str) -> list[nodes.Node]:
+        """A check's text as the page's markup, where a `$` is money, never the start of math ("$2.00 an hour")."""
+        return self.parse_text_to_nodes(text.replace("$", "\\$"))
+
     def run(self) -> list[nodes.Node]:
         try:
             quiz = read_quiz("\n".join(self.content))
@@ -158,13 +201,13 @@ class QuizDirective(SphinxDirective):
         box = nodes.container(classes=["quiz", f"quiz-salt-{salt}", f"quiz-key-{scramble(right, salt)}"])
         if quiz.get("compute"):
             box += nodes.paragraph("", "", nodes.strong("", "Compute it yourself."), classes=["quiz-compute"])
-        box += self.parse_text_to_nodes(quiz["question"])
+        box += self.parse_prose(quiz["question"])
         for option in quiz["options"]:
             choice = nodes.container(classes=["quiz-option"])
             answer = nodes.container(classes=["quiz-answer"])
-            answer += self.parse_text_to_nodes(option["answer"])
+            answer += self.parse_prose(option["answer"])
             explanation = nodes.container(classes=["quiz-explanation"])
-            explanation += self.parse_text_to_nodes(option["why"])
+            explanation += self.parse_prose(option["why"])
             choice += [answer, explanation]
             box += choice
         lengths = tuple(len(option["answer"]) for option in quiz["options"])
@@ -177,9 +220,23 @@ def add_static_path(app: Sphinx) -> None:
     app.config.html_static_path.append(str(STATIC))
 
 
+def reading_order(includes: dict[str, list[str]], root: str) -> dict[str, int]:
+    """Each page's place in the book's reading order: the table of contents walked depth first from the root."""
+    order: dict[str, int] = {}
+    stack = [root]
+    while stack:
+        page = stack.pop()
+        if page not in order:
+            order[page] = len(order)
+            stack.extend(reversed(includes.get(page, [])))
+    return order
+
+
 def check_spread(app: Sphinx, env) -> None:
     """Stop the build when the right answers cluster, in the book or in one page (see :func:`spread_problems`)."""
-    records = [record for page in getattr(env, "quiz_records", {}).values() for record in page]
+    pages = getattr(env, "quiz_records", {})
+    order = reading_order(env.toctree_includes, app.config.root_doc)
+    records = [record for page in sorted(pages, key=lambda page: order.get(page, len(order))) for record in pages[page]]
     problems = spread_problems_by_page(records)
     if problems:
         raise QuizError(

@@ -71,15 +71,20 @@ def submission_cgroup(name: str, max_tasks: int, memory_bytes: int | None) -> It
 
 
 @functools.cache
+def memory_limit_problem() -> str | None:
+    """None where each submission gets a cgroup that caps its memory (tried once, by making one), else why not."""
+    if os.geteuid() != 0:
+        return "the grader is not root"
+    with submission_cgroup(f"labkit-probe-{os.getpid()}", 64, 1 << 30) as procs:
+        return None if procs else "no writable cgroup tree here"
+
+
 def cgroup_support() -> str:
     """In words: which per-submission cgroup limits this machine gives the grader."""
-    if os.geteuid() != 0:
-        return "no cgroup (the grader is not root): RLIMIT_NPROC and a size-limited /tmp only"
-    with submission_cgroup(f"labkit-probe-{os.getpid()}", 64, 1 << 30) as procs:
-        if not procs:
-            return "no writable cgroup tree here: RLIMIT_NPROC and a size-limited /tmp only"
-        kind = "v1 pids and memory controllers" if any("memory" in str(path) for path in procs) else "v2"
-        return f"a cgroup per submission ({kind}): its tasks and all its memory, tmpfs included"
+    if problem := memory_limit_problem():
+        return f"no cgroup ({problem}): RLIMIT_NPROC and a size-limited /tmp only"
+    kind = "v1 pids and memory controllers" if "memory.limit_in_bytes" in (_parents() or {}) else "v2"
+    return f"a cgroup per submission ({kind}): its tasks and all its memory, tmpfs included"
 
 
 def join_command(procs: list[Path]) -> list[str]:

@@ -1,7 +1,7 @@
 """Grade submitted lab notebooks: run each in a sandboxed kernel, judge it outside, write reports.
 
     labkit grade SUBMISSION.ipynb [...] --out DIR [--lab LAB] [--cell-timeout S] [--total-timeout S] [--jobs N]
-                 [--hint-penalty F] [--shard K/N]
+                 [--hint-penalty F] [--shard K/N] [--gpu]
     labkit grade merge SHARD_DIR [...] --out DIR
     labkit grade gradebook REPORT_DIR --roster ROSTER.csv --out DIR [--assignment NAME] [--missing-zero]
 
@@ -12,13 +12,18 @@ the shards' reports and writes the reports one run over the whole class would ha
 gradebook import and DIR/feedback/ID.md per learner, through the instructor's roster
 (columns file, student, id, section; optionally sis_user_id).
 
+With --gpu each submission's sandbox gets an NVIDIA card of its own, one submission per card at a
+time (gpu_access.py); each report and the class summary say whether its kernels ran compiled or
+interpreted.
+
 Each exercise's report says how many hints (labkit.hint) the notebook showed for it; they cost
 nothing unless --hint-penalty F takes F x the exercise's points per hint from a passed exercise.
 
 Writes DIR/NAME.json, DIR/NAME.xml (JUnit) and DIR/NAME.md for each submission,
 DIR/grades.csv for all of them, DIR/run.json (what was run) and DIR/checksums.json last. Exits 0 once everything is
 graded, whatever the scores; 2 when the command itself is misused (an unknown lab, a
-bad timeout) or when it would grade several submissions with no sandbox to keep them apart.
+bad timeout), when it would grade several submissions with no sandbox to keep them apart, or when
+--gpu finds no card, or no cgroup to limit a sandbox's memory in place of its address space.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from labkit.grading.cgroups import cgroup_support
 from labkit.grading.checks import exercises_for_lab
+from labkit.grading.report_text import escaped
 
 if TYPE_CHECKING:
     from labkit.grading.shards import Shard
@@ -106,6 +112,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="gradebook: give a learner with no graded submission 0 points (listed) instead of stopping",
     )
     parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="give each submission's sandbox an NVIDIA card of its own (device nodes, driver files; a cgroup "
+        "memory limit instead of the address-space one, so root with a writable cgroup tree), one submission "
+        "per card at a time, whatever --jobs says",
+    )
+    parser.add_argument(
         "--no-sandbox",
         action="store_true",
         help="run kernels without bubblewrap: each submission can then read and change the others' work",
@@ -150,7 +163,10 @@ def _gradebook(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as error:
         raise GradeUsageError(str(error)) from None
     for learner in book.absent:
-        print(f"0 points, no graded submission: {learner.student} ({learner.id}, roster row {learner.row})")
+        print(
+            f"0 points, no graded submission: {escaped(learner.student)} ({escaped(learner.id)}, roster row "
+            f"{learner.row})"
+        )
     print(f"gradebook for {len(book.feedback)} learners in {book.csv_path}; their feedback in {args.out}/feedback/")
     return 0
 
@@ -189,6 +205,22 @@ def _check_options(args: argparse.Namespace) -> Shard:
     return shard
 
 
+def _gpu_jobs(jobs: int, use_sandbox: bool) -> int:
+    """Under --gpu: how many submissions at once (one per card), once the cards and, for sandboxes, a
+    cgroup memory limit are known to be there; GradeUsageError naming what is missing otherwise."""
+    from labkit.grading.gpu_access import GpuRefused, usable_gpus
+
+    try:
+        cards = usable_gpus(use_sandbox).cards
+    except GpuRefused as error:
+        raise GradeUsageError(str(error)) from None
+    models = ", ".join(dict.fromkeys(card.model for card in cards))
+    print(f"--gpu: {len(cards)} card(s) ({models}), each graded with one submission at a time")
+    if jobs > len(cards):
+        print(f"--jobs {jobs} lowered to {len(cards)}: one submission per card")
+    return min(jobs, len(cards))
+
+
 def _grade(args: argparse.Namespace) -> int:
     """Grade this shard's submissions, write the reports, print one line per submission."""
     from labkit.grading.grader import GradeSettings, SetupError, class_summary, grade_submissions
@@ -207,6 +239,7 @@ def _grade(args: argparse.Namespace) -> int:
             raise GradeUsageError(_refuse_without_sandbox(len(paths), problem))
         print(f"note: grading the one submission without a sandbox: {problem}")
         use_sandbox = False
+    jobs = _gpu_jobs(args.jobs, use_sandbox) if args.gpu else args.jobs
     # The folder of the `labkit` script comes first on sys.path; nothing should be imported from there.
     sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != Path(sys.argv[0]).resolve().parent]
     settings = GradeSettings(
@@ -216,6 +249,7 @@ def _grade(args: argparse.Namespace) -> int:
         kernel_name=args.kernel,
         sandbox=use_sandbox,
         memory_bytes=int(args.memory_gb * 2**30) or None,
+        gpu=args.gpu,
         hint_penalty=args.hint_penalty,
     )
     if use_sandbox:
@@ -223,13 +257,13 @@ def _grade(args: argparse.Namespace) -> int:
     if shard.count > 1:
         print(f"shard {shard}: grading {len(paths)} of the {len(class_names)} submissions")
     try:
-        grades = grade_submissions(paths, settings, seed=args.seed, jobs=args.jobs, names=names) if paths else []
+        grades = grade_submissions(paths, settings, seed=args.seed, jobs=jobs, names=names) if paths else []
     except SetupError as error:
         raise GradeUsageError(str(error)) from None
     # Only now, with every kernel and every process they started gone, are the reports written.
-    for grade in grades:
+    for grade in grades:  # one line each, whatever the learner's text holds (report_text.escaped)
         outcome = grade.error or ", ".join(f"{result.exercise} {result.label}" for result in grade.results)
-        print(f"{grade.name}: {grade.score:g} / {grade.max_score:g}  ({outcome})")
+        print(f"{grade.name}: {grade.score:g} / {grade.max_score:g}  ({escaped(outcome)})")
     print(class_summary(grades, settings.hint_penalty))
     manifest, digest = write_reports(grades, args.out, run_info(settings, args.seed, shard, class_names, names))
     print(f"reports in {args.out}/ (class table: grades.csv); sha256 of {manifest.name}: {digest}")
@@ -242,5 +276,5 @@ def run(args: argparse.Namespace) -> int:
         _require_labs_extra()
         return {"grade": _grade, "merge": _merge, "gradebook": _gradebook}[args.task](args)
     except GradeUsageError as error:
-        print(f"error: {error}")
+        print(f"error: {escaped(str(error), keep_newlines=True)}")
         return 2

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit.grading.report_text import code_block, csv_cell
+from labkit.grading.report_text import code_block, csv_cell, escaped
 from labkit.grading.result import PASS, STATUS_LABELS
 from labkit.grading.roster import Learner, RosterError, match_roster, read_roster
 from labkit.grading.shards import read_shard
@@ -80,7 +80,7 @@ def _hint_line(message: str) -> str | None:
 def learner_feedback(learner: Learner, assignment: str, report: dict[str, Any] | None) -> str:
     """One learner's feedback in Markdown: the score, then per exercise its status, points, first
     difference and hint tier (from the report; `None`: nothing of theirs was graded)."""
-    title = f"# {assignment}: {learner.student} ({learner.id})"
+    title = f"# {escaped(assignment)}: {escaped(learner.student)} ({escaped(learner.id)})"
     if report is None:
         return "\n".join([title, "", "No submission of yours was graded: **0 points**.", ""])
     lines = [title, "", f"**{_points(report['score'])} / {_points(report['max_score'])} points**", ""]

@@ -5,10 +5,11 @@ expected answer once (so the model and every module the oracles need are loaded)
 and starts the judging processes. Then, per submission: read the notebook (a broken
 file becomes an error entry), draw its own secret seed, compute its expected answers,
 and run its code cells in a `KernelSession` inside a private folder (timeouts, crash
-recovery), in a bubblewrap sandbox of its own unless told otherwise. For each exercise
-the grader, only now, builds the inputs from that seed and hands the kernel them (never the
-seed: request.py); the kernel runs the learner's functions on them and saves the outputs to
-a fresh file name in its folder, which the grader reads at once. Once the kernel and every
+recovery), in a bubblewrap sandbox of its own unless told otherwise (with a card of its own
+under `--gpu`: gpu_access.py). For each exercise the grader, only now, builds the inputs from
+that seed and hands the kernel them (never the seed: request.py); the kernel runs the learner's
+functions on them and saves the outputs to a fresh file name in its folder, which the grader
+reads at once. Once the kernel and every
 process it started are gone, each result is judged in a limited child process against
 the expected answer. Nothing the notebook printed or wrote elsewhere is read.
 """
@@ -25,6 +26,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -37,21 +39,23 @@ from tqdm.auto import tqdm
 
 import labkit
 from labkit.cache import CACHE_ENV, cache_root
-from labkit.grading import cgroups, sandbox
+from labkit.grading import cgroups, gpu_access, sandbox
 from labkit.grading import kernel_session as ks
 from labkit.grading.checks import Exercise, exercises_for_lab, lab_module
 from labkit.grading.graded_run import GRADED_RUN
 from labkit.grading.hint_counts import read_hint_counts, self_reported, tier_count, weigh_hints
 from labkit.grading.judge import expected_outputs, verdict
 from labkit.grading.judge_process import judge_taken, start_judges, take_result
+from labkit.grading.kernel_device import kernel_device_code, kernels_summary, read_kernel_device
 from labkit.grading.kernel_side import attempt_code, hint_counts_code
-from labkit.grading.report_text import report_lines, report_text
+from labkit.grading.report_text import escaped, report_lines, report_text
 from labkit.grading.request import build_request, request_bytes
 from labkit.grading.result import CRASHED, ERROR, NOT_RUN, TIMEOUT, CheckResult
 from labkit.grading.submissions import (
     SubmissionError,
     code_cells,
     infer_lab,
+    lab_notes,
     read_notebook,
     rename_note,
     reserved,
@@ -75,10 +79,11 @@ class GradeSettings:
 
     cell_timeout: float = 60.0  # seconds per notebook cell, and per exercise when the grader calls it
     total_timeout: float = 600.0  # seconds for all of the notebook's own cells together
-    lab: str | None = None  # None: read it from the notebook (metadata, or its exercise tags)
+    lab: str | None = None  # None: read it from the notebook's exercise tags (never from its metadata alone)
     kernel_name: str = "python3"
     sandbox: bool = True  # each kernel in a bubblewrap sandbox of its own (see sandbox.py)
     memory_bytes: int | None = 8 << 30  # address space a sandboxed kernel may use; None: no limit
+    gpu: bool = False  # each kernel gets a card of its own, one submission per card (gpu_access.py)
     setup_timeout: float = 300.0  # seconds for the grader's own imports in a fresh kernel
     hint_penalty: float = 0.0  # fraction of an exercise's points taken per hint shown (0: reported only)
 
@@ -99,6 +104,8 @@ class SubmissionGrade:
     notes: list[str] = field(default_factory=list)  # what else it must know: a rename, cells that failed, ...
     error: str | None = None  # set when the submission could not be graded at all
     elapsed_s: float = 0.0
+    kernels: str | None = None  # "compiled" or "interpreted", as its kernel reported (kernel_device.py)
+    cuda_device: str | None = None  # the CUDA card its kernel saw, if any
 
     @property
     def status(self) -> str:
@@ -117,8 +124,8 @@ class SubmissionGrade:
         """This grade with every text the submission could control made fit for a report (report_text.py)."""
         return replace(
             self,
-            path=report_text(self.path),
-            lab=self.lab and report_text(self.lab),
+            path=report_text(self.path, keep_newlines=False),
+            lab=self.lab and report_text(self.lab, keep_newlines=False),
             results=[replace(result, message=report_text(result.message)) for result in self.results],
             notes=report_lines(self.notes),
             error=self.error and report_text(self.error),
@@ -137,6 +144,8 @@ class SubmissionGrade:
             "error": self.error,
             "notes": self.notes,
             "elapsed_s": round(self.elapsed_s, 2),
+            "kernels": self.kernels,
+            "cuda_device": self.cuda_device,
             "exercises": [result.to_dict() for result in self.results],
         }
 
@@ -211,11 +220,13 @@ def labs_of(paths: Sequence[Path], lab: str | None) -> set[str]:
 
 @dataclass(frozen=True)
 class Private:
-    """What a submission has of its own while it is graded: its folder, its sockets' folder, its cgroups."""
+    """What a submission has of its own while it is graded: its folder, its sockets' folder, its cgroups,
+    and its card under --gpu."""
 
     folder: Path
     transport: Path
     cgroup_procs: list[Path]
+    card: gpu_access.CardAccess | None = None
 
 
 class SetupError(Exception):
@@ -229,6 +240,7 @@ class Grader:
         self.settings = settings
         self.run_seed = seed  # given: every submission's seed follows from it and its name, to repeat a run
         self._oracle_lock = threading.Lock()  # one oracle at a time: they share the model and the cores
+        self._cards: gpu_access.CardPool | None = None  # under --gpu: the cards, handed out one submission each
 
     def prepare(self, labs: set[str]) -> None:
         """Everything judging needs, made before any learner code runs: each lab's checks imported, an
@@ -236,6 +248,11 @@ class Grader:
         judging processes started with those checks imported."""
         if self.settings.sandbox and (problem := sandbox.sandbox_problem()):
             raise SetupError(f"no sandbox can be made here: {problem}")
+        if self.settings.gpu:  # the cards, once a cgroup is known to hold a sandbox's memory without --as
+            try:
+                self._cards = gpu_access.CardPool(gpu_access.usable_gpus(self.settings.sandbox))
+            except gpu_access.GpuRefused as error:
+                raise SetupError(str(error)) from None
         modules = []
         for lab in sorted(labs):
             try:
@@ -255,6 +272,10 @@ class Grader:
             )
         start_judges(modules)
 
+    def concurrent_jobs(self, jobs: int) -> int:
+        """How many submissions may be graded at once: `jobs`, and under --gpu at most one per card."""
+        return min(jobs, self._cards.size) if self._cards else jobs
+
     def seed_for(self, name: str) -> int:
         """A submission's own seed: secret and fresh, or derived from the run's seed and its name."""
         if self.run_seed is None:
@@ -272,6 +293,7 @@ class Grader:
         try:
             notebook = read_notebook(path)
             grade.lab = grade.lab or infer_lab(notebook)
+            grade.notes += lab_notes(notebook, grade.lab)
             exercises = _exercises(grade.lab)
             with self._oracle_lock:  # before this submission's code runs
                 expected = {exercise.id: expected_outputs(exercise, grade.seed) for exercise in exercises}
@@ -291,25 +313,39 @@ class Grader:
         return grade
 
     @contextmanager
+    def _card(self) -> Iterator[gpu_access.CardAccess | None]:
+        """Under --gpu, a card no other submission is using (waits for one); else None."""
+        if self._cards is None:
+            yield None
+            return
+        with self._cards.take() as card:
+            yield card
+
+    @contextmanager
     def _private_folder(self, uid: int) -> Iterator[Private]:
-        """The submission's folder, its sockets' folder and the cgroups its sandbox joins (none without a
-        sandbox, or where the machine has no cgroup tree to write); the cgroups go last, once nothing of it runs."""
+        """The submission's folder, its sockets' folder, the cgroups its sandbox joins (none without a
+        sandbox, or where the machine has no cgroup tree to write) and its card; the cgroups go last, once
+        nothing of it runs, and the card after them."""
         if self.settings.sandbox:
             limits = self._limits(0)
             with (
+                self._card() as card,
                 cgroups.submission_cgroup(f"labkit-{uid}", limits.max_tasks, limits.memory_bytes) as procs,
                 sandbox.sandbox_folder(uid) as folder,
                 sandbox.transport_folder(uid) as transport,
             ):
-                yield Private(folder, transport, procs)
+                if card is not None and not procs:  # no address-space limit either: nothing would bound it
+                    raise RuntimeError("no cgroup could be made to limit its memory, which --gpu needs")
+                yield Private(folder, transport, procs, card)
         else:
-            with _scratch_dir("labkit-run-") as folder:
-                yield Private(folder, folder, [])
+            with self._card() as card, _scratch_dir("labkit-run-") as folder:
+                yield Private(folder, folder, [], card)
 
     def _wall_clock_limit(self, exercises: int) -> float:
-        """A submission's whole time: setup once, the notebook's budget, a cell timeout per exercise and the hint counts."""
+        """A submission's whole time: setup once, the notebook's budget, a cell timeout per exercise, one for the
+        hint counts and one for the kernel's device."""
         settings = self.settings
-        return settings.setup_timeout + settings.total_timeout + settings.cell_timeout * (exercises + 1)
+        return settings.setup_timeout + settings.total_timeout + settings.cell_timeout * (exercises + 2)
 
     def _limits(self, exercises: int) -> sandbox.Limits:
         cpu_seconds = math.ceil(self._wall_clock_limit(exercises)) * (os.cpu_count() or 1)
@@ -318,16 +354,20 @@ class Grader:
     def _session(self, private: Private, uid: int, exercises: int) -> ks.KernelSession:
         settings = self.settings
         prefix = owner = None
+        env = kernel_env(settings.sandbox) | (private.card.env if private.card else {})
         if settings.sandbox:
             limits = self._limits(exercises)
-            prefix = sandbox.sandbox_command(private.folder, uid, limits, private.cgroup_procs, private.transport)
+            gpu_binds = private.card.binds if private.card else ()
+            prefix = sandbox.sandbox_command(
+                private.folder, uid, limits, private.cgroup_procs, private.transport, gpu_binds
+            )
             owner = uid if sandbox.switches_user() else None
         return ks.KernelSession(
             private.folder,
             cell_timeout=settings.cell_timeout,
             notebook_budget=settings.total_timeout,
             kernel_name=settings.kernel_name,
-            env=kernel_env(settings.sandbox),
+            env=env,
             setup_code=setup_code(),
             setup_timeout=settings.setup_timeout,
             launch_prefix=prefix,
@@ -372,6 +412,8 @@ class Grader:
                         grade.results.append(result)
                 hints_file = f"hints-{secrets.token_hex(16)}.json"
                 session.run_grader_code(hint_counts_code(str(folder / hints_file)))  # no file: no hints counted
+                device_file = f"device-{secrets.token_hex(16)}.json"
+                session.run_grader_code(kernel_device_code(str(folder / device_file)))  # no file: not reported
                 if session.setup_problem:
                     grade.notes.append(f"the grader's setup code failed in the kernel: {session.setup_problem.detail}")
                 if session.restarts:
@@ -383,6 +425,8 @@ class Grader:
                     result = judge_taken(exercise, taken[exercise.id], expected[exercise.id], settings.cell_timeout)
                     grade.results.append(result)
             hints = read_hint_counts(folder / hints_file)
+            if device := read_kernel_device(folder / device_file):
+                grade.kernels, grade.cuda_device = device.kernels, device.cuda_device
         grade.results = [  # no more than the exercise has: a sandboxed kernel counts hints it cannot show
             weigh_hints(result, min(hints.get(result.exercise, 0), tier_count(result.exercise)), settings.hint_penalty)
             for result in grade.results
@@ -415,14 +459,15 @@ def grade_submissions(
     grader = Grader(settings, seed)
     grader.prepare(labs_of(paths, settings.lab))
     jobs_list = list(zip(paths, names or submission_names(paths), range(len(paths))))
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    with ThreadPoolExecutor(max_workers=grader.concurrent_jobs(jobs)) as pool:
         running = pool.map(lambda job: grader.grade(*job), jobs_list)
         return list(tqdm(running, total=len(jobs_list), desc="grading", unit="notebook", disable=None))
 
 
 def class_summary(grades: Sequence[SubmissionGrade], hint_penalty: float = 0.0) -> str:
     """The end of a run: how many submissions were graded and how many could not be; which were renamed
-    (a learner looks for their report under their file's name); whose word the hint counts are, when they cost."""
+    (a learner looks for their report under their file's name); the labs, when not all were graded on one;
+    whose word the hint counts are, when they cost."""
     refused = [grade.name for grade in grades if grade.status == NOT_GRADED]
     line = f"{len(grades) - len(refused)} of {len(grades)} submissions graded"
     if refused:
@@ -430,8 +475,16 @@ def class_summary(grades: Sequence[SubmissionGrade], hint_penalty: float = 0.0) 
         line += f"; {len(refused)} could not be (0 points; the reason is in each one's report): {shown}"
     renamed = [grade for grade in grades if reserved(Path(grade.path).stem)]
     if renamed:
-        shown = ", ".join(f"{Path(grade.path).name!r} as {grade.name}" for grade in renamed)
+        shown = ", ".join(f"'{escaped(Path(grade.path).name)}' as {grade.name}" for grade in renamed)
         line += f"\nrenamed, since the grader writes files of those names itself: {shown}"
+    labs = Counter(grade.lab for grade in grades if grade.lab)
+    if len(labs) > 1:  # only without --lab: each notebook's tags chose
+        shown = ", ".join(f"{lab} ({count})" for lab, count in sorted(labs.items()))
+        line += (
+            f"\ngraded against {len(labs)} labs, as their exercise tags say: {shown}; pass --lab to grade all on one"
+        )
     if hint_penalty:
         line += "\n" + self_reported(hint_penalty)
+    if kernels := kernels_summary(grades):
+        line += "\n" + kernels
     return line

@@ -26,6 +26,7 @@ from typing import Any
 from labkit.grading.checks import exercises_for_lab
 from labkit.grading.grader import GradeSettings, SetupError, SubmissionGrade, grade_submissions
 from labkit.grading.judge import expected_outputs, verdict
+from labkit.grading.report_text import escaped
 from labkit.grading.result import NOT_RUN
 from labkit.grading.sandbox import sandbox_problem
 
@@ -39,7 +40,7 @@ def find_notebook(folder: Path) -> tuple[Path | None, str]:
         return found[0], ""
     if not found:
         return None, "no notebook (.ipynb) was handed in: upload your lab notebook"
-    names = ", ".join(str(path.relative_to(folder)) for path in found)
+    names = ", ".join(escaped(str(path.relative_to(folder))) for path in found)
     return None, f"{len(found)} notebooks were handed in ({names}): upload only your lab notebook"
 
 
@@ -80,9 +81,10 @@ def grade_in_layout(root: Path, settings: GradeSettings) -> dict[str, Any]:
             settings = dataclasses.replace(settings, sandbox=False)
             lines.append(f"graded without a sandbox ({missing}): Gradescope's container is this submission's own")
         (grade,) = grade_submissions([path], settings, names=[path.stem])
-        if grade.error:
-            lines.append(f"not graded: {grade.error}")
-        lines += [f"while running the notebook: {note}" for note in grade.notes]
+        reported = grade.as_reported()  # each line below one line, whatever the learner's text holds
+        if reported.error:
+            lines.append(f"not graded: {escaped(reported.error)}")
+        lines += [f"while running the notebook: {escaped(note)}" for note in reported.notes]
     lines.insert(0, f"{grade.score:g} / {grade.max_score:g} points on {settings.lab}")
     results = results_json(grade, "\n".join(lines), time.monotonic() - started)
     out = root / "results" / "results.json"

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from labkit.grading.grader import SubmissionGrade
-from labkit.grading.report_text import code_block, csv_cell
+from labkit.grading.kernel_device import KernelDevice
+from labkit.grading.report_text import code_block, csv_cell, escaped, xml_text
 from labkit.grading.result import CheckResult
 
 RUN_FILE = "run.json"
@@ -46,15 +47,15 @@ def to_junit(grade: SubmissionGrade) -> ET.ElementTree:
         case = ET.SubElement(suite, "testcase", classname=grade.name, name=result.exercise, time="0")
         if not result.passed:
             failures += 1
-            failure = ET.SubElement(case, "failure", message=result.message.splitlines()[0], type=result.status)
-            failure.text = result.message
+            headline = escaped(result.message.split("\n")[0])
+            ET.SubElement(case, "failure", message=headline, type=result.status).text = xml_text(result.message)
     errors = 0
     if grade.error:
         errors = 1
         case = ET.SubElement(suite, "testcase", classname=grade.name, name="notebook", time="0")
-        ET.SubElement(case, "error", message=grade.error, type="ungradable")
+        ET.SubElement(case, "error", message=escaped(grade.error), type="ungradable")
     if grade.notes:
-        ET.SubElement(suite, "system-out").text = "\n".join(grade.notes)
+        ET.SubElement(suite, "system-out").text = xml_text("\n".join(grade.notes))
     tests = len(grade.results) + errors
     suite.set("tests", str(tests))
     suite.set("failures", str(failures))
@@ -70,6 +71,11 @@ def to_markdown(grade: SubmissionGrade) -> str:
         lines += ["**Not graded:**", "", *code_block(grade.error), ""]
     if grade.results:
         lines += [f"Lab `{grade.lab}`; the grader's inputs came from seed {grade.seed}.", ""]
+        if grade.kernels:
+            lines += [
+                f"Triton kernels: {KernelDevice(grade.kernels, grade.cuda_device).describe()} (its kernel's report).",
+                "",
+            ]
         lines += ["| Exercise | Result | Points | Hints shown |", "|---|---|---|---|"]
         lines += [
             f"| `{result.exercise}` | {result.label} | {_points(result.points)} / {_points(result.max_points)} "
@@ -133,6 +139,8 @@ def grade_from_dict(report: dict[str, Any]) -> SubmissionGrade:
         notes=report["notes"],
         error=report["error"],
         elapsed_s=report["elapsed_s"],
+        kernels=report.get("kernels"),
+        cuda_device=report.get("cuda_device"),
     )
 
 

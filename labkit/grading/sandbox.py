@@ -8,7 +8,10 @@ folder of its own. When the grader runs as root the kernel also drops to a user 
 of its own (`setpriv`), so it owns nothing outside that folder and no two
 submissions share a user; otherwise bubblewrap's user namespace plays that part.
 `prlimit` caps its address space and CPU time. Nothing of another submission, of
-the grader's command line or of its output folder is in view.
+the grader's command line or of its output folder is in view. With a card of its own
+(`labkit grade --gpu`, gpu_access.py) it also sees that card's device nodes and the
+driver's files, and its cgroup's memory limit alone bounds its memory: CUDA cannot start
+under an address-space limit.
 
 Kill the sandbox's outermost process and bubblewrap's `--die-with-parent` takes
 down its init, whose exit kills everything left in the PID namespace: a process
@@ -68,6 +71,11 @@ def read_only_paths() -> list[Path]:
     return paths
 
 
+def shown_read_only() -> list[Path]:
+    """Every folder a sandbox shows read-only: the system's own, then `read_only_paths()`."""
+    return [Path("/usr"), Path("/etc"), *map(Path, _SYSTEM_DIRS), *read_only_paths()]
+
+
 def _system_arguments(tmp_bytes: int) -> list[str]:
     arguments = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for folder in _SYSTEM_DIRS:
@@ -95,7 +103,7 @@ def _bind_arguments(binds: list[tuple[str, Path]]) -> list[str]:
     (bwrap would create missing parents as 0700 root folders, which an unprivileged kernel cannot enter.)
     """
     arguments: list[str] = []
-    made = {Path("/"), Path("/tmp"), Path("/usr"), Path("/etc")}
+    made = {Path("/"), Path("/tmp"), Path("/usr"), Path("/etc"), Path("/dev")}
     for kind, path in binds:
         for parent in reversed(path.parents):
             if parent not in made:
@@ -107,13 +115,19 @@ def _bind_arguments(binds: list[tuple[str, Path]]) -> list[str]:
 
 
 def sandbox_command(
-    folder: Path, uid: int, limits: Limits, cgroup_procs: Sequence[Path] = (), transport: Path | None = None
+    folder: Path,
+    uid: int,
+    limits: Limits,
+    cgroup_procs: Sequence[Path] = (),
+    transport: Path | None = None,
+    gpu_binds: Sequence[tuple[str, Path]] = (),
 ) -> list[str]:
     """The command prefix that runs a program in a fresh sandbox whose only writable place is `folder`
     (and `transport`, the folder of its sockets, while the grader lets it), inside the cgroups whose
-    `cgroup.procs` files are given, if any."""
+    `cgroup.procs` files are given, if any. `gpu_binds` (gpu_access.sandbox_binds) give it a card:
+    then no address-space limit is set, and the cgroups' memory limit must bound it."""
     limit_arguments = [f"--cpu={limits.cpu_seconds}"]
-    if limits.memory_bytes:
+    if limits.memory_bytes and not gpu_binds:  # CUDA reserves far more address space than it uses
         limit_arguments.append(f"--as={limits.memory_bytes}")
     if switches_user():  # the count is per user: only a user of its own makes it the submission's
         limit_arguments.append(f"--nproc={limits.max_tasks}")
@@ -126,6 +140,7 @@ def sandbox_command(
     binds = [("--ro-bind", path) for path in read_only_paths()] + [("--bind", folder.resolve())]
     if transport is not None:
         binds.append(("--bind", transport.resolve()))
+    binds += gpu_binds
     binds_and_hiding = [*_bind_arguments(binds), *_hiding_arguments()]
     return [
         *cgroups.join_command(list(cgroup_procs)),

@@ -16,7 +16,6 @@ from typing import Any
 
 import nbformat
 
-from labkit.grading.checks import lab_of
 from labkit.grading.learner_notebook import EXERCISE_TAG
 
 RUN_FILES = ("checksums.json", "grades.csv", "run.json")  # the run's own reports (reports.py)
@@ -71,22 +70,51 @@ def _as_dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def tagged_labs(notebook: nbformat.NotebookNode) -> set[str]:
+    """The labs the notebook's exercise cells are tagged for (`exercise:<lab>.<name>`; malformed ids ignored)."""
+    labs = set()
+    for exercise_id in exercise_cell_sources(notebook):
+        lab, dot, name = exercise_id.partition(".")
+        if dot and name and _LAB_ID.fullmatch(lab):
+            labs.add(lab)
+    return labs
+
+
+def _metadata_lab(notebook: nbformat.NotebookNode) -> object:
+    return _as_dict(_as_dict(notebook.get("metadata")).get("labkit")).get("lab")
+
+
 def infer_lab(notebook: nbformat.NotebookNode) -> str:
-    """The lab a notebook belongs to: its `labkit.lab` metadata, else its exercise tags."""
-    lab = _as_dict(_as_dict(notebook.get("metadata")).get("labkit")).get("lab")
-    if isinstance(lab, str) and lab:
-        if not _LAB_ID.fullmatch(lab):
-            raise SubmissionError(f"its metadata names the lab {lab[:40]!r}, which is no lab's id; pass --lab")
-        return lab
-    for cell in notebook.cells:
-        tags = _as_dict(cell.get("metadata")).get("tags")
-        for tag in tags if isinstance(tags, list) else []:
-            if isinstance(tag, str) and tag.startswith(EXERCISE_TAG):
-                try:
-                    return lab_of(tag[len(EXERCISE_TAG) :])
-                except ValueError:
-                    continue
-    raise SubmissionError("cannot tell which lab this notebook belongs to; pass --lab")
+    """The lab a notebook is graded against without --lab: the one its exercise tags name. Never its
+    metadata alone, which a learner edits as easily as a cell: it only makes a note (`lab_notes`)."""
+    labs = tagged_labs(notebook)
+    if len(labs) == 1:
+        return labs.pop()
+    if labs:
+        raise SubmissionError(
+            f"its exercise cells are tagged for {len(labs)} labs ({', '.join(sorted(labs))}), so which lab it is "
+            "for cannot be told; pass --lab"
+        )
+    raise SubmissionError(
+        f"no cell is tagged {EXERCISE_TAG}<lab>.<name>, so which lab it is for cannot be told (its metadata does "
+        "not decide); pass --lab"
+    )
+
+
+def lab_notes(notebook: nbformat.NotebookNode, lab: str) -> list[str]:
+    """What a submission's report says when its exercise tags or its metadata name another lab than
+    `lab`, the one it is graded against."""
+    notes = []
+    others = sorted(tagged_labs(notebook) - {lab})
+    if others:
+        notes.append(f"its exercise cells are tagged for {', '.join(others)}; graded against {lab}, as --lab says")
+    stated = _metadata_lab(notebook)
+    if stated and stated != lab:
+        notes.append(
+            f"its metadata names the lab {str(stated)[:40]!r}; graded against {lab} (the lab comes from --lab or "
+            "the exercise tags, never from metadata)"
+        )
+    return notes
 
 
 def _file_stem(stem: str) -> str:
