@@ -2,7 +2,7 @@
 
 Every exercise of every lab (and the demo) is turned into the request the grader writes, with a pickler that
 writes down everything it reaches: no `Exercise`, no `make_inputs`, `oracle` or `compare` of any exercise and
-no mistake simulator may be among them, the request stays small (the models travel by name), and it loads in a
+no mistake simulator and no lookup in the registry of checks (empty there) may be among them, the request stays small (the models travel by name), and it loads in a
 process where no grader-only module can be imported. Then the modules themselves: every check's halves are
 defined in a grader-only module, and no visible module imports one.
 """
@@ -24,7 +24,7 @@ import pytest
 import labkit
 from labkit.grading import grader_only, request
 from labkit.grading.answers import reference
-from labkit.grading.checks import Exercise, exercises_for_lab
+from labkit.grading.checks import Exercise, exercises_for_lab, get_exercise
 from labkit.labs.manifest import LABS
 
 LAB_NAMES = ["demo", *(lab.name for lab in LABS)]
@@ -77,6 +77,8 @@ def forbidden() -> dict[int, str]:
             named[id(getattr(exercise, part))] = f"{exercise.id}'s {part}"
     for dotted in SIMULATORS:
         named[id(reference(dotted))] = dotted
+    for lookup in (get_exercise, exercises_for_lab):  # the registry is empty in the kernel: a run must not ask it
+        named[id(lookup)] = f"the registry's {lookup.__name__}"
     return named
 
 
