@@ -23,6 +23,7 @@ COSTLIEST_FIRST = [
     "test_labs_execute.py",
     "test_grading_seeds.py",
     "test_grading_labs.py",
+    "test_gpu_check_script.py",
     "test_browser_lab.py",
     "test_grading_sandbox.py",
     "test_engine_default_model.py",

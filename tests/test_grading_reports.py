@@ -206,7 +206,7 @@ def test_a_submission_named_like_a_run_file_in_full_is_renamed_and_told_so(tmp_p
     notes = [rename_note(path, name) for path, name in zip(paths, names)]
     assert notes[0] == (
         "handed in as 'grades.csv.ipynb'; its reports are named grades.csv_submission: the grader writes "
-        "checksums.json, grades.csv, run.json itself"
+        "checksums.json, grades.csv, run.json, similarity.html, similarity.json itself"
     )
     assert notes[2] is None and rename_note(tmp_path / "a" / "lab2.ipynb", "a__lab2") is None  # only reserved names
     grades = [hostile_grade("x", name=name) for name in names]

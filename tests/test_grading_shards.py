@@ -106,6 +106,7 @@ def test_merged_shards_equal_one_run(one_run_and_shards):
     graded = [json.loads((shard / "run.json").read_text())["graded"] for shard in shards]
     assert sorted(sum(graded, [])) == sorted(CLASS) and all(graded)  # each submission in one shard
     assert (merged / "grades.csv").read_text() == (one / "grades.csv").read_text()
+    assert (merged / "similarity.html").read_text() == (one / "similarity.html").read_text()  # the whole class
     for name in CLASS:
         one_report, merged_report = (json.loads((folder / f"{name}.json").read_text()) for folder in (one, merged))
         assert without_times(merged_report) == without_times(one_report), name

@@ -51,13 +51,39 @@ def last_block(prompt_tokens, cached_tokens, tier_blocks, block_size, costs):
     return right(prompt_tokens + 1, cached_tokens, tier_blocks, block_size, costs)  # prompt_tokens // block_size
 
 
+def fixed_per_block(prompt_tokens, cached_tokens, tier_blocks, block_size, costs):
+    first = cached_tokens // block_size
+    count = max(0, min(tier_blocks, (prompt_tokens - 1) // block_size - first))
+    reload = count * (costs.reload_fixed_seconds + costs.reload_seconds_per_block)
+    return (
+        list(range(first, first + count))
+        if count and reload < count * block_size * costs.recompute_seconds_per_token
+        else []
+    )
+
+
+def against_one_block(prompt_tokens, cached_tokens, tier_blocks, block_size, costs):
+    first = cached_tokens // block_size
+    count = max(0, min(tier_blocks, (prompt_tokens - 1) // block_size - first))
+    reload = costs.reload_fixed_seconds + count * costs.reload_seconds_per_block
+    return (
+        list(range(first, first + count)) if count and reload < block_size * costs.recompute_seconds_per_token else []
+    )
+
+
+def as_range(prompt_tokens, cached_tokens, tier_blocks, block_size, costs):
+    picked = right(prompt_tokens, cached_tokens, tier_blocks, block_size, costs)
+    return range(picked[0], picked[-1] + 1) if picked else range(0)
+
+
 def from_zero(prompt_tokens, cached_tokens, tier_blocks, block_size, costs):
     return list(range(len(right(prompt_tokens, cached_tokens, tier_blocks, block_size, costs))))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 7, 42])
-def test_a_right_decision_passes_on_every_seed(seed):
-    result = evaluate(EXERCISE, right, seed=seed)
+@pytest.mark.parametrize("answer", [right, as_range])
+def test_a_right_decision_passes_on_every_seed(seed, answer):
+    result = evaluate(EXERCISE, answer, seed=seed)
     assert result.passed, result.message
 
 
@@ -69,9 +95,11 @@ def test_a_right_decision_passes_on_every_seed(seed):
         (no_fixed, "left out reload_fixed_seconds"),
         (last_block, "block that holds the prompt's last token"),
         (from_zero, "start at block 0"),
+        (fixed_per_block, "paid reload_fixed_seconds for every block"),
+        (against_one_block, "computing one block again"),
     ],
 )
-@pytest.mark.parametrize("seed", [0, 5])
+@pytest.mark.parametrize("seed", [0, 5, 11, 23, 99])
 def test_a_typical_wrong_decision_fails_with_its_mistake_named(wrong, named, seed):
     result = evaluate(EXERCISE, wrong, seed=seed)
     assert not result.passed and named in result.message, result.message

@@ -31,6 +31,7 @@ PLAIN_PYTHON = [
     "labkit.trace",
     "labkit.sampling_params",
     "labkit.kernels.traffic",
+    "labkit.kernels.bench_math",
 ]
 
 

@@ -20,7 +20,9 @@ Each exercise's report says how many hints (labkit.hint) the notebook showed for
 nothing unless --hint-penalty F takes F x the exercise's points per hint from a passed exercise.
 
 Writes DIR/NAME.json, DIR/NAME.xml (JUnit) and DIR/NAME.md for each submission,
-DIR/grades.csv for all of them, DIR/run.json (what was run) and DIR/checksums.json last. Exits 0 once everything is
+DIR/grades.csv for all of them, DIR/run.json (what was run), DIR/similarity.html and DIR/similarity.json
+(each exercise cell compared with labkit's answer and the classmates'; --no-similarity skips them; they
+flag for review, never change a grade) and DIR/checksums.json last. Exits 0 once everything is
 graded, whatever the scores; 2 when the command itself is misused (an unknown lab, a
 bad timeout), when it would grade several submissions with no sandbox to keep them apart, or when
 --gpu finds no card, or no cgroup to limit a sandbox's memory in place of its address space.
@@ -110,6 +112,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--missing-zero",
         action="store_true",
         help="gradebook: give a learner with no graded submission 0 points (listed) instead of stopping",
+    )
+    parser.add_argument(
+        "--no-similarity",
+        action="store_true",
+        help="skip the similarity report (similarity.html, the flags column of grades.csv): copying and code "
+        "that reaches around a check are then not looked for",
     )
     parser.add_argument(
         "--gpu",
@@ -227,6 +235,7 @@ def _grade(args: argparse.Namespace) -> int:
     from labkit.grading.reports import write_reports
     from labkit.grading.sandbox import sandbox_problem
     from labkit.grading.shards import run_info, shard_of
+    from labkit.grading.similarity import class_similarity
     from labkit.grading.submissions import submission_names
 
     shard = _check_options(args)
@@ -265,7 +274,11 @@ def _grade(args: argparse.Namespace) -> int:
         outcome = grade.error or ", ".join(f"{result.exercise} {result.label}" for result in grade.results)
         print(f"{grade.name}: {grade.score:g} / {grade.max_score:g}  ({escaped(outcome)})")
     print(class_summary(grades, settings.hint_penalty))
-    manifest, digest = write_reports(grades, args.out, run_info(settings, args.seed, shard, class_names, names))
+    similarity = None if args.no_similarity else class_similarity(grades)  # never raises: a failure is its problem
+    if similarity is not None:
+        print(similarity.summary())
+    run = run_info(settings, args.seed, shard, class_names, names)
+    manifest, digest = write_reports(grades, args.out, run, similarity)
     print(f"reports in {args.out}/ (class table: grades.csv); sha256 of {manifest.name}: {digest}")
     return 0
 

@@ -1,8 +1,9 @@
 """The grader's reports: JSON for machines, JUnit XML for CI, Markdown for people, CSV for the class.
 
 Per submission NAME: NAME.json, NAME.xml and NAME.md; for the whole run: grades.csv
-with one row per submission and one column per exercise, run.json (what was run: see
-`shards.run_info`), and last checksums.json with the SHA-256 of every other report, whose
+with one row per submission and one column per exercise (and a `flags` column where the
+similarity report was made), run.json (what was run: see `shards.run_info`), similarity.html
+and similarity.json (`similarity.py`), and last checksums.json with the SHA-256 of every other report, whose
 own digest the grader prints: a report changed after the run no longer matches, and a
 changed checksums.json no longer matches the printed digest. Files are always written
 fresh, over anything else in the folder.
@@ -14,14 +15,16 @@ import csv
 import hashlib
 import json
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from labkit.grading.grader import SubmissionGrade
 from labkit.grading.kernel_device import KernelDevice
-from labkit.grading.report_text import code_block, csv_cell, escaped, xml_text
+from labkit.grading.report_text import code_block, csv_cell, escaped, report_text, xml_text
 from labkit.grading.result import CheckResult
+from labkit.grading.similarity import ClassSimilarity
+from labkit.grading.similarity_page import write_similarity
 
 RUN_FILE = "run.json"
 CHECKSUMS_FILE = "checksums.json"
@@ -101,17 +104,20 @@ def write_submission_reports(grade: SubmissionGrade, out_dir: Path) -> list[Path
     return [json_path, xml_path, md_path]
 
 
-def write_grades_csv(grades: Sequence[SubmissionGrade], path: Path) -> Path:
-    """One row per submission: points per exercise (blank if not part of its lab), total, maximum, error."""
+def write_grades_csv(grades: Sequence[SubmissionGrade], path: Path, flags: Mapping[str, str] | None = None) -> Path:
+    """One row per submission: points per exercise (blank if not part of its lab), total, maximum, error;
+    and with `flags` (the similarity report's, by submission), what it flagged for review."""
     exercise_ids = list(dict.fromkeys(result.exercise for grade in grades for result in grade.results))
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as file:
         writer = csv.writer(file, quoting=csv.QUOTE_ALL)
-        writer.writerow(["submission", "lab", *exercise_ids, "total", "max_total", "error"])
+        columns = ["submission", "lab", *exercise_ids, "total", "max_total", "error"]
+        writer.writerow(columns + (["flags"] if flags is not None else []))
         for grade in map(SubmissionGrade.as_reported, grades):
             points = {result.exercise: _points(result.points) for result in grade.results}
             row = [grade.name, grade.lab or "", *(points.get(i, "") for i in exercise_ids)]
             row += [_points(grade.score), _points(grade.max_score), grade.error or ""]
+            row += [report_text(flags.get(grade.name, ""))] if flags is not None else []
             writer.writerow(map(csv_cell, row))
     return path
 
@@ -160,13 +166,24 @@ def write_checksums(written: Sequence[Path], out_dir: Path) -> tuple[Path, str]:
     return manifest, sha256_of(manifest)
 
 
+def similarity_flags(similarity: ClassSimilarity | None) -> dict[str, str] | None:
+    """The `flags` column of grades.csv: None (no column) where no similarity report was made."""
+    return similarity.flags() if similarity is not None and similarity.problem is None else None
+
+
 def write_reports(
-    grades: Sequence[SubmissionGrade], out_dir: Path, run: dict[str, Any] | None = None
+    grades: Sequence[SubmissionGrade],
+    out_dir: Path,
+    run: dict[str, Any] | None = None,
+    similarity: ClassSimilarity | None = None,
 ) -> tuple[Path, str]:
-    """Write every report (and `run` as run.json), then checksums.json; return it and its own digest."""
+    """Write every report (and `run` as run.json, `similarity` as similarity.html and .json), then
+    checksums.json; return it and its own digest."""
     written = [path for grade in grades for path in write_submission_reports(grade, out_dir)]
     out_dir.mkdir(parents=True, exist_ok=True)
-    written.append(write_grades_csv(grades, out_dir / "grades.csv"))
+    written.append(write_grades_csv(grades, out_dir / "grades.csv", similarity_flags(similarity)))
+    if similarity is not None:
+        written += write_similarity(similarity, out_dir)
     if run is not None:
         written.append(write_json(run, out_dir / RUN_FILE))
     return write_checksums(written, out_dir)

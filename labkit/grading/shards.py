@@ -26,10 +26,13 @@ from labkit.grading.reports import (
     RUN_FILE,
     grade_from_dict,
     sha256_of,
+    similarity_flags,
     write_checksums,
     write_grades_csv,
     write_json,
 )
+from labkit.grading.similarity import merged_similarity
+from labkit.grading.similarity_page import write_similarity
 
 REPORT_SUFFIXES = (".json", ".xml", ".md")
 
@@ -193,7 +196,10 @@ def merge_shards(folders: Sequence[Path], out_dir: Path) -> tuple[Path, str]:
         for suffix in REPORT_SUFFIXES:
             written.append(Path(shutil.copyfile(graded[name].folder / f"{name}{suffix}", out_dir / f"{name}{suffix}")))
     grades = [grade_from_dict(json.loads((out_dir / f"{name}.json").read_text())) for name in order]
-    written.append(write_grades_csv(grades, out_dir / "grades.csv"))
+    similarity = merged_similarity([shard.folder for shard in shards])  # over the whole class, from the shards' cells
+    written.append(write_grades_csv(grades, out_dir / "grades.csv", similarity_flags(similarity)))
+    if similarity is not None:
+        written += write_similarity(similarity, out_dir)
     run = {**shards[0].run, "shard": str(Shard()), "class": order, "graded": order}
     run["merged_from"] = [{"shard": shard.run["shard"], "checksums_sha256": shard.digest} for shard in shards]
     written.append(write_json(run, out_dir / RUN_FILE))

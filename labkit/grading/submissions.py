@@ -18,7 +18,8 @@ import nbformat
 
 from labkit.grading.learner_notebook import EXERCISE_TAG
 
-RUN_FILES = ("checksums.json", "grades.csv", "run.json")  # the run's own reports (reports.py)
+# the run's own reports (reports.py, similarity_page.py)
+RUN_FILES = ("checksums.json", "grades.csv", "run.json", "similarity.html", "similarity.json")
 # A report may not be named like one of them, nor like its file name in full (no `grades.csv.md` either).
 RUN_REPORT_STEMS = frozenset(name for file in RUN_FILES for name in (file, file.partition(".")[0]))
 _LAB_ID = re.compile(r"[A-Za-z0-9_]{1,40}")

@@ -83,6 +83,7 @@ def check_interpreter() -> None:
         raise TritonUnavailableError(
             f"Triton's {mode} computed x + 1 wrongly here (got {out[:4].tolist()}... for 1, 2, 3, 4): this "
             f"environment (triton {triton.__version__}, torch {torch.__version__}) is broken, not your kernel; "
-            "reinstall the versions labkit pins: pip install -e '.[labs]'"
+            "reinstall the pair labkit is tested with: a CPU build of torch==2.13.0 with triton==3.8.0 (`make setup` "
+            "does), or a CUDA build with the Triton it pins"
         )
     _checked.append(True)

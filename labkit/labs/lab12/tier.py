@@ -45,6 +45,18 @@ def _last_block(prompt_tokens, cached_tokens, tier_blocks, block_size, costs):
     return reload_or_recompute(prompt_tokens + 1, cached_tokens, tier_blocks, block_size, costs)
 
 
+def _fixed_per_block(prompt_tokens, cached_tokens, tier_blocks, block_size, costs):
+    picked = reload_or_recompute(prompt_tokens, cached_tokens, tier_blocks, block_size, None)
+    reload = len(picked) * (costs.reload_fixed_seconds + costs.reload_seconds_per_block)
+    return picked if picked and reload < len(picked) * block_size * costs.recompute_seconds_per_token else []
+
+
+def _against_one_block(prompt_tokens, cached_tokens, tier_blocks, block_size, costs):
+    picked = reload_or_recompute(prompt_tokens, cached_tokens, tier_blocks, block_size, None)
+    reload = costs.reload_fixed_seconds + len(picked) * costs.reload_seconds_per_block
+    return picked if picked and reload < block_size * costs.recompute_seconds_per_token else []
+
+
 def _from_zero(prompt_tokens, cached_tokens, tier_blocks, block_size, costs):
     picked = reload_or_recompute(prompt_tokens, cached_tokens, tier_blocks, block_size, costs)
     return list(range(len(picked)))
@@ -66,6 +78,16 @@ MISTAKES: dict[str, tuple[Callable[..., list[int]], str]] = {
         "You left out reload_fixed_seconds. A reload pays it once, whatever the number of blocks, so a short run "
         "may be cheaper to compute again.",
     ),
+    "fixed per block": (
+        _fixed_per_block,
+        "You paid reload_fixed_seconds for every block. It is paid once per reload, whatever the number of blocks: "
+        "reload = reload_fixed_seconds + blocks * reload_seconds_per_block.",
+    ),
+    "one block": (
+        _against_one_block,
+        "You compared reloading the whole run with computing one block again. Compare like with like: the run's "
+        "reload against computing all of its blocks' tokens, blocks * block_size * recompute_seconds_per_token.",
+    ),
     "last block": (
         _last_block,
         "You reloaded the block that holds the prompt's last token. That token must be computed (its logits give "
@@ -80,21 +102,24 @@ MISTAKES: dict[str, tuple[Callable[..., list[int]], str]] = {
 
 
 def tier_cases(seed: int) -> list[dict[str, Any]]:
-    """Five cases, each telling one mistake apart: a long run worth reloading mid-prompt, a block that costs more
-    than a token but less than its tokens, a short run under a large fixed cost, a prompt that fills its last
-    block, and a slow tier that never pays."""
+    """Six cases, each telling one mistake apart: a long run worth reloading mid-prompt, a block that costs more
+    than a token but less than its tokens, a short run under a large fixed cost, a long run under a fixed cost worth
+    paying once (not once per block, and not against one block's recompute), a prompt that fills its last block,
+    and a slow tier that never pays."""
     r = rng(seed)
     jitter = lambda: r.uniform(0.8, 1.25)  # noqa: E731
     cases = []
     bs = 16
-    first = r.randint(1, 4)
+    first, long_run_token = r.randint(1, 4), 1e-3 * jitter()
     cases.append(
         dict(
             prompt_tokens=bs * (first + 8) + r.randint(2, bs),
             cached_tokens=bs * first,
             tier_blocks=r.randint(3, 6),
             block_size=bs,
-            costs=TierCosts(1e-4 * jitter(), 2e-4 * jitter(), 1e-3 * jitter()),
+            # a block reloads at 2 tokens' worth: dearer than a token, far cheaper than its 16 tokens, and the
+            # whole run (3-6 blocks) cheaper than one block's recompute
+            costs=TierCosts(0.1 * long_run_token, 2 * long_run_token, long_run_token),
         )
     )
     per_token = 1e-3 * jitter()
@@ -102,7 +127,7 @@ def tier_cases(seed: int) -> list[dict[str, Any]]:
         dict(
             prompt_tokens=bs * 12 + r.randint(1, bs),
             cached_tokens=bs * r.randint(1, 3),
-            tier_blocks=r.randint(3, 5),
+            tier_blocks=5,  # 5 blocks x 4 tokens' worth: more than one block's recompute, less than five's
             block_size=bs,
             costs=TierCosts(1e-4, 4 * per_token, per_token),  # a block: 4 tokens' worth, under 16
         )
@@ -114,6 +139,17 @@ def tier_cases(seed: int) -> list[dict[str, Any]]:
             tier_blocks=1,
             block_size=bs,
             costs=TierCosts(30 * per_token, 0.1 * per_token, per_token),  # 16 tokens < fixed 30 + 0.1
+        )
+    )
+    cases.append(
+        dict(
+            prompt_tokens=bs * 12 + r.randint(1, bs),
+            cached_tokens=bs * r.randint(1, 3),
+            tier_blocks=4,
+            block_size=bs,
+            # 4 blocks: 20 + 4 x 2 = 28 token-costs to reload, 64 to compute: reload. Paying the fixed cost per
+            # block (88) or weighing the run against one block (16) says compute.
+            costs=TierCosts(20 * per_token, 2 * per_token, per_token),
         )
     )
     bs8, start = 8, r.randint(1, 3)
@@ -152,6 +188,11 @@ def _as_positions(value: Any) -> list[int] | None:
     return None
 
 
+def _as_data(value: Any) -> Any:
+    """A range of positions as the list it stands for (the grader takes plain data; a range is a fine answer)."""
+    return list(value) if isinstance(value, range) else value
+
+
 def _compare(expected: dict[str, Any], got: list[Any]) -> Mismatch | None:
     answers = [_as_positions(value) for value in got]
     for index, (right, have, raw) in enumerate(zip(expected["right"], answers, got)):
@@ -174,12 +215,13 @@ register(
             functions=("reload_or_recompute",),
             answers=("labkit.kv.tier_policy.reload_or_recompute",),
             make_inputs=tier_cases,
-            run=lambda functions, cases: [functions[0](**case) for case in cases],
+            run=lambda functions, cases: [_as_data(functions[0](**case)) for case in cases],
             oracle=_oracle,
             compare=_compare,
-            tested="reload_or_recompute on 5 seeded cases (a long run mid-prompt, a block dearer than a token but "
-            "cheaper than its tokens, a short run under a large fixed cost, a prompt that fills its last block, a "
-            "tier slower than prefill): exactly the positions labkit reloads",
+            tested="reload_or_recompute on 6 seeded cases (a long run mid-prompt, a block dearer than a token but "
+            "cheaper than its tokens, a short run under a large fixed cost, a long run under a fixed cost worth paying "
+            "once, a prompt that fills its last block, a tier slower than prefill): exactly the positions labkit "
+            "reloads",
             hint="The run starts at block cached_tokens // block_size and may not reach the block of the prompt's "
             "last token; reload all of it when the fixed cost plus the blocks' cost is below their tokens' recompute "
             'cost, else nothing. labkit.hint("lab12.reload_or_recompute") shows more.',
