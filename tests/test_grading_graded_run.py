@@ -33,7 +33,9 @@ def test_every_kernel_the_grader_starts_knows_it_is_graded():
 
 def test_a_check_leaves_the_exercise_to_the_grader(graded_run, capsys):
     labkit.check("demo.add", add)
-    assert capsys.readouterr().out.strip() == "(graded run: the grader checks demo.add itself after the notebook has run)"
+    assert (
+        capsys.readouterr().out.strip() == "(graded run: the grader checks demo.add itself after the notebook has run)"
+    )
     result = evaluate("demo.add", add)
     assert result.status == "not_run" and result.points == 0
 
