@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -29,7 +30,7 @@ from markdown_it import MarkdownIt
 
 import labkit
 from labkit.cli import main
-from labkit.grading import sandbox
+from labkit.grading import grader_only, sandbox
 from labkit.grading.report_text import MAX_TEXT_BYTES
 from labkit.grading.submissions import submission_names
 
@@ -298,14 +299,36 @@ def test_hint_counts_are_said_to_be_self_reported_when_they_cost_points(attacked
 
 
 def test_a_submission_that_calls_labkits_answers_scores_nothing_for_them(attacked_run):
-    """Issue 51.3: each exercise's reference fails while that exercise is checked; the honest control keeps 4."""
+    """Issue 51.3, then 55.1: the demo's answers are the grader's, so in the sandbox they are not even importable
+    (outside it, and in the notebook's own check, each fails while its exercise is checked: test_grading_answers)."""
     report = attack_failed(attacked_run, "calls_reference")
-    for exercise in report["exercises"]:
-        assert exercise["status"] == "error", exercise
-        name = exercise["id"].replace("demo.", "demo.course_")
-        assert (
-            f"{exercise['id']}: your code called labkit.grading.exercises.{name}, the reference" in exercise["message"]
-        )
+    assert {exercise["status"] for exercise in report["exercises"]} == {"missing"}, messages(report)
+    assert any("cannot import name 'course_add'" in note for note in report["notes"]), report["notes"]
+
+
+def test_the_checks_oracle_is_not_in_the_kernel(attacked_run):
+    """Issue 55.1: `get_exercise(id).oracle` on the learner function's own inputs: no check is registered there."""
+    report = attack_failed(attacked_run, "reads_oracle")
+    assert all("unknown exercise" in exercise["message"] for exercise in report["exercises"]), messages(report)
+
+
+def test_the_seed_is_in_no_frame_and_no_object_of_the_kernel(attacked_run):
+    """Issue 55.1: a frame walk and gc find no seed and no Exercise while the learner's function runs."""
+    report = attack_failed(attacked_run, "reads_seed")
+    assert messages(report).count("no seed and no oracle in the kernel: found 0") == 3, messages(report)
+
+
+def test_the_checks_modules_cannot_be_imported_reloaded_or_read(attacked_run):
+    """Issue 55.1: lab 1's course_causal_mask, lab 12's simulator, the demo's answers; reload, a load from the
+    file under another name, the code object in the .pyc: every grader-only module is a stub in the sandbox."""
+    report = attack_failed(attacked_run, "imports_checks")
+    text = messages(report)
+    for name in ("course_causal_mask", "simulate", "course_greedy_tokens"):
+        assert name in text, text
+    report = attack_failed(attacked_run, "reloads_checks")
+    assert {exercise["status"] for exercise in report["exercises"]} == {"error"}, messages(report)
+    text = messages(report)
+    assert "course_add" in text and "course_softmax" in text and "course_greedy_tokens" in text, text
 
 
 def test_learner_text_cannot_forge_or_swamp_the_reports(attacked_run):
@@ -408,3 +431,29 @@ def test_no_port_of_the_host_is_reachable_from_a_submission(attacked_run):
     report = attack_failed(attacked_run, "scans_ports")
     assert "open ports not its own: []; the host's: False" in messages(report), messages(report)
     assert attacked_run["host_connections"]["tcp port"] == 0
+
+
+def test_a_sandboxed_process_sees_every_grader_only_module_as_a_stub():
+    """Issue 55.1, directly: each grader-only file reads as the stub, its __pycache__ is empty, its package still
+    imports (so the visible modules beside it do), and no check is registered there."""
+    files = [str(path) for path in grader_only.source_files()]
+    folders = [str(path) for path in grader_only.pycache_folders() if path.is_dir()]
+    script = (
+        "import json, os, sys\n"
+        "files, folders = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
+        f"print(sorted(path for path in files if open(path).read() != {grader_only.STUB!r}))\n"
+        "print(sorted(path for path in folders if os.listdir(path)))\n"
+        "import labkit.labs.lab1, labkit.grading.exercises.demo as demo\n"
+        "print(labkit.labs.lab1.__labkit_hidden__, hasattr(demo, 'course_add'))\n"
+    )
+    with sandbox.sandbox_folder(sandbox.sandbox_uid(0)) as folder:
+        command = sandbox.sandbox_command(folder, sandbox.sandbox_uid(0), sandbox.Limits(None, 60))
+        done = subprocess.run(
+            [*command, sys.executable, "-c", script, json.dumps(files), json.dumps(folders)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["[]", "[]", "True False"]
+    assert len(files) == len(grader_only.GRADER_ONLY) and folders  # and there was something to hide

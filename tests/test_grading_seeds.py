@@ -3,7 +3,8 @@
 Each submission draws a seed of its own, so a check whose inputs sometimes trip a right answer (a
 result too big for the grader's budget, a near-tie, an unlucky draw) takes a point from an honest
 learner now and then. Here every lab's solved exercise cells run in-process and go through what the
-grader does with them for each seed: the learner's half is run and saved as the kernel saves it, the
+grader does with them for each seed: the request (inputs and run) goes through the bytes the grader
+writes for the kernel, the learner's half is run from it and saved as the kernel saves it, the
 file is loaded back under the budget drawn from the expected answer, and the verdict must be PASS.
 (The sandboxed path itself is tested once per lab in test_grading_labs.py and test_grading_grader.py.)
 """
@@ -16,10 +17,10 @@ import pytest
 import torch
 from lab_sources import solved_namespace
 
-from labkit.grading.attempt import attempt_in_namespace
 from labkit.grading.checks import exercises_for_lab
 from labkit.grading.judge import expected_outputs, judge, verdict
 from labkit.grading.judge_process import _attempt
+from labkit.grading.request import build_request, load_request, request_bytes
 from labkit.grading.result import ERROR
 from labkit.grading.result_check import ResultRefused, budget_for, file_limit, load_result
 from labkit.labs.manifest import LABS
@@ -47,10 +48,12 @@ SEEDLESS = {"lab9.find_capacity": lambda inputs: inputs["own"]}
 
 
 def graded(exercise, namespace: dict, seed: int):
-    """The verdict the grader would give: the attempt saved as the kernel saves it, loaded back under the budget."""
+    """The verdict the grader would give: the request as the kernel reads it, the attempt saved as the kernel
+    saves it, loaded back under the budget."""
     expected = expected_outputs(exercise, seed)
+    request = load_request(request_bytes(build_request(exercise, seed)))
     buffer = io.BytesIO()
-    torch.save(attempt_in_namespace(exercise, namespace, seed).to_record(), buffer)
+    torch.save(request.attempt(namespace).to_record(), buffer)
     data = buffer.getvalue()
     budget = budget_for(expected)
     try:

@@ -69,7 +69,7 @@ import sys
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
-from labkit.grading.checks import Exercise
+from labkit.grading.grader_only import hidden_here, is_grader_only
 
 # labkit's own code that runs inside `run` (the checks and the grader) keeps its references.
 _CHECKING_PACKAGES = ("labkit.labs", "labkit.grading")
@@ -93,6 +93,13 @@ def _owner(dotted: str) -> tuple[Any, str]:
             owner = getattr(owner, name)
         return owner, parts[-1]
     raise ModuleNotFoundError(f"no module in {dotted!r}")
+
+
+def _hidden(dotted: str) -> bool:
+    """Whether `dotted` lies in a grader-only module that this process sees as the sandbox's stub."""
+    parts = dotted.split(".")
+    prefixes = (".".join(parts[:cut]) for cut in range(len(parts) - 1, 0, -1))
+    return any(is_grader_only(prefix) and hidden_here(prefix) for prefix in prefixes)
 
 
 def reference(dotted: str) -> Any:
@@ -136,18 +143,22 @@ def _namespace_of(function: Any) -> MutableMapping[str, Any] | None:
 
 
 @contextlib.contextmanager
-def answers_blocked(exercise: Exercise, functions: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], list[str]]]:
-    """Inside: `exercise.answers` are stubs wherever the learner's `functions` can reach them. Yields the
+def answers_blocked(
+    exercise_id: str, answers: Sequence[str], functions: tuple[Any, ...]
+) -> Iterator[tuple[tuple[Any, ...], list[str]]]:
+    """Inside: the exercise's `answers` are stubs wherever the learner's `functions` can reach them. Yields the
     functions to call (a learner's function that is a reference, replaced) and the list of messages of the
-    stubs called, so that catching the error does not hide the call. Everything is put back on leaving."""
+    stubs called, so that catching the error does not hide the call. Everything is put back on leaving.
+    An answer in a module the grading sandbox hides is out of reach there already, and left alone."""
     namespaces = [space for space in map(_namespace_of, functions) if space is not None]
     swapped: list[tuple[MutableMapping[str, Any], str, Any]] = []
     called: list[str] = []
-    originals = [(dotted, reference(dotted)) for dotted in exercise.answers]  # a bad name fails before any swap
+    reachable = [dotted for dotted in answers if not _hidden(dotted)]
+    originals = [(dotted, reference(dotted)) for dotted in reachable]  # a bad name fails before any swap
     stubs: dict[int, Callable[..., Any]] = {}
     in_classes: list[tuple[type, str, Any]] = []  # (class, attribute, what its own __dict__ held, or _ABSENT)
     for dotted, original in originals:
-        stub = stubs[id(original)] = _stub(exercise.id, dotted, called)
+        stub = stubs[id(original)] = _stub(exercise_id, dotted, called)
         owner, attribute = _owner(dotted)
         if isinstance(original, type) or isinstance(owner, type):  # a class: its __init__; a method: itself
             cls, attribute = (original, "__init__") if isinstance(original, type) else (owner, attribute)

@@ -1,7 +1,7 @@
 """Run the learner's side of an exercise and capture what happened, never letting it escape.
 
 Used in two places with the same code: by `labkit.check` in the notebook, and by
-the grader inside the submission's kernel. The outcome is an `Attempt`: the
+the grader's request inside the submission's kernel (`request.py`). The outcome is an `Attempt`: the
 outputs as plain data, or why there are none (not done, missing function, error).
 """
 
@@ -11,7 +11,7 @@ import numbers
 import os
 import sysconfig
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,29 +91,48 @@ def describe_exception(error: BaseException) -> str:
     return f"{summary} (in {frame.name}, line {frame.lineno}{code})"
 
 
+def functions_in(names: Sequence[str], namespace: Mapping[str, Any]) -> tuple[Callable[..., Any], ...] | Attempt:
+    """The learner's functions, found by name (e.g. in the notebook's globals), or a MISSING attempt naming them."""
+    missing = [name for name in names if not callable(namespace.get(name))]
+    if missing:
+        listed = ", ".join(f"`{name}`" for name in missing)
+        return Attempt(
+            MISSING, f"no function named {listed} is defined: run the exercise cell that defines it (and keep its name)"
+        )
+    return tuple(namespace[name] for name in names)
+
+
 def attempt_in_namespace(exercise: Exercise, namespace: Mapping[str, Any], seed: int) -> Attempt:
     """Find the learner's functions by name (e.g. in the notebook's globals) and attempt the exercise."""
-    missing = [name for name in exercise.functions if not callable(namespace.get(name))]
-    if missing:
-        names = ", ".join(f"`{name}`" for name in missing)
-        return Attempt(
-            MISSING, f"no function named {names} is defined: run the exercise cell that defines it (and keep its name)"
-        )
-    return attempt_exercise(exercise, tuple(namespace[name] for name in exercise.functions), seed)
+    found = functions_in(exercise.functions, namespace)
+    return found if isinstance(found, Attempt) else attempt_exercise(exercise, found, seed)
 
 
 def attempt_exercise(exercise: Exercise, functions: tuple[Callable[..., Any], ...], seed: int) -> Attempt:
-    """Build the inputs from the seed, run the learner's functions on them, and capture the outcome;
-    a call to labkit's own answer to the exercise fails it, even where their code caught the error."""
-    inputs = exercise.make_inputs(seed)
-    with answers_blocked(exercise, functions) as (functions, called):
-        attempt = _run(exercise, functions, inputs)
+    """Build the inputs from the seed and attempt the exercise with them (the notebook's check does)."""
+    return attempt_with(exercise.id, exercise.answers, exercise.run, functions, exercise.make_inputs(seed))
+
+
+def attempt_with(
+    exercise_id: str,
+    answers: Sequence[str],
+    run: Callable[[Sequence[Callable[..., Any]], Any], Any],
+    functions: tuple[Callable[..., Any], ...],
+    inputs: Any,
+) -> Attempt:
+    """Run the learner's functions through `run` on the inputs and capture the outcome; a call to labkit's
+    own answer to the exercise fails it, even where their code caught the error. The grader's kernel and
+    the notebook's check both come here."""
+    with answers_blocked(exercise_id, answers, functions) as (functions, called):
+        attempt = _run(run, functions, inputs)
     return Attempt(ERROR, called[0]) if called else attempt
 
 
-def _run(exercise: Exercise, functions: tuple[Callable[..., Any], ...], inputs: Any) -> Attempt:
+def _run(
+    run: Callable[[Sequence[Callable[..., Any]], Any], Any], functions: tuple[Callable[..., Any], ...], inputs: Any
+) -> Attempt:
     try:
-        outputs = exercise.run(functions, inputs)
+        outputs = run(functions, inputs)
     except NotImplementedError:
         return Attempt(NOT_DONE)
     except Exception as error:  # the learner's bug, reported as feedback rather than a traceback wall

@@ -18,6 +18,7 @@ from typing import Any
 
 from labkit.grading.attempt import OK, attempt_exercise, attempt_in_namespace
 from labkit.grading.checks import get_exercise
+from labkit.grading.graded_run import check_left_to_grader, in_graded_run
 from labkit.grading.judge import expected_outputs, judge, with_source_rule
 from labkit.grading.result import NOT_DONE, PASS, CheckResult
 
@@ -42,8 +43,11 @@ def evaluate(
     `namespace` (such as the notebook's globals) to find them by name. An exercise with a
     `source_rule` reads the exercise cell's `source` (default: the latest notebook cell that
     defines its functions). Each verdict is remembered by the function objects it judged
-    (see :func:`known_verdict`).
+    (see :func:`known_verdict`). In the grader's kernel nothing is checked here: the grader does it
+    after the notebook has run (graded_run.py).
     """
+    if in_graded_run():
+        return check_left_to_grader(exercise_id)
     exercise = get_exercise(exercise_id)
     if functions:
         if len(functions) != len(exercise.functions):
@@ -132,4 +136,8 @@ def check(exercise_id: str, *functions: Callable[..., Any], seed: int = 0) -> No
     they are looked up by name among the caller's globals (the notebook's variables).
     """
     caller_globals = sys._getframe(1).f_globals
-    show(evaluate(exercise_id, *functions, seed=seed, namespace=caller_globals))
+    result = evaluate(exercise_id, *functions, seed=seed, namespace=caller_globals)
+    if in_graded_run():
+        print(result.message)
+    else:
+        show(result)

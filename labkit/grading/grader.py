@@ -6,15 +6,17 @@ and starts the judging processes. Then, per submission: read the notebook (a bro
 file becomes an error entry), draw its own secret seed, compute its expected answers,
 and run its code cells in a `KernelSession` inside a private folder (timeouts, crash
 recovery), in a bubblewrap sandbox of its own unless told otherwise (with a card of its own
-under `--gpu`: gpu_access.py). For each exercise
-the kernel is asked, only now, to run the learner's functions on inputs from that seed
-and save the outputs to a fresh file name in its folder. Once the kernel and every
+under `--gpu`: gpu_access.py). For each exercise the grader, only now, builds the inputs from
+that seed and hands the kernel them (never the seed: request.py); the kernel runs the learner's
+functions on them and saves the outputs to a fresh file name in its folder, which the grader
+reads at once. Once the kernel and every
 process it started are gone, each result is judged in a limited child process against
 the expected answer. Nothing the notebook printed or wrote elsewhere is read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -40,12 +42,14 @@ from labkit.cache import CACHE_ENV, cache_root
 from labkit.grading import cgroups, gpu_access, sandbox
 from labkit.grading import kernel_session as ks
 from labkit.grading.checks import Exercise, exercises_for_lab, lab_module
-from labkit.grading.hint_counts import read_hint_counts, self_reported, weigh_hints
+from labkit.grading.graded_run import GRADED_RUN
+from labkit.grading.hint_counts import read_hint_counts, self_reported, tier_count, weigh_hints
 from labkit.grading.judge import expected_outputs, verdict, with_source_rule
-from labkit.grading.judge_process import judge_result, start_judges
+from labkit.grading.judge_process import judge_taken, start_judges, take_result
 from labkit.grading.kernel_device import kernel_device_code, kernels_summary, read_kernel_device
 from labkit.grading.kernel_side import attempt_code, hint_counts_code
 from labkit.grading.report_text import escaped, report_lines, report_text
+from labkit.grading.request import build_request, request_bytes
 from labkit.grading.result import CRASHED, ERROR, NOT_RUN, TIMEOUT, CheckResult
 from labkit.grading.submissions import (
     SubmissionError,
@@ -157,14 +161,25 @@ def kernel_env(sandboxed: bool = False) -> dict[str, str]:
     labkit_parent = str(Path(labkit.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(part for part in (labkit_parent, os.environ.get("PYTHONPATH")) if part)
     env[CACHE_ENV] = str(cache_root())
+    env[GRADED_RUN] = "1"  # labkit.check, passed and hint leave the checking to the grader (graded_run.py)
     if sandboxed:
         env.pop("TMPDIR", None)
     return env
 
 
-def setup_code(lab: str) -> str:
-    """Code for a fresh kernel: import the grader's agent and the lab's exercise specs (leaves no names behind)."""
-    return f"__import__('labkit.grading.kernel_side').grading.checks.exercises_for_lab({lab!r});\n"
+def setup_code() -> str:
+    """Code for a fresh kernel: import the grader's agent (leaves no names behind). Never the lab's checks:
+    the kernel gets each exercise's inputs and run, not its oracle (request.py)."""
+    return "__import__('labkit.grading.kernel_side');\n"
+
+
+def _write_request(folder: Path, exercise: Exercise, seed: int) -> str:
+    """Write the exercise's request (inputs built here from the seed) to a fresh name in `folder`; return the name."""
+    name = f"request-{secrets.token_hex(16)}.pkl"
+    descriptor = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(request_bytes(build_request(exercise, seed)))
+    return name
 
 
 def _cell_note(position: int, source: str, outcome: ks.Outcome) -> str:
@@ -337,7 +352,7 @@ class Grader:
         cpu_seconds = math.ceil(self._wall_clock_limit(exercises)) * (os.cpu_count() or 1)
         return sandbox.Limits(self.settings.memory_bytes, cpu_seconds)
 
-    def _session(self, private: Private, lab: str, uid: int, exercises: int) -> ks.KernelSession:
+    def _session(self, private: Private, uid: int, exercises: int) -> ks.KernelSession:
         settings = self.settings
         prefix = owner = None
         env = kernel_env(settings.sandbox) | (private.card.env if private.card else {})
@@ -354,7 +369,7 @@ class Grader:
             notebook_budget=settings.total_timeout,
             kernel_name=settings.kernel_name,
             env=env,
-            setup_code=setup_code(lab),
+            setup_code=setup_code(),
             setup_timeout=settings.setup_timeout,
             launch_prefix=prefix,
             owner_uid=owner,
@@ -372,23 +387,30 @@ class Grader:
         uid: int,
     ) -> None:
         settings = self.settings
-        handed_in: dict[str, str] = {}  # exercise id -> the result file the kernel was told to write
+        taken: dict[str, bytes] = {}  # exercise id -> the result file's bytes, read as soon as its exercise ran
         with self._private_folder(uid) as private:
             folder = private.folder
             shutil.copyfile(path, folder / "submission.ipynb")  # its own notebook, for code that reads it
-            with self._session(private, grade.lab, uid, len(exercises)) as session:
+            with self._session(private, uid, len(exercises)) as session:
                 for position, source in code_cells(notebook):
                     outcome = session.run_notebook_cell(source)
                     if outcome.status != ks.RAN:
                         grade.notes.append(_cell_note(position, source, outcome))
                 for exercise in exercises:
-                    # Named only now, after the notebook ran, so its code cannot know it in advance.
+                    # Named only now, after the notebook ran, so its code cannot know it in advance; each
+                    # result is taken before the next request arrives, so nothing a later one carries can change it.
                     name = f"result-{secrets.token_hex(16)}.pt"
-                    outcome = session.run_grader_code(attempt_code(exercise.id, grade.seed, str(folder / name)))
-                    if outcome.status == ks.RAN:
-                        handed_in[exercise.id] = name
-                    else:
+                    with self._oracle_lock:  # building the inputs may use the model, as the oracles do
+                        request = _write_request(folder, exercise, grade.seed)
+                    outcome = session.run_grader_code(attempt_code(str(folder / request), str(folder / name)))
+                    with contextlib.suppress(OSError):  # the kernel may have put something else there
+                        (folder / request).unlink()
+                    if outcome.status != ks.RAN:
                         grade.results.append(_kernel_problem(exercise, outcome))
+                    elif isinstance(result := take_result(exercise, folder, name, expected[exercise.id]), bytes):
+                        taken[exercise.id] = result
+                    else:
+                        grade.results.append(result)
                 hints_file = f"hints-{secrets.token_hex(16)}.json"
                 session.run_grader_code(hint_counts_code(str(folder / hints_file)))  # no file: no hints counted
                 device_file = f"device-{secrets.token_hex(16)}.json"
@@ -401,16 +423,15 @@ class Grader:
                 sandbox.kill_processes_of(uid)  # nothing it started may still touch its results
             sources = exercise_cell_sources(notebook)  # read as data, here
             for exercise in exercises:
-                if exercise.id in handed_in:
-                    result = judge_result(
-                        exercise, folder, handed_in[exercise.id], expected[exercise.id], settings.cell_timeout
-                    )
+                if exercise.id in taken:
+                    result = judge_taken(exercise, taken[exercise.id], expected[exercise.id], settings.cell_timeout)
                     grade.results.append(with_source_rule(exercise, result, sources.get(exercise.id, "")))
             hints = read_hint_counts(folder / hints_file)
             if device := read_kernel_device(folder / device_file):
                 grade.kernels, grade.cuda_device = device.kernels, device.cuda_device
-        grade.results = [
-            weigh_hints(result, hints.get(result.exercise, 0), settings.hint_penalty) for result in grade.results
+        grade.results = [  # no more than the exercise has: a sandboxed kernel counts hints it cannot show
+            weigh_hints(result, min(hints.get(result.exercise, 0), tier_count(result.exercise)), settings.hint_penalty)
+            for result in grade.results
         ]
         order = [exercise.id for exercise in exercises]
         grade.results.sort(key=lambda result: order.index(result.exercise))

@@ -25,11 +25,23 @@ MAX_FILE_BYTES = 64 << 10  # far more than the counts of every exercise of a lab
 # In a learner's kernel: exercise id -> how many hint tiers labkit.hint has shown. It lives here,
 # below labkit.labs, so that the grader's kernel-side code can read it without importing the labs.
 _shown: dict[str, int] = {}
+# Exercise id -> how many tiers of hints it has (registered with its lab; one, its check's hint, otherwise).
+_tiers: dict[str, int] = {}
 
 
 def note_hint_shown(exercise_id: str, number: int) -> None:
     """Record that the exercise's hint number `number` (1-based) was shown in this kernel."""
     _shown[exercise_id] = max(number, _shown.get(exercise_id, 0))
+
+
+def note_tiers(exercise_id: str, count: int) -> None:
+    """Record how many tiers of hints the exercise has (`labkit.labs.hints.register_hints` does)."""
+    _tiers[exercise_id] = count
+
+
+def tier_count(exercise_id: str) -> int:
+    """How many tiers of hints the exercise has: the most a notebook can have been shown."""
+    return _tiers.get(exercise_id, 1)
 
 
 def hints_shown() -> dict[str, int]:

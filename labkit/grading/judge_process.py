@@ -39,13 +39,27 @@ def judge_result(
 ) -> CheckResult:
     """The verdict on the result file `folder/name`, judged in a child process that may run `seconds`
     and allocate `memory_bytes` beyond what it starts with."""
-    budget = budget_for(expected)
+    taken = take_result(exercise, folder, name, expected)
+    return taken if isinstance(taken, CheckResult) else judge_taken(exercise, taken, expected, seconds, memory_bytes)
+
+
+def take_result(exercise: Exercise, folder: Path, name: str, expected: Any) -> bytes | CheckResult:
+    """The result file's bytes, read now (bounded, without following a link or blocking on a pipe), or
+    the verdict on why there are none: the grader takes each result as soon as its exercise has run."""
     try:
-        data = read_result_file(folder, name, file_limit(budget))
+        data = read_result_file(folder, name, file_limit(budget_for(expected)))
     except ResultRefused as refused:
         return verdict(exercise, ERROR, str(refused))
     if data is None:
         return verdict(exercise, ERROR, "the grader got no result back from the kernel for this exercise")
+    return data
+
+
+def judge_taken(
+    exercise: Exercise, data: bytes, expected: Any, seconds: float, memory_bytes: int = MEMORY_HEADROOM
+) -> CheckResult:
+    """The verdict on a result's bytes, judged in a child process limited in time and memory."""
+    budget = budget_for(expected)
     receiver, sender = _CONTEXT.Pipe(duplex=False)
     child = _CONTEXT.Process(
         target=_judge_in_child, args=(sender, exercise.id, data, pickle.dumps(expected), budget, memory_bytes)

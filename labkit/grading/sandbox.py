@@ -39,7 +39,7 @@ from pathlib import Path
 
 import labkit
 from labkit.cache import cache_root
-from labkit.grading import cgroups
+from labkit.grading import cgroups, grader_only
 
 _UID_BLOCKS = (1 << 30, 1 << 31, 1 << 12)  # user ids a run draws its block from: first, end, block size
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -141,6 +141,7 @@ def sandbox_command(
     if transport is not None:
         binds.append(("--bind", transport.resolve()))
     binds += gpu_binds
+    binds_and_hiding = [*_bind_arguments(binds), *_hiding_arguments()]
     return [
         *cgroups.join_command(list(cgroup_procs)),
         "prlimit",
@@ -151,7 +152,7 @@ def sandbox_command(
         "--die-with-parent",
         "--new-session",
         *_system_arguments(limits.tmp_bytes),
-        *_bind_arguments(binds),
+        *binds_and_hiding,
         "--chdir",
         str(folder.resolve()),
         "--setenv",
@@ -161,6 +162,30 @@ def sandbox_command(
         "JPY_PARENT_PID",
         *drop,
     ]
+
+
+@functools.cache
+def _stub_file() -> Path:
+    """The one file every grader-only module reads as in a sandbox (grader_only.STUB), in a folder of its own."""
+    folder = Path(tempfile.mkdtemp(prefix="labkit-stub-"))
+    folder.chmod(0o755)
+    atexit.register(remove_tree, folder, False)
+    path = folder / "grader-only-stub.py"
+    path.write_text(grader_only.STUB)
+    path.chmod(0o644)
+    return path
+
+
+def _hiding_arguments() -> list[str]:
+    """bwrap arguments that hide the grader's own modules (grader_only.py): a stub over each one's file, and an
+    empty folder over the `__pycache__` beside it, whose `.pyc` files hold the same code compiled."""
+    arguments: list[str] = []
+    for path in grader_only.source_files():
+        arguments += ["--ro-bind", str(_stub_file()), str(path)]
+    for folder in grader_only.pycache_folders():
+        if folder.is_dir():
+            arguments += ["--tmpfs", str(folder)]
+    return arguments
 
 
 @functools.cache

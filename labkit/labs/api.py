@@ -33,11 +33,11 @@ _WHERE = {
     "allocator_with": "labkit.labs.lab7.runs",
     "shared_block_snapshot": "labkit.labs.lab7.runs",
     # lab 9's server under load
-    "LOAD": "labkit.labs.lab9.capacity",
-    "RATES": "labkit.labs.lab9.capacity",
-    "SERVER_DIALS": "labkit.labs.lab9.capacity",
-    "promise_for": "labkit.labs.lab9.capacity",
-    "parse_metrics": "labkit.labs.lab9.dashboard",
+    "LOAD": "labkit.labs.lab9.load",
+    "RATES": "labkit.labs.lab9.load",
+    "SERVER_DIALS": "labkit.labs.lab9.load",
+    "promise_for": "labkit.labs.lab9.load",
+    "parse_metrics": "labkit.labs.lab9.scrape",
     # lab 10: a model whose weights went through a learner's quantize-then-dequantize
     "model_with_weights": "labkit.labs.lab10.runs",
     # lab 12: multi-turn chats replayed on two replicas, one routing policy at a time

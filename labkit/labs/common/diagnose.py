@@ -4,20 +4,26 @@ Each helper returns None when all is well, or a ``Mismatch`` whose text says whe
 learner's run first parts from the right one (call, layer, position, head) and whose hint
 names the mistake when it looks like a known one: attention that is not causal, scores not
 scaled, query heads paired with the wrong KV heads, a cache that is never appended, a
-position off by one.
+position off by one. ``diagnosed(exercise)`` does the same for an exception: the kernel's ``run``
+catches it as a record (``learner_errors.capture``) and the grader's ``compare`` says "your function f
+raised X at line N of your cell", with a hint (a lab may pass ``known(record) -> hint or None`` to
+name a typical mistake from the error).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from labkit.grading.checks import Exercise
 from labkit.grading.compare import compare_tensors
 from labkit.grading.result import Mismatch
 from labkit.kv.attention import attention, causal_mask
+from labkit.labs.common.learner_errors import capture, raised_in
 
 ATTENTION_TOLERANCE = dict(atol=1e-4, rtol=1e-4)
 LOGITS_TOLERANCE = dict(atol=2e-3, rtol=1e-3)
@@ -149,4 +155,30 @@ def check_logits(expected: torch.Tensor, got: torch.Tensor, what: str) -> Mismat
     """Logits against the oracle's with the tolerance fp32 reordering needs."""
     return compare_tensors(
         expected, got, what=what, **LOGITS_TOLERANCE, dims=("position", "vocab") if expected.dim() == 2 else ("vocab",)
+    )
+
+
+def raised_mismatch(record: dict[str, Any], hint: str | None) -> Mismatch:
+    """The one-line report of an exception, pointing at the learner's own line when there is one."""
+    what = f"{record['error']}: {record['message']}".rstrip(": ")
+    if not record["function"]:
+        return Mismatch(f"your code raised {what}", hint)
+    code = f" (`{record['code']}`)" if record["code"] else ""
+    return Mismatch(
+        f"your function {record['function']} raised {what} at line {record['line']} of your cell{code}", hint
+    )
+
+
+def diagnosed(exercise: Exercise, known: Callable[[dict[str, Any]], str | None] | None = None) -> Exercise:
+    """The exercise with the learner's exceptions caught in ``run`` and reported by ``compare``."""
+    run, compare = exercise.run, exercise.compare
+
+    def judged(expected, got):
+        record = raised_in(got)
+        if record is not None:
+            return raised_mismatch(record, known(record) if known else None)
+        return compare(expected, got)
+
+    return dataclasses.replace(
+        exercise, run=lambda functions, inputs: capture(functions, lambda: run(functions, inputs)), compare=judged
     )

@@ -3,8 +3,8 @@
 Labs 4-6 swap one part of the engine for the learner's own: the scheduling decision, the
 block allocator, or paged attention. The checks then serve a seeded set of requests on the
 tiny test model, on a clock that ticks once per reading (so the run is the same every time),
-and judge what came out: each request's greedy tokens against the request decoded alone,
-and invariants observed right after every scheduling decision.
+and judge what came out (`solo.py`, the grader's): each request's greedy tokens against the
+request decoded alone, and invariants observed right after every scheduling decision.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from typing import Any
 
 from labkit.engine import LLM
 from labkit.engine.interfaces import SchedulerPolicy
-from labkit.engine.reference import SoloRun, compare_to_solo, solo_greedy
 from labkit.engine.request import RequestStatus
 from labkit.engine.scheduler import PolicyBase, SchedulerOutput, SchedulerState, make_policy
 from labkit.engine.scheduler import policy_from_function as policy_from_function  # the notebooks import it here
 from labkit.grading.attempt import describe_exception
-from labkit.grading.result import Mismatch
 from labkit.labs.common.shared import rng, small_model
 from labkit.sampling_params import SamplingParams
 
@@ -155,36 +153,3 @@ def serve(
         "blocks_used_at_end": llm.state.blocks.num_used_blocks,
         "decisions": list(policy.decisions),
     }
-
-
-def run_failure(run: dict[str, Any], where: str = "") -> Mismatch | None:
-    """A Mismatch saying the run stopped with an error, or None if it ran to the end."""
-    if run.get("error") is None:
-        return None
-    return Mismatch(f"{where}the run stopped: {run['error']}")
-
-
-def solo_runs(requests: list[CheckRequest], model=None) -> list[SoloRun]:
-    """Each request decoded alone with the model's dense cache: the oracle for every batched run."""
-    model = model or small_model()
-    return [solo_greedy(model, r.prompt_ids, r.max_tokens, ignore_eos=True) for r in requests]
-
-
-def compare_with_solo(solo: list[SoloRun], got: list[list[int]]) -> Mismatch | None:
-    """The first request whose batched tokens differ from its solo run (near-ties forgiven)."""
-    if not isinstance(got, list) or len(got) != len(solo):
-        return Mismatch(f"expected tokens for {len(solo)} requests, got {len(got) if isinstance(got, list) else got!r}")
-    for index, (alone, batched) in enumerate(zip(solo, got)):
-        problem = compare_to_solo(batched, alone)
-        if problem is not None:
-            return Mismatch(
-                f"request r{index}: {problem}",
-                "Batching must not change what a request says. Is every running request given exactly "
-                "its missing tokens (num_missing_tokens), and admitted with blocks for them?",
-            )
-    return None
-
-
-def solo_oracle(inputs: dict[str, Any]) -> dict[str, Any]:
-    """The oracle half shared by the engine checks: solo runs of every request in ``inputs["requests"]``."""
-    return {"solo": solo_runs(inputs["requests"])}

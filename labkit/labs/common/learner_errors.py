@@ -1,23 +1,16 @@
-"""An exception inside a learner's code, turned into a diagnosis instead of a traceback.
+"""An exception inside a learner's code, caught in the kernel as a plain record instead of a traceback.
 
-``diagnosed(exercise)`` wraps an exercise's two halves: its ``run`` catches what the learner's
-functions raise and hands back a plain record (what was raised, in which of their functions, at
-which line of their cell); its ``compare`` turns that record into "your function f raised X at line
-N of your cell", with a hint. A lab may pass ``known(record) -> hint or None`` to name a typical
-mistake from the error (a size error in attention: keys not cut to the context length); otherwise
-the exercise's own hint is shown. The record is plain data, so the grader can judge it in its own
-process like any other output.
+``capture`` runs the learner's functions and hands back what they raised (in which of their
+functions, at which line of their cell) as plain data, so the grader can judge it in its own
+process like any other output; ``diagnose.diagnosed`` (the grader's) wraps an exercise with it
+and turns the record into "your function f raised X at line N of your cell", with a hint.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
-
-from labkit.grading.checks import Exercise
-from labkit.grading.result import Mismatch
 
 RAISED = "raised"  # the key of the record in place of the learner's outputs
 
@@ -51,17 +44,6 @@ def raised_record(error: BaseException, functions: Sequence[Any]) -> dict[str, A
     }
 
 
-def raised_mismatch(record: dict[str, Any], hint: str | None) -> Mismatch:
-    """The one-line report of an exception, pointing at the learner's own line when there is one."""
-    what = f"{record['error']}: {record['message']}".rstrip(": ")
-    if not record["function"]:
-        return Mismatch(f"your code raised {what}", hint)
-    code = f" (`{record['code']}`)" if record["code"] else ""
-    return Mismatch(
-        f"your function {record['function']} raised {what} at line {record['line']} of your cell{code}", hint
-    )
-
-
 def capture(functions: Sequence[Any], work: Callable[[], Any]) -> Any:
     """``work()``, or the record of what the learner's code raised in it (NotImplementedError escapes:
     it is the blank an exercise starts as, and reads "not done")."""
@@ -93,18 +75,3 @@ def noting_errors(function: Callable[..., Any]) -> tuple[Callable[..., Any], lis
 def raised_in(got: Any) -> dict[str, Any] | None:
     """The record of an exception if ``got`` is one, else None."""
     return got[RAISED] if isinstance(got, dict) and RAISED in got else None
-
-
-def diagnosed(exercise: Exercise, known: Callable[[dict[str, Any]], str | None] | None = None) -> Exercise:
-    """The exercise with the learner's exceptions caught in ``run`` and reported by ``compare``."""
-    run, compare = exercise.run, exercise.compare
-
-    def judged(expected, got):
-        record = raised_in(got)
-        if record is not None:
-            return raised_mismatch(record, known(record) if known else None)
-        return compare(expected, got)
-
-    return dataclasses.replace(
-        exercise, run=lambda functions, inputs: capture(functions, lambda: run(functions, inputs)), compare=judged
-    )

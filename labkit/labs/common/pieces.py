@@ -37,8 +37,22 @@ class Piece:
         return self.exercise.functions[0]
 
 
+@dataclass(frozen=True)
+class RunSide:
+    """What the learner's kernel needs of a piece: its name, its check's run and the course's answer (never the
+    oracle, the inputs' builder or the comparison, which stay in the grader's process)."""
+
+    name: str
+    run: Callable[..., Any]
+    course: Callable[..., Any]
+
+
+def run_side(piece: Piece) -> RunSide:
+    return RunSide(piece.name, piece.exercise.run, piece.course)
+
+
 @contextlib.contextmanager
-def course_pieces(function: Callable[..., Any], pieces: Sequence[Piece]) -> Iterator[None]:
+def course_pieces(function: Callable[..., Any], pieces: Sequence[RunSide]) -> Iterator[None]:
     """While inside, the names of ``pieces`` in ``function``'s globals (the learner's notebook) mean the course's own."""
     namespace = getattr(function, "__globals__", None)
     if namespace is None:  # a class or a builtin: it reads no earlier piece by name
@@ -56,13 +70,15 @@ def course_pieces(function: Callable[..., Any], pieces: Sequence[Piece]) -> Iter
                 namespace[name] = value
 
 
-def _learners_piece(function: Callable[..., Any], piece: Piece) -> Callable[..., Any] | None:
+def _learners_piece(function: Callable[..., Any], piece: RunSide) -> Callable[..., Any] | None:
     """The learner's own version of ``piece``, as ``function`` would call it; None if there is none to judge."""
     mine = getattr(function, "__globals__", {}).get(piece.name)
     return mine if callable(mine) and mine is not piece.course else None
 
 
-def _run_piece(function: Callable[..., Any], pieces: Sequence[Piece], index: int, inputs: Any) -> dict[str, Any] | None:
+def _run_piece(
+    function: Callable[..., Any], pieces: Sequence[RunSide], index: int, inputs: Any
+) -> dict[str, Any] | None:
     """The learner's own piece ``index`` run on its exercise's inputs (on the course's pieces before it)."""
     piece = pieces[index]
     mine = _learners_piece(function, piece)
@@ -70,7 +86,7 @@ def _run_piece(function: Callable[..., Any], pieces: Sequence[Piece], index: int
         return None
     try:
         with course_pieces(mine, pieces[:index]):
-            return {"outputs": piece.exercise.run((mine,), inputs)}
+            return {"outputs": piece.run((mine,), inputs)}
     except NotImplementedError:
         return {"not_done": True}
 
@@ -99,12 +115,6 @@ def on_its_own(exercise: Exercise, *pieces: Piece) -> Exercise:
         earlier = [piece.exercise.oracle(i) for piece, i in zip(pieces, inputs["earlier"])]
         return {"own": exercise.oracle(inputs["own"]), "earlier": earlier}
 
-    def run(functions, inputs: dict[str, Any]) -> dict[str, Any]:
-        with course_pieces(functions[0], pieces):
-            own = exercise.run(functions, inputs["own"])
-        earlier = [_run_piece(functions[0], pieces, index, i) for index, i in enumerate(inputs["earlier"])]
-        return {"own": own, "earlier": earlier}
-
     def compare(expected, got) -> Mismatch | Note | None:
         mismatch = exercise.compare(expected["own"], got["own"])
         problems = [
@@ -130,7 +140,19 @@ def on_its_own(exercise: Exercise, *pieces: Piece) -> Exercise:
         exercise,
         make_inputs=make_inputs,
         oracle=oracle,
-        run=run,
+        run=_run_on_course_pieces(exercise.run, tuple(map(run_side, pieces))),
         compare=compare,
         builds_on=tuple(piece.exercise.id for piece in pieces),
     )
+
+
+def _run_on_course_pieces(own_run: Callable[..., Any], pieces: tuple[RunSide, ...]) -> Callable[..., Any]:
+    """The kernel's half of ``on_its_own``: made apart from the exercise, so that it holds run-side parts only."""
+
+    def run(functions, inputs: dict[str, Any]) -> dict[str, Any]:
+        with course_pieces(functions[0], pieces):
+            own = own_run(functions, inputs["own"])
+        earlier = [_run_piece(functions[0], pieces, index, i) for index, i in enumerate(inputs["earlier"])]
+        return {"own": own, "earlier": earlier}
+
+    return run

@@ -1,7 +1,8 @@
 """Things every lab check needs: one copy of the course model per process, and seeded prompts.
 
 The checks run the real model as their oracle, so they and the notebook share one loaded
-copy (``course_model()``) instead of paying for a second load. Inputs come from a seed so
+copy (``course_model()``) instead of paying for a second load; the grader's requests name these models
+rather than copy them, and a kernel loads its own from the same cache. Inputs come from a seed so
 that the notebook's check and the grader (which draws its own seed) build the same ones.
 """
 
@@ -13,6 +14,7 @@ import random
 
 import torch
 
+from labkit.grading.request import sent_by_name
 from labkit.models import LlamaModel, load_model, tiny_model
 
 # Short prompts the default model continues with confidence (no near-ties in the first tokens).
@@ -42,13 +44,15 @@ def course_model() -> LlamaModel:
     fp32 even on a GPU: the checks compare logits with transformers' to a tolerance that 16-bit
     arithmetic would not meet, and a 135M-parameter model is small enough either way.
     """
-    return load_model(dtype="float32", progress=False)
+    model = sent_by_name(load_model(dtype="float32", progress=False), course_model)
+    sent_by_name(model.tokenizer, course_model, attribute="tokenizer")
+    return model
 
 
 @functools.lru_cache(maxsize=4)
 def small_model(seed: int = 0) -> LlamaModel:
     """A tiny random-weight Llama for checks that need a model's shapes but not its knowledge."""
-    return tiny_model("llama", seed=seed)
+    return sent_by_name(tiny_model("llama", seed=seed), small_model, seed)
 
 
 def rng(seed: int) -> random.Random:

@@ -23,9 +23,9 @@ from labkit.labs.common.diagnose import (
     check_attention,
     check_logits,
     check_positions,
+    diagnosed,
     known_attention_mistakes,
 )
-from labkit.labs.common.learner_errors import diagnosed
 from labkit.labs.common.pieces import Piece, on_its_own
 from labkit.labs.common.recording import RecordingModel
 from labkit.labs.common.shared import (

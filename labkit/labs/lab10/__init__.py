@@ -35,17 +35,18 @@ from labkit.capacity import SALE_70B_EXAMPLE, SALE_EXAMPLE, sale_load, size_flee
 from labkit.capacity.parallel import LLAMA_3_1_70B
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
-from labkit.labs.common.learner_errors import capture, diagnosed, raised_in, raised_mismatch
+from labkit.labs.common.diagnose import diagnosed, raised_mismatch
+from labkit.labs.common.learner_errors import capture, raised_in
 from labkit.labs.common.shared import course_model, rng, torch_generator
 from labkit.labs.hints import register_hints
-from labkit.labs.lab10.runs import (
+from labkit.labs.lab10.course import (
     course_dequantize_int4,
     course_dequantize_int8,
     course_quantize_int4,
     course_quantize_int8,
     course_round_trips,
-    model_with_weights,
 )
+from labkit.labs.lab10.runs import model_with_weights
 from labkit.models.quant import GROUP_SIZE, quality
 from labkit.workloads import sharegpt_quality_prompts
 

@@ -29,9 +29,10 @@ from labkit.grading.compare import compare_tensors
 from labkit.grading.result import Mismatch, Note
 from labkit.kernels.contract import UNWRITTEN
 from labkit.kernels.traffic import DecodeShape, decode_bytes
-from labkit.labs.common.engine_runs import compare_with_solo, random_requests, run_failure, serve, solo_oracle
-from labkit.labs.common.learner_errors import diagnosed
+from labkit.labs.common.diagnose import diagnosed
+from labkit.labs.common.engine_runs import random_requests, serve
 from labkit.labs.common.shared import rng, torch_generator
+from labkit.labs.common.solo import compare_with_solo, run_failure, solo_oracle
 from labkit.labs.hints import register_hints
 from labkit.labs.lab11.compiled import kernel_rule
 from labkit.labs.lab11.variants import simulate

@@ -30,7 +30,7 @@ from labkit.engine.fleet import CacheAware
 from labkit.engine.interfaces import ReplicaView
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
-from labkit.labs.common.learner_errors import diagnosed
+from labkit.labs.common.diagnose import diagnosed
 from labkit.labs.common.mistakes import named_mistake
 from labkit.labs.common.shared import rng
 from labkit.labs.hints import register_hints

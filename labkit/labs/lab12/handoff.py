@@ -24,18 +24,12 @@ from labkit.grading.checks import Exercise, register
 from labkit.grading.compare import compare_tensors
 from labkit.grading.result import Mismatch
 from labkit.kv.block_allocator import FreeListBlockAllocator
-from labkit.labs.common.engine_runs import (
-    MAX_STEPS,
-    CheckRequest,
-    TickClock,
-    compare_with_solo,
-    random_requests,
-    run_failure,
-    solo_oracle,
-)
-from labkit.labs.common.learner_errors import diagnosed
+from labkit.labs.common.diagnose import diagnosed
+from labkit.labs.common.engine_runs import CheckRequest, TickClock, random_requests
 from labkit.labs.common.shared import rng, small_model, torch_generator
+from labkit.labs.common.solo import compare_with_solo, run_failure, solo_oracle
 from labkit.labs.hints import register_hints
+from labkit.labs.lab12.runs import serve_handing_off
 from labkit.sampling_params import SamplingParams
 
 LAYERS, POOL_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM = 2, 12, 4, 2, 3
@@ -170,27 +164,6 @@ def copy_outcome(function, case: dict[str, Any]) -> dict[str, Any]:
 # --- the hand-off inside two engines -------------------------------------------------------------------
 
 ENGINES = dict(block_size=BLOCK_SIZE, max_model_len=256, max_num_seqs=4, enable_prefix_caching=False)
-
-
-def serve_handing_off(function, prefill: LLM, decode: LLM) -> dict[str, list[int]]:
-    """Step both engines until neither has work, handing each request from ``prefill`` to ``decode`` through
-    ``function`` (a ``hand_off_kv``) as soon as its first token is out. Returns the finished requests' tokens by id."""
-    tokens: dict[str, list[int]] = {}
-    for _ in range(MAX_STEPS):
-        if not (prefill.has_unfinished() or decode.has_unfinished()):
-            return tokens
-        for engine in (prefill, decode):
-            if engine.has_unfinished():
-                tokens.update((out.request_id, out.token_ids) for out in engine.step() if out.finished)
-        for ready in prefill.core.ready_to_hand_over():
-            request, table = prefill.core.hand_over(ready.request_id)
-            source, target = prefill.runner.cache, decode.runner.cache
-            function(
-                source.k, source.v, table, request.num_computed_tokens, decode.state.blocks, target.k, target.v,
-                request.request_id,
-            )  # fmt: skip
-            decode.core.adopt(request)  # its blocks are the ones the hand-off allocated: allocate() finds them
-    raise RuntimeError(f"the two engines passed {MAX_STEPS} steps without finishing every request")
 
 
 def run_disaggregated(function, requests: list[CheckRequest]) -> dict[str, Any]:

@@ -14,11 +14,32 @@ from collections.abc import Callable, Sequence
 from labkit.bench.kv_tier import reload_against_recompute, returning_ttft
 from labkit.engine import LLM
 from labkit.kv.tier_policy import TierCosts
-from labkit.labs.lab12.handoff import serve_handing_off
+from labkit.labs.common.engine_runs import MAX_STEPS
 from labkit.models.tokens import Prompt
 from labkit.sampling import SamplingParams
 
 ReloadDecision = Callable[[int, int, int, int, TierCosts], Sequence[int]]
+
+
+def serve_handing_off(function, prefill: LLM, decode: LLM) -> dict[str, list[int]]:
+    """Step both engines until neither has work, handing each request from ``prefill`` to ``decode`` through
+    ``function`` (a ``hand_off_kv``) as soon as its first token is out. Returns the finished requests' tokens by id."""
+    tokens: dict[str, list[int]] = {}
+    for _ in range(MAX_STEPS):
+        if not (prefill.has_unfinished() or decode.has_unfinished()):
+            return tokens
+        for engine in (prefill, decode):
+            if engine.has_unfinished():
+                tokens.update((out.request_id, out.token_ids) for out in engine.step() if out.finished)
+        for ready in prefill.core.ready_to_hand_over():
+            request, table = prefill.core.hand_over(ready.request_id)
+            source, target = prefill.runner.cache, decode.runner.cache
+            function(
+                source.k, source.v, table, request.num_computed_tokens, decode.state.blocks, target.k, target.v,
+                request.request_id,
+            )  # fmt: skip
+            decode.core.adopt(request)  # its blocks are the ones the hand-off allocated: allocate() finds them
+    raise RuntimeError(f"the two engines passed {MAX_STEPS} steps without finishing every request")
 
 
 def measure_tier_costs(model, prefix_tokens: int = 128) -> TierCosts:

@@ -19,7 +19,7 @@ from typing import Any
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.kv.tier_policy import TierCosts, reload_or_recompute
-from labkit.labs.common.learner_errors import diagnosed
+from labkit.labs.common.diagnose import diagnosed
 from labkit.labs.common.mistakes import named_mistake
 from labkit.labs.common.shared import rng
 from labkit.labs.hints import register_hints

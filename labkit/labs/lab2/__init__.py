@@ -18,8 +18,8 @@ from labkit.grading.checks import Exercise, register
 from labkit.grading.compare import compare_sequences, compare_tensors, compare_tokens
 from labkit.grading.result import Mismatch
 from labkit.kv.attention import attention, causal_mask
-from labkit.labs.common.diagnose import check_attention, check_logits, check_positions
-from labkit.labs.common.learner_errors import capture, diagnosed, raised_in, raised_mismatch
+from labkit.labs.common.diagnose import check_attention, check_logits, check_positions, diagnosed, raised_mismatch
+from labkit.labs.common.learner_errors import capture, raised_in
 from labkit.labs.common.recording import RecordingModel
 from labkit.labs.common.shared import greedy_without_cache, prompt_and_steps, rng, torch_generator
 from labkit.labs.hints import register_hints

@@ -19,8 +19,7 @@ from labkit.grading.checks import Exercise, register
 from labkit.grading.compare import compare_tensors, compare_tokens
 from labkit.grading.result import Mismatch
 from labkit.kv.attention import causal_mask
-from labkit.labs.common.diagnose import check_logits, check_positions
-from labkit.labs.common.learner_errors import diagnosed
+from labkit.labs.common.diagnose import check_logits, check_positions, diagnosed
 from labkit.labs.common.pieces import Piece, on_its_own
 from labkit.labs.common.recording import RecordingModel
 from labkit.labs.common.shared import course_model, ends_early_prompt, pick_prompts, rng

@@ -25,17 +25,11 @@ from labkit.engine.state import SchedulerState
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.kv.block_allocator import FreeListBlockAllocator
-from labkit.labs.common.engine_runs import (
-    CheckRequest,
-    compare_with_solo,
-    random_requests,
-    run_failure,
-    run_requests,
-    serve,
-    solo_oracle,
-)
-from labkit.labs.common.learner_errors import diagnosed, noting_errors, raised_mismatch
+from labkit.labs.common.diagnose import diagnosed, raised_mismatch
+from labkit.labs.common.engine_runs import CheckRequest, random_requests, run_requests, serve
+from labkit.labs.common.learner_errors import noting_errors
 from labkit.labs.common.shared import rng
+from labkit.labs.common.solo import compare_with_solo, run_failure, solo_oracle
 from labkit.labs.hints import register_hints
 from labkit.metrics import summarize
 from labkit.sampling_params import SamplingParams

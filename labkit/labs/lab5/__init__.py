@@ -20,9 +20,11 @@ from labkit.grading.compare import compare_tensors
 from labkit.grading.result import Mismatch
 from labkit.kv.attention import attention, causal_mask
 from labkit.kv.paged_batch import PagedBatch
-from labkit.labs.common.engine_runs import compare_with_solo, random_requests, run_failure, serve, solo_oracle
-from labkit.labs.common.learner_errors import diagnosed, raised_mismatch, raised_record
+from labkit.labs.common.diagnose import diagnosed, raised_mismatch
+from labkit.labs.common.engine_runs import random_requests, serve
+from labkit.labs.common.learner_errors import raised_record
 from labkit.labs.common.shared import rng, torch_generator
+from labkit.labs.common.solo import compare_with_solo, run_failure, solo_oracle
 from labkit.labs.hints import register_hints
 
 BLOCK_SIZE = 16

@@ -19,17 +19,11 @@ from typing import Any
 
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
-from labkit.labs.common.engine_runs import (
-    CheckRequest,
-    compare_with_solo,
-    policy_from_function,
-    random_requests,
-    run_failure,
-    serve,
-    solo_oracle,
-)
-from labkit.labs.common.learner_errors import diagnosed, noting_errors, raised_mismatch
+from labkit.labs.common.diagnose import diagnosed, raised_mismatch
+from labkit.labs.common.engine_runs import CheckRequest, policy_from_function, random_requests, serve
+from labkit.labs.common.learner_errors import noting_errors
 from labkit.labs.common.shared import rng
+from labkit.labs.common.solo import compare_with_solo, run_failure, solo_oracle
 from labkit.labs.hints import register_hints
 from labkit.labs.lab4 import SCHEDULING_ANSWERS, check_decisions
 from labkit.sim.cost_model import CostModel, get_model

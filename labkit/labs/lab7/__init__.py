@@ -22,7 +22,8 @@ from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.kv.prefix_cache import NO_PARENT, PrefixCachingBlockAllocator, block_hash, block_hashes
 from labkit.kv.prefix_cache import longest_cached_prefix as labkits_cached_prefix
-from labkit.labs.common.learner_errors import diagnosed, raised_mismatch, raised_record
+from labkit.labs.common.diagnose import diagnosed, raised_mismatch
+from labkit.labs.common.learner_errors import raised_record
 from labkit.labs.common.shared import rng
 from labkit.labs.hints import register_hints
 from labkit.labs.lab7.runs import (

@@ -27,10 +27,12 @@ from labkit.engine.request import Request
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.kv.block_allocator import FreeListBlockAllocator
-from labkit.labs.common.engine_runs import CheckRequest, compare_with_solo, run_failure
-from labkit.labs.common.learner_errors import capture, diagnosed, raised_in, raised_mismatch
+from labkit.labs.common.diagnose import diagnosed, raised_mismatch
+from labkit.labs.common.engine_runs import CheckRequest
+from labkit.labs.common.learner_errors import capture, raised_in
 from labkit.labs.common.mistakes import named_mistake
 from labkit.labs.common.shared import rng, torch_generator
+from labkit.labs.common.solo import compare_with_solo, run_failure
 from labkit.labs.hints import register_hints
 from labkit.labs.lab8.runs import repetitive_requests, serve_speculating, solo_course_runs
 from labkit.labs.lab8.sampling import (

@@ -1,5 +1,7 @@
 """Lab 9's capacity check: the learner's SLO sweep against a real server, judged on the very measurements it made.
 
+(The grader's: the sweep's rates, load, server and promise, which the notebook uses too, are in ``load.py``.)
+
 The promise is relative to the machine (a GPU is far faster than two CPU cores): p99 time to
 first token within ``TTFT_FACTOR`` times, and p99 time per output token within ``TPOT_FACTOR``
 times, what one user alone sees on the same server. The run half (the notebook's kernel) starts
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import statistics
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -38,19 +39,15 @@ from typing import Any
 from labkit.engine import LLM
 from labkit.grading.result import Mismatch, Note
 from labkit.labs.common.shared import course_model, rng
+from labkit.labs.lab9.load import LOAD, METRICS, RATES, SERVER_DIALS, promise_for
 from labkit.serve import background
-from labkit.serve.background import measure, per_request
+from labkit.serve.background import per_request
 from labkit.serve.loadtest import api_base, recording
 from labkit.serve.server import ServerThread
 from labkit.slo import Promise, from_requests, highest_rate, keeps
 from labkit.trace import RequestRecord, Trace
 from labkit.workloads import Workload
 
-RATES = (1.0, 2.0, 4.0, 8.0, 16.0)  # requests per second; each twice the last
-LOAD = dict(num_prompts=6, input_len=64, output_len=16)  # what every rate of the sweep sends
-SERVER_DIALS = dict(policy="continuous", max_num_seqs=4, max_model_len=512, num_blocks=256)
-TTFT_FACTOR, TPOT_FACTOR = 5.0, 3.0  # TPOT: a p99 of six is a maximum, and it moves 2x with noise alone
-METRICS = ("ttft_ms", "tpot_ms")
 MEASURE_HINT = "Measure each rate with the lab's LOAD, measure(url, rate, **LOAD), and let highest_rate decide."
 EXAMPLE_PROMISE = {"ttft_ms": 1000.0, "tpot_ms": 100.0}  # exercise 5's example, which a sweep must not put in
 # The replayed sweep: at each rate the p99 TTFT and TPOT (ms) every load of that rate reports. Its promise
@@ -59,23 +56,6 @@ REPLAY_PROMISE = {"ttft_ms": 400.0, "tpot_ms": 60.0}
 REPLAY_SIGNS = 2.0  # what labkit's rule signs on the replayed sweep under REPLAY_PROMISE
 REPLAYED = {1.0: (150.0, 40.0), 2.0: (300.0, 45.0), 4.0: (700.0, 50.0), 8.0: (950.0, 70.0), 16.0: (2500.0, 120.0)}
 SPREAD = (0.6, 0.7, 0.8, 0.9, 1.0, 1.0)  # each request's share of the p99, in turn
-
-
-def alone(url: str, repeats: int = 3) -> dict[str, float]:
-    """What one user alone sees: the median TTFT and TPOT of ``repeats`` single requests of the sweep's shape.
-
-    One full batch of the sweep's shape runs first, unmeasured: the first batches after a start are
-    slow (memory is allocated, kernels picked), and would count against the lowest rate.
-    """
-    measure(url, RATES[-1], **{**LOAD, "num_prompts": SERVER_DIALS["max_num_seqs"]})
-    runs = [measure(url, 8.0, **{**LOAD, "num_prompts": 1})[0] for _ in range(repeats)]
-    return {metric: statistics.median(run[metric] for run in runs) for metric in METRICS}
-
-
-def promise_for(url: str) -> dict[str, float]:
-    """The sweep's promise on this server: p99 TTFT and TPOT limits in ms, relative to one user alone."""
-    seen = alone(url)
-    return {"ttft_ms": round(TTFT_FACTOR * seen["ttft_ms"], 1), "tpot_ms": round(TPOT_FACTOR * seen["tpot_ms"], 1)}
 
 
 def capacity_inputs(seed: int) -> dict[str, Any]:

@@ -14,31 +14,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from labkit.labs.common.shared import rng
+from labkit.labs.lab9.scrape import parse_metrics
 from labkit.serve.metrics import FINISH_REASONS, ServerMetrics
 from labkit.trace import StepRecord
 
 TTFT = "vllm:time_to_first_token_seconds"
 KEYS = ("finished", "generation_tokens", "mean_ttft_s", "p90_ttft_s", "prefix_hit_rate", "running", "kv_usage")
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Every sample of a scrape by name and labels, without the labels every series carries.
-
-    ``vllm:prompt_tokens_total``, ``vllm:request_success_total{finished_reason="stop"}``,
-    ``vllm:time_to_first_token_seconds_bucket{le="0.1"}`` ... -> value.
-    """
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = {k: v for k, v in sample.labels.items() if k not in ("model_name", "engine")}
-            key = sample.name + (
-                "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else ""
-            )
-            samples[key] = sample.value
-    return samples
 
 
 def buckets(samples: dict[str, float], name: str) -> list[tuple[float, float]]:
