@@ -241,8 +241,16 @@ class TestBadInputs:
     def test_cli_errors(self, capsys):
         assert main(["plan", "--example", "sale-70b", "--load", "10x", "--replicas", "3"]) == 2
         assert "drop --replicas" in capsys.readouterr().err
-        assert main(["plan", "--example", "sale-70b"]) == 2
+        assert main(["plan", "--example", "sale-70b", "--tensor-parallel", "1"]) == 2  # bare, it is split 8 ways
         assert "--tensor-parallel 2" in capsys.readouterr().err
         with pytest.raises(SystemExit):
             main(["plan", "--load", "ten"])
         assert "neither requests/s" in capsys.readouterr().err
+
+
+def test_the_70b_example_runs_bare_on_the_split_its_fleet_picks(capsys):
+    """`labkit plan --example sale-70b` alone: 141 GB fit no card, so it is planned 8 ways (chapter 8's fleet)."""
+    assert main(["plan", "--example", "sale-70b"]) == 0
+    assert "(1 x 8 GPUs)" in capsys.readouterr().out
+    assert main(["plan", "--example", "sale-70b", "--tensor-parallel", "1"]) == 2
+    assert "tensor_parallel=2" in capsys.readouterr().err

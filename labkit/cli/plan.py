@@ -41,6 +41,8 @@ from labkit.cli import print_json
 from labkit.sim.hardware import GB, PRESETS, TB, TFLOPS, get_hardware
 
 EXAMPLES = {"sale": SALE_EXAMPLE, "sale-70b": SALE_70B_EXAMPLE, "friends": FRIENDS_EXAMPLE}
+# An example whose model fits no single card is planned, unless told otherwise, on the split chapter 8's fleet picks.
+EXAMPLE_TENSOR_PARALLEL = {"sale-70b": 8}
 DEFAULTS = dict(hardware="a100-80gb", model="llama-3.1-8b", prompt_len=1000, answer_len=300)
 
 
@@ -157,9 +159,9 @@ def run(args: argparse.Namespace) -> int:
     inputs = _inputs(args)
     if args.load is not None:
         return _size_fleet(args, inputs)
-    for key, value in (("tensor_parallel", args.tensor_parallel), ("replicas", args.replicas)):
-        if value is not None:
-            inputs[key] = value
+    inputs["tensor_parallel"] = args.tensor_parallel or EXAMPLE_TENSOR_PARALLEL.get(args.example or "", 1)
+    if args.replicas is not None:
+        inputs["replicas"] = args.replicas
     result = plan(**inputs)
     speculation = None if args.speculate is None else _speculation(args, inputs, result.conversations)
     if args.json:
