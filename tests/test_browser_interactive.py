@@ -301,8 +301,9 @@ class CapacityPlan(Figure):
 def test_the_capacity_plan_gives_labkits_plan_for_every_setting(html: Path, browser) -> None:
     figure = CapacityPlan(browser, html / "book" / "capacity_planning.html")
     first = figure.check()
-    assert round(float(first["request_ceiling_per_s"]), 1) == 6.9 and float(first["conversations"]) == 328
-    assert round(float(first["promise_in_flight"])) == 88  # the chapter's worked example
+    # the chapter's worked example, attention's 1.7 ms of prefill counted (the lesson's 6.9 and 88 without it)
+    assert round(float(first["request_ceiling_per_s"]), 1) == 6.8 and float(first["conversations"]) == 328
+    assert round(float(first["promise_in_flight"])) == 87
     moves = [
         lambda: figure.type("prompt", "2000"),
         lambda: figure.type("answer", "1200"),

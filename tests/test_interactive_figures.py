@@ -163,7 +163,8 @@ def test_the_figures_load_nothing_from_the_network() -> None:
 
 
 def plan_cases() -> list[tuple]:
-    """GPUs, models, storage, splits, lengths and promises: plans that fit, that do not, promises none keeps."""
+    """GPUs, models, storage, splits, lengths and promises: plans that fit, that do not, promises none keeps,
+    prompts past a model's context."""
     return list(
         itertools.product(
             FIGURE_GPUS,
@@ -171,7 +172,7 @@ def plan_cases() -> list[tuple]:
             ["bf16", "int8", "int4"],
             ["bf16", "fp8"],
             [1, 2, 8],
-            [(1000, 300), (6144, 2048), (50, 20)],
+            [(1000, 300), (6144, 2048), (50, 20), (100_000, 1000)],  # the last: past two models' context
             [None, 50.0, 12.5],
         )
     )

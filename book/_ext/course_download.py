@@ -2,8 +2,9 @@
 
 Why: the book must never show a link that leads nowhere. Every build puts ``course.zip`` at the root of the
 HTML: the learner's kit (``labkit``, the learner notebooks and ``labs/README.md``, the book's sources, the
-Makefile and README; not the tests or the solved notebooks), so a reader has the code whether or not it is
-published anywhere. A fork that publishes its repository sets ``repository.url`` in _config.yml; only then do
+Makefile; not the tests or the solved notebooks), so a reader has the code whether or not it is published
+anywhere. Its README is the kit's own (``course_kit_README.md``), naming only what the kit holds and the
+commands that run from a fresh unzip: the repository's README promises tests and CI the kit leaves out. A fork that publishes its repository sets ``repository.url`` in _config.yml; only then do
 the header's repository button and the Get started page link to it. The MyST substitutions:
 
 - ``{{ code_link }}``: the repository's address if one is set, else the download;
@@ -35,14 +36,14 @@ KIT = (
     "book",
     "scripts",
     "Makefile",
-    "README.md",
     "LICENSE",
     "pyproject.toml",
     "environment.yml",
     "_config.yml",
     "_toc.yml",
 )
-LEFT_OUT = ("labs/source/",)
+KIT_README = Path(__file__).with_name("course_kit_README.md")  # the kit's README.md
+LEFT_OUT = ("labs/source/", str(KIT_README.relative_to(ROOT)))
 PDF = "book.pdf"
 
 
@@ -63,6 +64,7 @@ def write_archive(folder: Path) -> Path:
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
         for path in kit_files():
             zipped.write(path, f"{FOLDER}/{path.relative_to(ROOT)}")
+        zipped.write(KIT_README, f"{FOLDER}/README.md")
     return archive
 
 

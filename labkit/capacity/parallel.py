@@ -27,8 +27,11 @@ GPUS_PER_NODE = 8  # an HGX/DGX node: the GPUs that NVLink joins; past it the li
 ACTIVATION_BYTES = 2  # bf16 activations, whatever the weights are stored in
 ALLREDUCES_PER_LAYER = 2  # one after attention's output projection, one after the MLP's down projection
 
-LLAMA_3_1_70B = ModelSpec("Llama 3.1 70B", 70_553_706_496, layers=80, kv_heads=8, head_dim=128)
-"""The model of the sale that does not fit one card (141 GB of bf16 weights); shape from its config.json."""
+LLAMA_3_1_70B = ModelSpec(
+    "Llama 3.1 70B", 70_553_706_496, layers=80, kv_heads=8, head_dim=128, query_heads=64, context_length=131_072
+)
+"""The model of the sale that does not fit one card (141 GB of bf16 weights); shape from its config.json,
+its 128K context (131,072 tokens) from Llama 3.1's model card."""
 
 # The hidden size (the width of the activations an all-reduce adds up) of each preset, found by
 # its shape, so that renamed or quantized copies of a preset (with_precision) still find theirs.
@@ -95,6 +98,7 @@ def tensor_split(hardware: Hardware, model: ModelSpec, ways: int, hidden_size: i
         name=f"{model.name}, 1/{ways} per GPU",
         parameters=model.parameters / ways,
         kv_heads=max(1, model.kv_heads // ways),
+        query_heads=None if model.query_heads is None else max(1, model.query_heads // ways),
     )
     message_bytes = 2 * (ways - 1) / ways * hidden * ACTIVATION_BYTES
     seconds = model.layers * ALLREDUCES_PER_LAYER * message_bytes / hardware.interconnect_bandwidth

@@ -1,5 +1,9 @@
 """The planner's arithmetic: how many conversations fit, how long a step takes, what the promise costs.
 
+One convention for every GPU: arithmetic at the rate kernels reach, half the datasheet peak
+(:data:`~labkit.sim.hardware.ACHIEVABLE_FLOPS_FRACTION`) unless the figure given is already a
+measured or achievable one (``Hardware.flops_achievable``); memory bandwidth at its datasheet figure.
+
 Memory decides how many conversations fit (one subtraction, one division); the cost
 model decides how long a decode step and a prefill take; the rest is bookkeeping:
 GPU time per request, the request ceiling, tokens per second, the price, and the load
@@ -91,6 +95,7 @@ class CapacityPlan:
     overhead_s: float
     decode_allreduce_s: float  # the GPUs of a replica adding up their partial results; 0 on one GPU
     decode_step_s: float
+    prefill_attention_s: float | None  # attention's own arithmetic in the prefill; None if the model names no heads
     prefill_s: float
     decode_s_per_request: float  # answer x step / conversations
     gpu_s_per_request: float
@@ -238,7 +243,14 @@ def plan(
     """Plan GPUs serving conversations of ``prompt_len`` + ``answer_len`` tokens: one, or a fleet.
 
     ``hardware`` and ``model`` are presets or their names; ``gpu_memory_bytes`` overrides the
-    card's memory. Times are in seconds (``promise_s=0.050`` for a token every 50 ms); the
+    card's memory. Every GPU is rated at its achievable arithmetic rate (``Hardware.achievable``:
+    half a datasheet peak), so a named A100 and the sale's A100-class card are rated alike.
+    A conversation longer than the model's ``context_length`` is refused. The prefill counts
+    attention's own arithmetic (``ModelSpec.prefill_attention_flops``), quadratic in the prompt: 2%
+    of a 1,000-token prompt's arithmetic for Llama 3.1 8B, 62% of a 100,000-token one. Decode
+    steps leave it out: per token it is 4 x layers x query_heads x head_dim x context FLOPs,
+    read alongside the same context's KV bytes at query_heads / kv_heads FLOPs per byte (4 for
+    Llama 3.1 8B), far below any GPU's arithmetic-to-bandwidth ratio, so the KV read covers it. Times are in seconds (``promise_s=0.050`` for a token every 50 ms); the
     price is per GPU-hour. The batch is assumed full: every conversation that fits is on
     board, the average one halfway through its answer. See :func:`load_within_promise` for
     the algebra of the promise. ``plan(**SALE_EXAMPLE)`` is the lesson's worked example.
@@ -248,10 +260,16 @@ def plan(
     card's ``interconnect_bandwidth`` and the model's ``hidden_size``); ``replicas=R`` runs R
     such copies behind a router, so the fleet serves R times one replica.
     """
-    hardware, model = get_hardware(hardware), planner_model(model)
+    hardware, model = get_hardware(hardware).achievable(), planner_model(model)
     for name, value in (("prompt_len", prompt_len), ("answer_len", answer_len)):
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"{name} must be a whole number of tokens, 1 or more; got {value!r}")
+    if model.context_length is not None and prompt_len + answer_len > model.context_length:
+        raise ValueError(
+            f"{model.name} reads at most {model.context_length:,} tokens (its context length); a prompt of "
+            f"{prompt_len:,} and an answer of {answer_len:,} make {prompt_len + answer_len:,}: shorten them "
+            "or pick a model with a longer context"
+        )
     if not (isinstance(replicas, int) and replicas >= 1):
         raise ValueError(f"replicas must be a whole number, 1 or more; got {replicas!r}")
     if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
@@ -266,7 +284,13 @@ def plan(
     step = cost.pass_breakdown(conversations, conversations * mean_context)
     decode_allreduce_s = allreduce_s * conversations
     decode_step_s = step.total_s + decode_allreduce_s
-    prefill_s = cost.prefill_time(prompt_len) + allreduce_s * prompt_len
+    prefill_attention_s = _prefill_attention_s(shard, prompt_len, hardware.flops)
+    prefill = cost.pass_breakdown(prompt_len, 0)
+    prefill_s = (
+        max(prefill.memory_s, prefill.compute_s + (prefill_attention_s or 0.0))
+        + prefill.overhead_s
+        + allreduce_s * prompt_len
+    )
     decode_s_per_request = answer_len * decode_step_s / conversations
     gpu_s_per_request = prefill_s + decode_s_per_request
     ceiling = 1 / gpu_s_per_request
@@ -305,6 +329,7 @@ def plan(
         overhead_s=overhead_s,
         decode_allreduce_s=decode_allreduce_s,
         decode_step_s=decode_step_s,
+        prefill_attention_s=prefill_attention_s,
         prefill_s=prefill_s,
         decode_s_per_request=decode_s_per_request,
         gpu_s_per_request=gpu_s_per_request,
@@ -318,6 +343,11 @@ def plan(
         promise_load_per_s=promise_load,
         promise_in_flight=in_flight,
     )
+
+
+def _prefill_attention_s(shard: ModelSpec, prompt_len: int, flops: float) -> float | None:
+    """Seconds of attention arithmetic in one GPU's share of a prefill; None when the model names no heads."""
+    return None if shard.query_heads is None else shard.prefill_attention_flops(prompt_len) / flops
 
 
 def _conversations_that_fit(

@@ -60,6 +60,8 @@ def _title(plan: CapacityPlan) -> list[str]:
     return [
         f"Capacity plan: {plan.model.name} on {plan.hardware.name}{fleet}",
         "(napkin estimate from the four-constant cost model, not a measurement)",
+        f"(every GPU rated alike: arithmetic at an achievable {plan.hardware.flops / TFLOPS:.3g} TFLOP/s, half the "
+        f"datasheet peak or a measured rate; bandwidth {plan.hardware.bandwidth / TB:.3g} TB/s as given)",
     ]
 
 
@@ -152,7 +154,8 @@ def _allreduce_rows(plan: CapacityPlan) -> list[str]:
 def _throughput_rows(plan: CapacityPlan) -> list[str]:
     """Rows 7 to 11: GPU time per request, the ceiling, tokens/s and the price; then what batching buys."""
     return [
-        _row(7, "prefill", f"{plan.prompt_len:,} tokens", f"{plan.prefill_s * MS:.1f} ms"),
+        _row(7, "prefill", f"{plan.prompt_len:,} tokens, weights + attention", f"{plan.prefill_s * MS:.1f} ms"),
+        _row("", "  of which attention", *_attention_cells(plan)),
         _row(
             8,
             "GPU time per request",
@@ -171,6 +174,13 @@ def _throughput_rows(plan: CapacityPlan) -> list[str]:
         _row("", "batching buys", "row 10 / single stream", f"{plan.speedup_over_single_stream:.1f}x"),
         _row("", "critical batch", "flops / bandwidth x bytes per param / 2", f"{plan.critical_batch:,.0f} tokens"),
     ]
+
+
+def _attention_cells(plan: CapacityPlan) -> tuple[str, str]:
+    """Row 7's attention arithmetic: 2 x layers x heads x head_dim x L x (L + 1) FLOPs, or why it is missing."""
+    if plan.prefill_attention_s is None:
+        return "not counted: the model names no query_heads", "-"
+    return "2 x layers x heads x head_dim x L(L+1)", f"{plan.prefill_attention_s * MS:.1f} ms"
 
 
 def _promise_rows(plan: CapacityPlan) -> list[str]:

@@ -47,6 +47,8 @@ class ModelSpec:
     head_dim: int
     bytes_per_param: float = 2.0  # 2 for BF16; about 0.52 for 4-bit weights with their scales
     kv_bytes_per_value: float = 2.0  # the KV cache is usually kept in 16-bit even for quantized weights
+    query_heads: int | None = None  # attention heads (num_attention_heads); None: attention arithmetic unknown
+    context_length: int | None = None  # the longest sequence it was trained for; None: not known
 
     def __post_init__(self) -> None:
         for field_name in ("parameters", "layers", "kv_heads", "head_dim", "bytes_per_param", "kv_bytes_per_value"):
@@ -56,6 +58,26 @@ class ModelSpec:
                     f"ModelSpec {self.name!r}: {field_name} must be positive, got {value!r}; "
                     "take it from the model's config.json"
                 )
+        for field_name in ("query_heads", "context_length"):
+            value = getattr(self, field_name)
+            if value is not None and not (isinstance(value, int) and value >= 1):
+                raise ValueError(
+                    f"ModelSpec {self.name!r}: {field_name} must be a whole number, 1 or more, or None; "
+                    f"got {value!r}; take it from the model's config.json"
+                )
+
+    def prefill_attention_flops(self, prompt_len: int) -> float:
+        """Attention's own arithmetic (scores and weighted sum) over a whole prompt, causal, in FLOPs.
+
+        The token at position i (1-based) scores itself against i keys and sums i values in every
+        query head: 2 x i x head_dim FLOPs each, so 4 x layers x query_heads x head_dim x i per token.
+        Summed over i = 1..L: 2 x layers x query_heads x head_dim x L x (L + 1). The weights' 2 x
+        parameters per token grow linearly with L, this quadratically: Llama 3.1 8B's equals its
+        weights' near 61K tokens. Needs ``query_heads``.
+        """
+        if self.query_heads is None:
+            raise ValueError(f"{self.name} names no query_heads (num_attention_heads of its config.json)")
+        return 2.0 * self.layers * self.query_heads * self.head_dim * prompt_len * (prompt_len + 1)
 
     @property
     def weight_bytes(self) -> float:
@@ -67,11 +89,20 @@ class ModelSpec:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes_per_value
 
 
-# Parameter counts worked out from each model's config.json (embeddings included).
+# Parameter counts worked out from each model's config.json (embeddings included); query heads are its
+# num_attention_heads. Context lengths: Llama 3.1's model card gives 128K (max_position_embeddings
+# 131,072); Qwen3 8B's model card gives 32,768 tokens natively (131,072 only with YaRN scaling, not
+# counted here); SmolLM2's config.json gives max_position_embeddings 8,192.
 MODELS: dict[str, ModelSpec] = {
-    "llama-3.1-8b": ModelSpec("Llama 3.1 8B", 8_030_261_248, layers=32, kv_heads=8, head_dim=128),
-    "qwen3-8b": ModelSpec("Qwen3 8B", 8_190_735_360, layers=36, kv_heads=8, head_dim=128),
-    "smollm2-135m": ModelSpec("SmolLM2 135M", 134_515_008, layers=30, kv_heads=3, head_dim=64),
+    "llama-3.1-8b": ModelSpec(
+        "Llama 3.1 8B", 8_030_261_248, layers=32, kv_heads=8, head_dim=128, query_heads=32, context_length=131_072
+    ),
+    "qwen3-8b": ModelSpec(
+        "Qwen3 8B", 8_190_735_360, layers=36, kv_heads=8, head_dim=128, query_heads=32, context_length=32_768
+    ),
+    "smollm2-135m": ModelSpec(
+        "SmolLM2 135M", 134_515_008, layers=30, kv_heads=3, head_dim=64, query_heads=9, context_length=8_192
+    ),
 }
 
 

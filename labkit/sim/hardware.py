@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported only by the probe, so presets and plans load fast
@@ -22,6 +22,10 @@ if TYPE_CHECKING:  # torch is imported only by the probe, so presets and plans l
 GB = 1e9
 TB = 1e12
 TFLOPS = 1e12
+
+# Dense kernels at serving shapes reach about half the published arithmetic peak (the lesson's A100
+# figure, 150 of 312 TFLOP/s, is the same share); the memory link gets close to its datasheet rate.
+ACHIEVABLE_FLOPS_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class Hardware:
     flops: float
     source: str = ""
     interconnect_bandwidth: float = 0.0  # bytes/s each way to the other GPUs of a node (NVLink); 0: none known
+    flops_achievable: bool = False  # True: ``flops`` is a rate kernels reach (measured or so quoted), not a peak
 
     def __post_init__(self) -> None:
         for field_name in ("memory_bytes", "bandwidth", "flops"):
@@ -45,6 +50,17 @@ class Hardware:
                 )
         if self.interconnect_bandwidth < 0:
             raise ValueError(f"Hardware {self.name!r}: interconnect_bandwidth must be 0 or more")
+
+    @property
+    def achievable_flops(self) -> float:
+        """The arithmetic rate kernels reach: ``flops`` itself when it is one, else half the datasheet peak."""
+        return self.flops if self.flops_achievable else ACHIEVABLE_FLOPS_FRACTION * self.flops
+
+    def achievable(self) -> Hardware:
+        """This part rated as the planner rates every GPU: :attr:`achievable_flops`, datasheet bandwidth."""
+        if self.flops_achievable:
+            return self
+        return replace(self, flops=self.achievable_flops, flops_achievable=True)
 
     def __str__(self) -> str:
         return (
@@ -211,4 +227,4 @@ def probe_this_machine(
         f"({sizes[torch.bfloat16]}x{sizes[torch.bfloat16]}); flops is the {str(working_dtype).removeprefix('torch.')} rate"
     )
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"this machine ({device.type})"
-    return Hardware(name, _memory_bytes(device), bandwidth, rates[working_dtype], note)
+    return Hardware(name, _memory_bytes(device), bandwidth, rates[working_dtype], note, flops_achievable=True)

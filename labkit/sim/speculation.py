@@ -14,11 +14,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from labkit.sim.cost_model import CostModel, ModelSpec, conversations_that_fit, expected_tokens_per_step, get_model
-from labkit.sim.hardware import Hardware, get_hardware
-
-# Dense kernels at serving shapes reach about half the published peak (the lesson's A100 figure, 150 of
-# 312 TFLOP/s, is the same share); the memory link gets close to its datasheet rate.
-ACHIEVABLE_FLOPS_FRACTION = 0.5
+from labkit.sim.hardware import ACHIEVABLE_FLOPS_FRACTION, Hardware, get_hardware
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from bokeh.models import Div, Range1d, Select, Span, TextInput
 
 from labkit.capacity import KV_BYTES, SALE_EXAMPLE, WEIGHT_BYTES
 from labkit.capacity.parallel import GPUS_PER_NODE
+from labkit.sim.hardware import ACHIEVABLE_FLOPS_FRACTION
 from labkit.viz.interactive import (
     ANSWER_STYLE,
     FIGURE_GPUS,
@@ -76,16 +77,27 @@ function tensorSplit(g, m, ways) {
   if (!(g.interconnect_bandwidth > 0))
     throw new PlanError(`This GPU has no known link between cards, so a model split ${ways} ways `
       + 'cannot be timed: pick 1 GPU per replica.');
-  const shard = {...m, parameters: m.parameters / ways, kv_heads: Math.max(1, Math.floor(m.kv_heads / ways))};
+  const shard = {...m, parameters: m.parameters / ways, kv_heads: Math.max(1, Math.floor(m.kv_heads / ways)),
+                 query_heads: m.query_heads === null ? null : Math.max(1, Math.floor(m.query_heads / ways))};
   const messageBytes = 2 * (ways - 1) / ways * m.hidden_size * 2;
   return {shard, allreduce: m.layers * 2 * messageBytes / g.interconnect_bandwidth};
 }
 
 // labkit.capacity.planner.plan, one replica of `ways` GPUs; seconds, bytes and requests/s as labkit holds them
-function planCapacity(g, m, prompt, answer, fraction, overhead, promise, price, ways) {
+// labkit.sim.hardware.Hardware.achievable: every GPU rated alike, arithmetic at half a datasheet peak
+function achievable(g) {
+  return g.flops_achievable ? g : {...g, flops: g.flops * ACHIEVABLE_FLOPS_FRACTION, flops_achievable: true};
+}
+
+// labkit.capacity.planner.plan, one replica of `ways` GPUs; seconds, bytes and requests/s as labkit holds them
+function planCapacity(gpu, m, prompt, answer, fraction, overhead, promise, price, ways) {
+  const g = achievable(gpu), tokens = prompt + answer;
+  if (m.context_length !== null && tokens > m.context_length)
+    throw new PlanError(`The model reads at most ${fmt(m.context_length)} tokens (its context length); `
+      + `${fmt(prompt)} + ${fmt(answer)} make ${fmt(tokens)}: shorten them or pick a model with a longer context.`);
   const {shard, allreduce} = tensorSplit(g, m, ways);
   const weightBytes = shard.parameters * shard.bytes_per_param, kv = kvBytesPerToken(shard);
-  const flopsPerToken = 2 * shard.parameters, tokens = prompt + answer;
+  const flopsPerToken = 2 * shard.parameters;
   if (weightBytes >= g.memory_bytes * fraction) throw doesNotFit(g, fraction, m, shard, ways, tokens);
   const conversations = Math.floor((g.memory_bytes * fraction - weightBytes) / (tokens * kv));
   if (conversations < 1) throw doesNotFit(g, fraction, m, shard, ways, tokens);
@@ -96,7 +108,11 @@ function planCapacity(g, m, prompt, answer, fraction, overhead, promise, price, 
   };
   const meanContext = prompt + answer / 2, step = pass(conversations, conversations * meanContext);
   const decodeStep = step.total + allreduce * conversations;
-  const prefill = pass(prompt, 0).total + allreduce * prompt;
+  // ModelSpec.prefill_attention_flops: 2 x layers x heads x head_dim x L(L + 1), on top of the weights' arithmetic
+  const attention = shard.query_heads === null ? null
+    : 2 * shard.layers * shard.query_heads * shard.head_dim * prompt * (prompt + 1) / g.flops;
+  const pre = pass(prompt, 0);
+  const prefill = Math.max(pre.memory, pre.compute + (attention ?? 0)) + overhead + allreduce * prompt;
   const decodePerRequest = answer * decodeStep / conversations, gpuPerRequest = prefill + decodePerRequest;
   const ceiling = 1 / gpuPerRequest, tokensPerS = ceiling * answer, decodeShare = decodePerRequest / gpuPerRequest;
   const p = {
@@ -105,6 +121,7 @@ function planCapacity(g, m, prompt, answer, fraction, overhead, promise, price, 
     single_stream_tokens_per_s: g.bandwidth / weightBytes,
     critical_batch: g.flops / g.bandwidth * weightBytes / flopsPerToken, mean_context: meanContext,
     decode_memory_s: step.memory, decode_compute_s: step.compute, decode_step_s: decodeStep, prefill_s: prefill,
+    prefill_attention_s: attention, flops: g.flops,
     gpu_s_per_request: gpuPerRequest, request_ceiling_per_s: ceiling, tokens_per_s: tokensPerS,
     cost_per_million_tokens: price * ways / 3600 / tokensPerS * 1e6, decode_share: decodeShare,
     token_interval_s: decodeStep / decodeShare, promise_load_per_s: null, promise_in_flight: null,
@@ -191,9 +208,11 @@ const rows = [
    shown(p.kv_bytes_per_conversation, fmt(p.kv_bytes_per_conversation / 1e6), 'kv_bytes_per_conversation') + ' MB'],
   ['conversations that fit', shown(p.conversations, fmt(p.conversations), 'conversations')],
   ['How fast, and how much'],
+  ['arithmetic rate (every GPU at half its datasheet peak, the rate kernels reach)', fmt(p.flops / 1e12, 1) + ' TFLOP/s'],
   ['decode step, all on board', ms('decode_step_s') + ` (${p.decode_memory_s >= p.decode_compute_s ? 'memory' : 'arithmetic'}-bound: `
    + ms('decode_memory_s') + ' against ' + ms('decode_compute_s') + ')'],
-  ['prefill of one prompt', ms('prefill_s')],
+  ['prefill of one prompt', ms('prefill_s') + (p.prefill_attention_s === null ? ''
+   : ', attention ' + ms('prefill_attention_s') + ' of it')],
   ['GPU time per request', ms('gpu_s_per_request')],
   ['request ceiling', rate('request_ceiling_per_s') + ' requests/s'],
   ['output tokens', shown(p.tokens_per_s, fmt(p.tokens_per_s), 'tokens_per_s') + ' tokens/s ('
@@ -241,7 +260,14 @@ LABELS = dict(prompt="prompt tokens", answer="answer tokens", promise="promise (
 
 def planner_constants() -> str:
     """The planner's fixed figures and the input bounds as JavaScript constants (labkit's numbers exactly)."""
-    data = dict(FIXED=FIXED, FLEET_WAYS=FLEET_WAYS, GPUS_PER_NODE=GPUS_PER_NODE, BOUNDS=BOUNDS, LABELS=LABELS)
+    data = dict(
+        FIXED=FIXED,
+        FLEET_WAYS=FLEET_WAYS,
+        GPUS_PER_NODE=GPUS_PER_NODE,
+        BOUNDS=BOUNDS,
+        LABELS=LABELS,
+        ACHIEVABLE_FLOPS_FRACTION=ACHIEVABLE_FLOPS_FRACTION,
+    )
     return "".join(f"const {name} = {json.dumps(value)};\n" for name, value in data.items())
 
 
