@@ -67,6 +67,24 @@ def zero_is_a_tie(replicas, max_imbalance):
     return min((r for r in allowed if r.cached_tokens == most), key=lambda r: r.unfinished).index
 
 
+def position_among_allowed(replicas, max_imbalance):
+    least = min(r.unfinished for r in replicas)
+    allowed = [r for r in replicas if r.unfinished - least <= max_imbalance]
+    scores = [(r.cached_tokens, -r.unfinished, -r.index) for r in allowed]
+    return scores.index(max(scores))
+
+
+def bound_as_a_count(replicas, max_imbalance):
+    allowed = [r for r in replicas if r.unfinished <= max_imbalance]
+    return max(allowed, key=lambda r: (r.cached_tokens, -r.unfinished, -r.index)).index
+
+
+def strict_bound_that_crashes_at_zero(replicas, max_imbalance):
+    least = min(r.unfinished for r in replicas)
+    allowed = [r for r in replicas if r.unfinished - least < max_imbalance]
+    return max(allowed, key=lambda r: (r.cached_tokens, -r.unfinished, -r.index)).index
+
+
 def returns_the_view(replicas, max_imbalance):
     return replicas[right(replicas, max_imbalance)]
 
@@ -91,6 +109,7 @@ def test_a_right_router_passes(seed):
         (ties_by_index, "Ties in cached tokens went to the lowest index"),
         (zero_is_a_tie, "a 0 means nothing cached"),
         (returns_the_view, "Return the chosen replica's index"),
+        (position_among_allowed, "position in your list of allowed replicas"),
     ],
     ids=lambda value: getattr(value, "__name__", ""),
 )
@@ -99,6 +118,15 @@ def test_a_typical_wrong_router_fails_with_its_mistake_named(answer, words, seed
     result = evaluate("lab12.cache_aware", answer, seed=seed)
     assert not result.passed and words in result.message, result.message
     assert "expected replica" in result.message or "got a ReplicaView" in result.message  # the first difference
+
+
+@pytest.mark.parametrize("answer", [bound_as_a_count, strict_bound_that_crashes_at_zero])
+@pytest.mark.parametrize("seed", [0, 3, 8])
+def test_a_router_that_leaves_no_replica_is_told_the_bound_is_relative(answer, seed):
+    """Counting requests in all, or `<` at a bound of 0, filters every replica out: max() of nothing raises."""
+    result = evaluate("lab12.cache_aware", answer, seed=seed)
+    assert not result.passed and "No replica was left to choose from" in result.message, result.message
+    assert answer.__name__ in result.message  # pointed at the learner's own line
 
 
 def test_a_router_that_raises_is_pointed_at_its_line_and_an_unwritten_one_is_not_done():

@@ -60,6 +60,19 @@ def _ties_to_lowest_index(replicas: Sequence[ReplicaView], bound: float) -> int:
     return max(allowed, key=lambda replica: (replica.cached_tokens, -replica.index)).index
 
 
+def _position_among_allowed(replicas: Sequence[ReplicaView], bound: float) -> int:
+    least = min(replica.unfinished for replica in replicas)
+    allowed = [replica for replica in replicas if replica.unfinished - least <= bound]
+    return allowed.index(max(allowed, key=lambda replica: (replica.cached_tokens, -replica.unfinished, -replica.index)))
+
+
+def _bound_as_a_count(replicas: Sequence[ReplicaView], bound: float) -> int:
+    allowed = [replica for replica in replicas if replica.unfinished <= bound]
+    if not allowed:
+        return min(replicas, key=lambda replica: (replica.unfinished, replica.index)).index
+    return max(allowed, key=lambda replica: (replica.cached_tokens, -replica.unfinished, -replica.index)).index
+
+
 BOUND_HINT = (
     "The load bound is off by one: a replica may be chosen when it has at most max_imbalance more unfinished "
     "requests than the least loaded one (replica.unfinished - least <= max_imbalance), so with a bound of 2 a "
@@ -91,7 +104,23 @@ MISTAKES: dict[str, Callable[[Sequence[ReplicaView], float], int]] = {
     "When no replica holds any of the prompt (every cached_tokens is 0) there is no cache to follow: a 0 means "
     "nothing cached, not a tie to settle by index. Send the request to the least loaded replica, as a load "
     "balancer would.": _lowest_index_when_nothing_cached,
+    "You returned the chosen replica's position in your list of allowed replicas, not its index: once a replica "
+    "is left out the two differ. Return replica.index, the number the fleet knows it by.": _position_among_allowed,
+    "The bound counts requests above the least loaded replica, not requests in all: allow a replica when "
+    "replica.unfinished - least <= max_imbalance, with least = min(r.unfinished for r in replicas). A busy fleet "
+    "(every replica past max_imbalance) still has replicas to choose from.": _bound_as_a_count,
 }
+
+NOTHING_ALLOWED = (
+    "No replica was left to choose from (max() or min() of an empty sequence). The least loaded replica is always "
+    "allowed: the bound is relative to it (replica.unfinished - least <= max_imbalance, so with max_imbalance 0 the "
+    "least loaded ones stay), and it counts requests above the least, not requests in all."
+)
+
+
+def _nothing_allowed(record: dict[str, Any]) -> str | None:
+    """The hint for a router that filtered every replica out before taking the max (a `<` bound at 0, a count)."""
+    return NOTHING_ALLOWED if record["error"] == "ValueError" and "empty" in record["message"] else None
 
 
 def _fleet(loads: Sequence[int], cached: Sequence[int]) -> tuple[ReplicaView, ...]:
@@ -115,6 +144,7 @@ def route_cases(seed: int) -> list[Case]:
         ("two replicas hold as much", fleet([2, 3, 0, 1], [5, 5, 5, 0]), 4),
         ("nothing cached anywhere", _fleet([base + 2, base + 1, base + 3], [0, 0, 0]), 4),
         ("one replica", fleet([7], [3]), 1),
+        ("a busy fleet, every replica past the bound in requests", fleet([6, 7, 6], [0, 8, 4]), 2),
     ]
     for index in range(3):
         size = r.randint(3, 6)
@@ -173,13 +203,14 @@ register(
             run=lambda functions, cases: [_plain(functions[0](replicas, bound)) for _, replicas, bound in cases],
             oracle=_oracle,
             compare=_compare,
-            tested="cache_aware_route on 10 seeded fleets (the cache within the bound, a hot replica past it, one "
-            "exactly at it, a bound of 0, ties in cache, nothing cached, one replica, three random fleets): the "
-            "replica labkit's cache-aware router picks",
+            tested="cache_aware_route on 11 seeded fleets (the cache within the bound, a hot replica past it, one "
+            "exactly at it, a bound of 0, ties in cache, nothing cached, one replica, a busy fleet, three random "
+            "fleets): the replica labkit's cache-aware router picks",
             hint="Find the least load; keep the replicas at most max_imbalance busier; among them take the most "
             'cached tokens, then the fewest unfinished, then the lowest index. labkit.hint("lab12.cache_aware") '
             "shows more.",
-        )
+        ),
+        known=_nothing_allowed,
     )
 )
 
