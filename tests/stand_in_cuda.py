@@ -22,15 +22,17 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-from torch.utils import _pytree as pytree
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
+
+from labkit.device import use_cpu_threads
 
 CUDA = torch.device("cuda", 0)  # with its index: a device without one asks a CUDA runtime which is current
 # What the stand-in tensors are to torch's C++ (device guards, `.to`'s shortcuts): a device with no data, as
 # fake tensors are; Python code is told cuda:0.
 _BACKEND = torch.device("meta")
+_HOST = torch.device("cpu")  # where the stand-in's data lives
 
 aten = torch.ops.aten
 # Operations CUDA runs with operands on both devices: copies between them, and indexing with CPU indices.
@@ -77,6 +79,14 @@ class OnCuda(torch.Tensor):
     def get_device(self) -> int:
         return 0
 
+    # Python lists as indices: torch's C++ would turn them into index tensors on the C++ device, which here
+    # has no data; made by torch.tensor instead, they reach the stand-in with their values
+    def __getitem__(self, index):
+        return super().__getitem__(_list_indices(index))
+
+    def __setitem__(self, index, value) -> None:
+        super().__setitem__(_list_indices(index), value)
+
     # What reads the data directly, not through an operation, as CUDA tensors allow it
     def tolist(self):
         return self.host.tolist()
@@ -97,6 +107,13 @@ class OnCuda(torch.Tensor):
 
     def __repr__(self) -> str:
         return f"{self.host!r} (stand-in for cuda:0)"
+
+
+def _list_indices(index):
+    """``index`` with each list in it (of ints or bools) made a cuda:0 tensor."""
+    if isinstance(index, tuple):
+        return tuple(_list_indices(item) for item in index)
+    return torch.tensor(index, device=CUDA) if isinstance(index, list) else index
 
 
 class StandInGenerator(torch.Generator):
@@ -171,6 +188,27 @@ class StandInCuda:
         raise StandInCudaError(str(mismatch))
 
 
+def _flat(values):
+    """The operands of an operation: aten's arguments are values or lists of them, never deeper."""
+    for value in values:
+        if isinstance(value, (list, tuple)):
+            yield from value
+        else:
+            yield value
+
+
+def _unwrap(value, hosts: dict[int, OnCuda]):
+    """``value`` as the CPU runs it: a stand-in's host tensor (noted in ``hosts``), the CPU for a device."""
+    if isinstance(value, OnCuda):
+        hosts[id(value.host)] = value
+        return value.host
+    if isinstance(value, torch.device):
+        return _HOST
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unwrap(item, hosts) for item in value)
+    return value
+
+
 class _Operations(TorchDispatchMode):
     """Runs every operation on the CPU, keeps cuda:0 tensors wrapped, and refuses one that mixes the devices."""
 
@@ -180,39 +218,35 @@ class _Operations(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        leaves = pytree.arg_tree_leaves(*args, **kwargs)
+        leaves = list(_flat((*args, *kwargs.values())))
         asked = [torch.device(value).type for value in leaves if isinstance(value, torch.device)]
         given_cuda = any(isinstance(value, OnCuda) for value in leaves)
-        cpu = [
-            value
-            for index, value in enumerate(leaves)
-            if type(value) is torch.Tensor
-            and value.dim() > 0
-            and not (func in _INDEXING and index > 0 and value.dtype in (torch.long, torch.int, torch.bool))
-        ]
-        if given_cuda and cpu and func not in _COPIES:
-            self.seen.refuse(str(func), cpu)
+        if any(type(value) is torch.Tensor and value.is_meta for value in leaves):
+            raise NotImplementedError(f"{func} got a tensor torch made on the stand-in's C++ device, without values")
+        if given_cuda and func not in _COPIES:
+            # CPU indices into a cuda tensor are fine, as CUDA has them (aten's indexing takes them as args[1])
+            operands = leaves if func not in _INDEXING else list(_flat((args[0], *args[2:], *kwargs.values())))
+            cpu = [value for value in operands if type(value) is torch.Tensor and value.dim() > 0]
+            if cpu:
+                self.seen.refuse(str(func), cpu)
         # where the result lives: the device the operation was asked for, else its operands'
         asked_cuda = bool(asked) and asked[-1] in ("cuda", _BACKEND.type)
         on_cuda = asked_cuda if asked else given_cuda
         hosts: dict[int, OnCuda] = {}
-
-        def unwrap(value):
-            if isinstance(value, OnCuda):
-                hosts[id(value.host)] = value
-                return value.host
-            return torch.device("cpu") if isinstance(value, torch.device) else value
-
-        out = func(*pytree.tree_map(unwrap, args), **pytree.tree_map(unwrap, kwargs))
+        out = func(*_unwrap(args, hosts), **{key: _unwrap(value, hosts) for key, value in kwargs.items()})
         if func in _INPLACE_VIEWS:
             raise NotImplementedError(f"the stand-in device cannot follow {func}, which reshapes a tensor in place")
         given = {id(value) for value in leaves if type(value) is torch.Tensor}
-        return pytree.tree_map_only(torch.Tensor, lambda t: self._result(t, hosts, given, on_cuda, asked_cuda), out)
+        if isinstance(out, (list, tuple)):
+            return type(out)(self._result(t, hosts, given, on_cuda, asked_cuda) for t in out)
+        return self._result(out, hosts, given, on_cuda, asked_cuda)
 
-    def _result(self, tensor, hosts: dict[int, OnCuda], given: set[int], on_cuda: bool, asked_cuda: bool) -> torch.Tensor:
+    def _result(self, tensor, hosts: dict[int, OnCuda], given: set[int], on_cuda: bool, asked_cuda: bool):
         """An operation's result as CUDA would return it: the very tensor it was given back when it returns that
         one (in place, or ``.to`` the device it is on), a cuda:0 tensor when on cuda, else a CPU one; a move
         between the devices is a copy, never the same data on both."""
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
         if id(tensor) in hosts:
             return hosts[id(tensor)] if on_cuda else tensor.clone()
         if id(tensor) in given:
@@ -241,7 +275,7 @@ class _Generators(TorchFunctionMode):
         generator = kwargs.get("generator")
         if generator is not None:
             asked = kwargs.get("device")
-            tensors = [value for value in pytree.arg_tree_leaves(*args) if isinstance(value, torch.Tensor)]
+            tensors = [value for value in _flat(args) if isinstance(value, torch.Tensor)]
             device = torch.device(asked) if asked is not None else tensors[0].device if tensors else torch.device("cpu")
             if device.type != generator.device.type:
                 self.seen.refuse(f"{getattr(func, '__name__', func)} on {device}", [], generator)
@@ -283,6 +317,9 @@ def stand_in_cuda() -> Iterator[StandInCuda]:
         stack.enter_context(mock.patch.object(torch, "Generator", _Generator))
         stack.enter_context(mock.patch.object(torch.nn.Module, "to", _module_to))
         stack.enter_context(mock.patch.dict("os.environ", {"LABKIT_DEVICE": "cuda:0"}))
+        threads = torch.get_num_threads()
+        use_cpu_threads()  # what labkit does on the CPU, where the stand-in runs
+        stack.callback(torch.set_num_threads, threads)
         lift = torch._C._only_lift_cpu_tensors()
         torch._C._set_only_lift_cpu_tensors(True)  # torch.tensor(..., device=cuda) is made on the CPU, then moved
         stack.callback(torch._C._set_only_lift_cpu_tensors, lift)
