@@ -21,7 +21,9 @@ import torch
 from labkit.grading import checks, judge
 from labkit.grading.feedback import evaluate
 from labkit.labs.manifest import LABS
-from labkit.models import LlamaModel
+from labkit.engine import LLM
+from labkit.models import LlamaModel, tiny_model
+from labkit.sampling_params import SamplingParams
 from lab_sources import solved_namespace
 from stand_in_cuda import OnCuda, StandInCudaError, stand_in_cuda
 
@@ -107,3 +109,77 @@ def walk(lab: str) -> list[str]:
 def test_every_check_puts_its_tensors_on_labkits_device(lab):
     problems = walk(lab)
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.lab5
+def test_the_walk_names_a_cpu_tensor_a_check_hands_the_learner(monkeypatch):
+    import labkit.labs.lab5
+
+    monkeypatch.setattr(labkit.labs.lab5, "on_check_device", lambda value: value)  # lab 5's cases stay on the CPU
+    problems = walk("lab5")
+    assert problems[0].startswith(
+        "lab5, exercise lab5.paged_attention: make_inputs hands the learner a CPU tensor, inputs['cases'][0]['q']: "
+        "float32[1, 4, 8] on cpu"
+    ), problems
+
+
+@pytest.mark.lab5
+def test_the_walk_names_a_cpu_tensor_that_meets_cuda_ones_in_the_engine(monkeypatch):
+    import labkit.kv.paged_batch
+
+    real_mask = labkit.kv.paged_batch.causal_mask
+    monkeypatch.setattr(labkit.kv.paged_batch, "causal_mask", lambda queries, keys, device: real_mask(queries, keys))
+    problems = walk("lab5")
+    assert problems and all(problem.startswith("lab5, exercise lab5.") for problem in problems), problems
+    assert "lab5, exercise lab5.block_allocator: aten." in problems[0], problems[0]
+    assert "a CPU tensor beside cuda:0 ones (bool[" in problems[0], problems[0]
+    assert "made at labkit/kv/attention.py" in problems[0], problems[0]
+
+
+def test_the_stand_in_refuses_what_cuda_refuses():
+    with stand_in_cuda() as seen:
+        on_gpu = torch.ones(3, device="cuda")
+        assert on_gpu.device == torch.device("cuda", 0) and (on_gpu * 2).sum().item() == 6
+        assert (on_gpu * torch.tensor(2.0)).device.type == "cuda"  # a 0-dim CPU tensor is a scalar to CUDA too
+        assert on_gpu[torch.tensor([0, 2])].tolist() == [1.0, 1.0]  # so are CPU indices
+        assert on_gpu.cpu().device.type == "cpu" and on_gpu.to("cpu").device.type == "cpu"
+        with pytest.raises(StandInCudaError, match=r"aten.add.Tensor .* got a CPU tensor beside cuda:0 ones \(float32\[3\]"):
+            on_gpu + torch.ones(3)
+        with pytest.raises(StandInCudaError, match="a random generator on cpu"):
+            torch.multinomial(on_gpu, 1, generator=torch.Generator())
+        with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor to numpy"):
+            on_gpu.numpy()
+        generator = torch.Generator(device="cuda")
+        generator.manual_seed(0)
+        assert torch.multinomial(on_gpu, 1, generator=generator).device.type == "cuda"
+    assert len(seen.mismatches) == 2
+
+
+def _engine_tokens(device) -> list[list[int]]:
+    """A few requests through the engine on the tiny model: chunked prefill, prefix caching, an fp8 KV pool,
+    greedy and sampled decoding with every logits processor, n answers per prompt, n-gram speculation."""
+    model = tiny_model("llama", seed=0, device=device)
+    sampled = SamplingParams(
+        max_tokens=6, temperature=0.8, top_p=0.9, top_k=50, min_p=0.01, seed=3, ignore_eos=True, n=2,
+        presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.2, logit_bias={7: 2.0}, logprobs=2,
+    )  # fmt: skip
+    greedy = SamplingParams(max_tokens=6, ignore_eos=True)
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [5, 6, 7, 8, 9, 10, 40, 41], [9, 8, 9, 8, 9, 8]]
+    plain_sampled = SamplingParams(max_tokens=6, temperature=0.8, seed=4, ignore_eos=True)
+    tokens = []
+    for engine_args, first in (
+        (dict(max_num_batched_tokens=8, kv_cache_dtype="fp8"), sampled),
+        (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}), plain_sampled),
+    ):
+        llm = LLM(model, num_blocks=40, block_size=4, max_model_len=64, **engine_args)
+        for output in llm.generate(prompts, [first, greedy, greedy], use_tqdm=False):
+            tokens += [list(answer.token_ids) for answer in output.outputs]
+    return tokens
+
+
+def test_the_engines_step_keeps_its_tensors_on_the_models_device():
+    on_cpu = _engine_tokens("cpu")
+    with stand_in_cuda() as seen:
+        on_cuda = _engine_tokens(torch.device("cuda", 0))
+    assert not seen.mismatches, "\n".join(map(str, seen.mismatches))
+    assert on_cuda == on_cpu  # the stand-in runs the same numbers; only the device is pretended
