@@ -17,15 +17,15 @@ from unittest import mock
 
 import pytest
 import torch
+from lab_sources import solved_namespace
+from stand_in_cuda import OnCuda, StandInCudaError, stand_in_cuda
 
+from labkit.engine import LLM
 from labkit.grading import checks, judge
 from labkit.grading.feedback import evaluate
 from labkit.labs.manifest import LABS
-from labkit.engine import LLM
 from labkit.models import LlamaModel, tiny_model
 from labkit.sampling_params import SamplingParams
-from lab_sources import solved_namespace
-from stand_in_cuda import OnCuda, StandInCudaError, stand_in_cuda
 
 # Lab 11's seeded cases and its check's engine are being moved to labkit's device beside this test (issue 56's
 # first item, in labkit/labs/lab11); it joins the walk once they are.
@@ -73,7 +73,7 @@ def _hf_outside_inference_mode(model: LlamaModel):
         return _HF(model)
 
 
-_HF = LlamaModel.hf.fget
+_HF = LlamaModel.hf.fget  # type: ignore[attr-defined]
 
 
 def walk(lab: str) -> list[str]:
