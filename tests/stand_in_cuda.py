@@ -155,9 +155,14 @@ class StandInCudaError(RuntimeError):
     """Raised where CUDA would raise: an operation given tensors (or a generator) on both devices."""
 
 
+class StandInLimitError(RuntimeError):
+    """Raised where the stand-in cannot follow what torch does (not NotImplementedError: a check reads that as
+    an exercise not done yet)."""
+
+
 def _outside_torch() -> str:
     """The first caller that is neither torch nor this file, as ``file:line (function)``."""
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith((_TORCH_DIR, _HERE)):
         frame = frame.f_back
     if frame is None:
@@ -222,7 +227,7 @@ class _Operations(TorchDispatchMode):
         asked = [torch.device(value).type for value in leaves if isinstance(value, torch.device)]
         given_cuda = any(isinstance(value, OnCuda) for value in leaves)
         if any(type(value) is torch.Tensor and value.is_meta for value in leaves):
-            raise NotImplementedError(f"{func} got a tensor torch made on the stand-in's C++ device, without values")
+            raise StandInLimitError(f"{func} got a tensor torch made on the stand-in's C++ device, without values")
         if given_cuda and func not in _COPIES:
             # CPU indices into a cuda tensor are fine, as CUDA has them (aten's indexing takes them as args[1])
             operands = leaves if func not in _INDEXING else list(_flat((args[0], *args[2:], *kwargs.values())))
@@ -235,7 +240,7 @@ class _Operations(TorchDispatchMode):
         hosts: dict[int, OnCuda] = {}
         out = func(*_unwrap(args, hosts), **{key: _unwrap(value, hosts) for key, value in kwargs.items()})
         if func in _INPLACE_VIEWS:
-            raise NotImplementedError(f"the stand-in device cannot follow {func}, which reshapes a tensor in place")
+            raise StandInLimitError(f"the stand-in device cannot follow {func}, which reshapes a tensor in place")
         given = {id(value) for value in leaves if type(value) is torch.Tensor}
         if isinstance(out, (list, tuple)):
             return type(out)(self._result(t, hosts, given, on_cuda, asked_cuda) for t in out)
