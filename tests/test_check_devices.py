@@ -30,6 +30,9 @@ from labkit.sampling_params import SamplingParams
 # Lab 11's seeded cases and its check's engine are being moved to labkit's device beside this test (issue 56's
 # first item, in labkit/labs/lab11); it joins the walk once they are.
 NOT_WALKED = {"lab11"}
+# Lab 9's checks serve through labkit serve in a thread of its own, and torch's dispatch modes (the stand-in) hold
+# in the thread that entered them only: the engine's tensors made there would not be the stand-in's.
+NOT_WALKED.add("lab9")
 WALKED = [lab.name for lab in LABS if lab.name not in NOT_WALKED]
 # Exercises whose inputs stay on the CPU, and why.
 CPU_INPUTS = {
@@ -150,7 +153,9 @@ def test_the_stand_in_refuses_what_cuda_refuses():
         assert (on_gpu * torch.tensor(2.0)).device.type == "cuda"  # a 0-dim CPU tensor is a scalar to CUDA too
         assert on_gpu[torch.tensor([0, 2])].tolist() == [1.0, 1.0]  # so are CPU indices
         assert on_gpu.cpu().device.type == "cpu" and on_gpu.to("cpu").device.type == "cpu"
-        with pytest.raises(StandInCudaError, match=r"aten.add.Tensor .* got a CPU tensor beside cuda:0 ones \(float32\[3\]"):
+        with pytest.raises(
+            StandInCudaError, match=r"aten.add.Tensor .* got a CPU tensor beside cuda:0 ones \(float32\[3\]"
+        ):
             on_gpu + torch.ones(3)
         with pytest.raises(StandInCudaError, match="a random generator on cpu"):
             torch.multinomial(on_gpu, 1, generator=torch.Generator())
