@@ -34,7 +34,7 @@ from labkit.labs.common.engine_runs import (
     solo_oracle,
 )
 from labkit.labs.common.learner_errors import diagnosed
-from labkit.labs.common.shared import rng, small_model, torch_generator
+from labkit.labs.common.shared import on_check_device, rng, small_model, torch_generator
 from labkit.labs.hints import register_hints
 from labkit.sampling_params import SamplingParams
 
@@ -141,7 +141,7 @@ def copy_cases(seed: int) -> dict[str, dict[str, Any]]:
             "resident_tokens": resident * BLOCK_SIZE,
             "resident_k": torch.randn(shape, generator=generator),
         }
-    return cases
+    return on_check_device(cases)
 
 
 def _target(case: dict[str, Any]) -> tuple[FreeListBlockAllocator, list[torch.Tensor], list[torch.Tensor]]:
