@@ -167,9 +167,7 @@ def _outside_torch() -> str:
         frame = frame.f_back
     if frame is None:
         return "an unknown place"
-    filename = frame.f_code.co_filename
-    for root in map(str, (Path(__file__).parents[1],)):
-        filename = filename.removeprefix(root + "/")
+    filename = frame.f_code.co_filename.removeprefix(f"{Path(__file__).parents[1]}/")  # from the repository's root
     return f"{filename}:{frame.f_lineno} ({frame.f_code.co_name})"
 
 
@@ -287,7 +285,7 @@ class _Generators(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-_INPLACE_VIEWS = {op for op in (aten.unsqueeze_.default, aten.squeeze_.dim, aten.transpose_.default, aten.t_.default)}
+_INPLACE_VIEWS = {aten.unsqueeze_.default, aten.squeeze_.dim, aten.transpose_.default, aten.t_.default}
 
 
 def _device_properties(device=None):
