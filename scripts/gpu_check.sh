@@ -3,7 +3,8 @@
 #   1. the environment: nvidia-smi, torch and Triton, labkit info;
 #   2. correctness on CUDA: the forward pass against transformers, every policy against solo decoding (fp32);
 #   3. lab 11's checks and notebook (pytest -m lab11), the kernels compiled and run on the card;
-#   4. the device walk (tests/test_device*.py): every lab's checks hand the learner's code tensors on CUDA;
+#   4. labkit's device choice on the card (tests/test_device*.py; the stand-in walk of every lab's checks,
+#      tests/test_check_devices.py, is for machines without a GPU and skips here);
 #   5. every kernel compiled for this card (scripts/compile_kernels.py, where present);
 #   6. scripts/kernel_bench.py: the kernel against gather+SDPA and SDPA, its share of the card's peak, and the
 #      default model's tokens/s in the engine with the kernel against SDPA;

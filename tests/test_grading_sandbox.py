@@ -9,6 +9,7 @@ the honest submission keeps full marks, and nothing the attacker started is stil
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import io
 import json
@@ -329,6 +330,14 @@ def test_the_checks_modules_cannot_be_imported_reloaded_or_read(attacked_run):
     assert {exercise["status"] for exercise in report["exercises"]} == {"error"}, messages(report)
     text = messages(report)
     assert "course_add" in text and "course_softmax" in text and "course_greedy_tokens" in text, text
+
+
+def test_answer_blocking_switched_off_is_flagged_for_review(attacked_run):
+    """What no runtime check prevents is found: the scan of the notebook's cells names the reach into grading."""
+    with (attacked_run["out"] / "grades.csv").open(newline="") as file:
+        rows = {row["submission"]: row for row in csv.DictReader(file)}
+    assert "labkit.grading" in rows["switches_answers"]["flags"], rows["switches_answers"]
+    assert rows["honest"]["flags"] == "", rows["honest"]
 
 
 def test_learner_text_cannot_forge_or_swamp_the_reports(attacked_run):

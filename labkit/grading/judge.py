@@ -12,6 +12,9 @@ import dataclasses
 from collections import OrderedDict
 from typing import Any
 
+import torch
+from torch.utils._pytree import tree_map_only
+
 from labkit.grading.attempt import OK, Attempt, describe_exception
 from labkit.grading.checks import Exercise
 from labkit.grading.result import ERROR, FAIL, NOT_DONE, PASS, STATUS_LABELS, CheckResult, Mismatch, Note
@@ -52,6 +55,12 @@ _RECENT = 8  # oracle outputs kept per process: a notebook's check and the gate 
 _recent: OrderedDict[tuple[str, int], Any] = OrderedDict()
 
 
+def _oracle_on_cpu(exercise: Exercise, seed: int) -> Any:
+    """The oracle's outputs with their tensors on the CPU, where the learner's outputs come back: a check's
+    inputs live on labkit's device (a GPU's tensors too), and the comparison needs both sides in one place."""
+    return tree_map_only(torch.Tensor, torch.Tensor.cpu, exercise.oracle(exercise.make_inputs(seed)))
+
+
 def expected_outputs(exercise: Exercise, seed: int) -> Any:
     """The oracle's outputs for the inputs this seed gives (measured once per process, if it measures).
 
@@ -61,13 +70,13 @@ def expected_outputs(exercise: Exercise, seed: int) -> Any:
     """
     if exercise.measured_once:
         if exercise.id not in _measured:
-            _measured[exercise.id] = exercise.oracle(exercise.make_inputs(seed))
+            _measured[exercise.id] = _oracle_on_cpu(exercise, seed)
         return _measured[exercise.id]
     key = (exercise.id, seed)
     if key in _recent:
         _recent.move_to_end(key)
     else:
-        _recent[key] = exercise.oracle(exercise.make_inputs(seed))
+        _recent[key] = _oracle_on_cpu(exercise, seed)
         while len(_recent) > _RECENT:
             _recent.popitem(last=False)
     return copy.deepcopy(_recent[key])

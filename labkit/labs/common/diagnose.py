@@ -62,7 +62,7 @@ def known_attention_mistakes(
 ) -> dict[str, torch.Tensor]:
     """What a few typical wrong attention functions would return, keyed by the hint that names each."""
     tq, tk = q.shape[0], keys.shape[0]
-    causal = causal_mask(tq, tk)
+    causal = causal_mask(tq, tk, q.device)
     mistakes = {
         "Your attention is not causal: a token also looks at tokens after it. Mask out keys j > i "
         "(a lower-triangular boolean mask, True where the query may look).": attention(q, keys, values, None),
@@ -84,7 +84,7 @@ def known_attention_mistakes(
         mistakes[
             "Attention only sees the keys of this pass, not the cached ones: is the cache appended to "
             "(and is attention run over everything it holds)?"
-        ] = attention(q, new_keys, new_values, causal_mask(tq, new_keys.shape[0]))
+        ] = attention(q, new_keys, new_values, causal_mask(tq, new_keys.shape[0], q.device))
     return mistakes
 
 
@@ -102,7 +102,7 @@ def check_attention(calls: Sequence[dict[str, Any]], keeps_history: bool) -> Mis
             if keeps_history and layer in history:
                 keys, values = torch.cat([history[layer][0], k]), torch.cat([history[layer][1], v])
             history[layer] = (keys, values)
-            expected = attention(q, keys, values, causal_mask(q.shape[0], keys.shape[0]))
+            expected = attention(q, keys, values, causal_mask(q.shape[0], keys.shape[0], q.device))
             mismatch = compare_tensors(
                 expected, out, dims=("position", "head", "dim"), what="attention output", **ATTENTION_TOLERANCE
             )

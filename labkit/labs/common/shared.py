@@ -13,7 +13,9 @@ import functools
 import random
 
 import torch
+from torch.utils._pytree import tree_map_only
 
+from labkit.device import default_device
 from labkit.grading.request import sent_by_name
 from labkit.models import LlamaModel, load_model, tiny_model
 
@@ -37,6 +39,23 @@ PROMPTS = (
 ENDS_EARLY = "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
 
 
+def check_device() -> torch.device:
+    """Where a check puts the tensors it hands to learner code and to the engine: labkit's device (CUDA when
+    present, else MPS, else the CPU; ``LABKIT_DEVICE`` overrides), where the course model and the learner's
+    code run. A CPU tensor handed to code on a GPU fails there ("Expected all tensors to be on the same device")."""
+    return default_device()
+
+
+def on_check_device(value):
+    """``value`` with every tensor in it (in lists, tuples and dicts) moved to :func:`check_device`.
+
+    A check draws its random inputs on the CPU, from a CPU generator, and then moves them: a seed gives the
+    same numbers on every device, so the notebook's GPU and the grader's CPU build the same inputs.
+    """
+    device = check_device()
+    return tree_map_only(torch.Tensor, lambda tensor: tensor.to(device), value)
+
+
 @functools.lru_cache(maxsize=1)
 def course_model() -> LlamaModel:
     """The default model in fp32 on labkit's device, loaded once per process (notebook and checks share it).
@@ -51,8 +70,8 @@ def course_model() -> LlamaModel:
 
 @functools.lru_cache(maxsize=4)
 def small_model(seed: int = 0) -> LlamaModel:
-    """A tiny random-weight Llama for checks that need a model's shapes but not its knowledge."""
-    return sent_by_name(tiny_model("llama", seed=seed), small_model, seed)
+    """A tiny random-weight Llama on :func:`check_device`, for checks that need a model's shapes but not its knowledge."""
+    return sent_by_name(tiny_model("llama", seed=seed, device=check_device()), small_model, seed)
 
 
 def rng(seed: int) -> random.Random:

@@ -32,6 +32,7 @@ from labkit.labs.common.shared import (
     course_model,
     ends_early_prompt,
     greedy_without_cache,
+    on_check_device,
     pick_prompts,
     rng,
     torch_generator,
@@ -118,7 +119,7 @@ def _attention_inputs(seed: int) -> tuple[list[tuple[torch.Tensor, ...]]]:
         k = torch.randn(num_keys, 2, 8, generator=generator)
         v = torch.randn(num_keys, 2, 8, generator=generator)
         cases.append((q, k, v, causal_mask(num_queries, num_keys)))
-    return (cases,)
+    return on_check_device((cases,))
 
 
 def _attention_oracle(inputs) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.labs.common.diagnose import diagnosed, raised_mismatch
 from labkit.labs.common.learner_errors import capture, raised_in
-from labkit.labs.common.shared import course_model, rng, torch_generator
+from labkit.labs.common.shared import course_model, on_check_device, rng, torch_generator
 from labkit.labs.hints import register_hints
 from labkit.labs.lab10.course import (
     course_dequantize_int4,
@@ -120,7 +120,7 @@ def int8_cases(seed: int) -> list[dict[str, Any]]:
     cases += [dict(name=name, weight=w) for name, w in _real_weights(seed)]
     for case in cases:
         case["course"] = course_quantize_int8(case["weight"])
-    return cases
+    return on_check_device(cases)
 
 
 def _run_int8(functions, cases) -> list[dict[str, torch.Tensor]]:
@@ -361,7 +361,7 @@ def int4_cases(seed: int) -> list[dict[str, Any]]:
     cases += [dict(name=name, weight=w, group_size=128) for name, w in _real_weights(seed)]
     for case in cases:
         case["course"] = course_quantize_int4(case["weight"], case["group_size"])
-    return cases
+    return on_check_device(cases)
 
 
 def _run_int4(functions, cases) -> list[dict[str, torch.Tensor]]:

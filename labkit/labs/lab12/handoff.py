@@ -26,7 +26,7 @@ from labkit.grading.result import Mismatch
 from labkit.kv.block_allocator import FreeListBlockAllocator
 from labkit.labs.common.diagnose import diagnosed
 from labkit.labs.common.engine_runs import CheckRequest, TickClock, random_requests
-from labkit.labs.common.shared import rng, small_model, torch_generator
+from labkit.labs.common.shared import on_check_device, rng, small_model, torch_generator
 from labkit.labs.common.solo import compare_with_solo, run_failure, solo_oracle
 from labkit.labs.hints import register_hints
 from labkit.labs.lab12.runs import serve_handing_off
@@ -130,7 +130,7 @@ def copy_cases(seed: int) -> dict[str, dict[str, Any]]:
             "resident_tokens": resident * BLOCK_SIZE,
             "resident_k": torch.randn(shape, generator=generator),
         }
-    return cases
+    return on_check_device(cases)
 
 
 def _target(case: dict[str, Any]) -> tuple[FreeListBlockAllocator, list[torch.Tensor], list[torch.Tensor]]:

@@ -21,7 +21,7 @@ from labkit.kv.attention import attention, causal_mask
 from labkit.labs.common.diagnose import check_attention, check_logits, check_positions, diagnosed, raised_mismatch
 from labkit.labs.common.learner_errors import capture, raised_in
 from labkit.labs.common.recording import RecordingModel
-from labkit.labs.common.shared import greedy_without_cache, prompt_and_steps, rng, torch_generator
+from labkit.labs.common.shared import greedy_without_cache, on_check_device, prompt_and_steps, rng, torch_generator
 from labkit.labs.hints import register_hints
 from labkit.models.config import ModelConfig
 
@@ -46,7 +46,7 @@ def _cache_inputs(seed: int) -> tuple[list[list[tuple[torch.Tensor, ...]]]]:
                 for _layer in range(2)
             ]
         )
-    return (passes,)
+    return on_check_device((passes,))
 
 
 def _run_cache(functions, inputs) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def _cache_oracle(inputs) -> dict[str, Any]:
             old_k, old_v = history.get(layer, (k[:0], v[:0]))
             keys, values = torch.cat([old_k, k]), torch.cat([old_v, v])
             history[layer] = (keys, values)
-            outs.append(attention(q, keys, values, causal_mask(len(q), len(keys))))
+            outs.append(attention(q, keys, values, causal_mask(len(q), len(keys), q.device)))
     return {"outs": outs, "lengths": list(itertools.accumulate(PASS_LENGTHS))}
 
 

@@ -22,7 +22,7 @@ from labkit.kv.attention import causal_mask
 from labkit.labs.common.diagnose import check_logits, check_positions, diagnosed
 from labkit.labs.common.pieces import Piece, on_its_own
 from labkit.labs.common.recording import RecordingModel
-from labkit.labs.common.shared import course_model, ends_early_prompt, pick_prompts, rng
+from labkit.labs.common.shared import course_model, ends_early_prompt, on_check_device, pick_prompts, rng
 from labkit.labs.hints import register_hints
 from labkit.viz.timeline import batch_spans
 from labkit.workloads import LogNormal
@@ -126,7 +126,7 @@ def _mask_inputs(seed: int) -> tuple[list[tuple[torch.Tensor, int]]]:
     lengths = [5, 2, pick.choice((1, 3, 4))]
     _, prefill_real, _ = padded_layout([[1] * n for n in lengths], 0)
     decoded = torch.cat([prefill_real, torch.ones(3, 2, dtype=torch.bool)], dim=1)
-    return ([(prefill_real, 5), (decoded, 1), (decoded, 2)],)
+    return on_check_device(([(prefill_real, 5), (decoded, 1), (decoded, 2)],))
 
 
 def course_padded_causal_mask(key_is_real: torch.Tensor, num_queries: int) -> torch.Tensor:
@@ -138,7 +138,7 @@ def _mask_oracle(inputs) -> dict[str, list[torch.Tensor]]:
     right, mistakes = [], []
     for is_real, num_queries in inputs[0]:
         num_keys = is_real.shape[1]
-        causal = causal_mask(num_queries, num_keys)
+        causal = causal_mask(num_queries, num_keys, is_real.device)
         real = is_real[:, None, :].expand(-1, num_queries, -1)
         right.append(causal[None] & real)
         mistakes.append(
@@ -152,7 +152,7 @@ def _mask_oracle(inputs) -> dict[str, list[torch.Tensor]]:
                 "Not causal: queries see keys after them. Combine the padding mask with a causal mask.": real,
                 "The causal part is aligned to the first keys; the queries are the LAST num_queries tokens, so query i "
                 "sits at column num_keys - num_queries + i.": torch.tril(
-                    torch.ones(num_queries, num_keys, dtype=torch.bool)
+                    torch.ones(num_queries, num_keys, dtype=torch.bool, device=is_real.device)
                 )[None]
                 & real,
             }

@@ -23,7 +23,7 @@ from labkit.kv.paged_batch import PagedBatch
 from labkit.labs.common.diagnose import diagnosed, raised_mismatch
 from labkit.labs.common.engine_runs import random_requests, serve
 from labkit.labs.common.learner_errors import raised_record
-from labkit.labs.common.shared import rng, torch_generator
+from labkit.labs.common.shared import on_check_device, rng, torch_generator
 from labkit.labs.common.solo import compare_with_solo, run_failure, solo_oracle
 from labkit.labs.hints import register_hints
 
@@ -259,7 +259,7 @@ def _attention_cases(seed: int) -> list[dict[str, torch.Tensor | list[int] | int
         table = r.sample(range(12), -(-context_len // 4))
         q = torch.randn(num_query, 4, 8, generator=generator)
         cases.append({"q": q, "k_pool": k_pool, "v_pool": v_pool, "block_table": table, "context_len": context_len})
-    return cases
+    return on_check_device(cases)
 
 
 def _dense(case, table=None, truncate=True, causal=True):
@@ -269,7 +269,7 @@ def _dense(case, table=None, truncate=True, causal=True):
     if truncate:
         keys, values = keys[: case["context_len"]], values[: case["context_len"]]
     num_query = case["q"].shape[0]
-    mask = causal_mask(num_query, keys.shape[0]) if causal else None
+    mask = causal_mask(num_query, keys.shape[0], keys.device) if causal else None
     return attention(case["q"], keys, values, mask)
 
 

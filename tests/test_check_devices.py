@@ -1,0 +1,200 @@
+"""Every lab's checks put the tensors they hand to learner code and to the engine on labkit's device.
+
+Proven without a GPU: each lab's checks are walked on a stand-in CUDA device (tests/stand_in_cuda.py: CPU
+tensors that say they are on cuda:0, and an operation that mixes one with a CPU tensor raises, as CUDA does),
+with the course's own answers as the learner's functions. The walk fails on a CPU tensor in an exercise's
+inputs and on every operation CUDA would have refused, naming the lab, the exercise and the tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+import pytest
+import torch
+from lab_sources import solved_namespace
+from stand_in_cuda import OnCuda, StandInCudaError, stand_in_cuda
+
+from labkit.engine import LLM
+from labkit.grading import checks, judge
+from labkit.grading.feedback import evaluate
+from labkit.labs.manifest import LABS
+from labkit.models import LlamaModel, tiny_model
+from labkit.sampling_params import SamplingParams
+
+# The stand-in is for machines without a GPU; on one, the labs' own tests run on the real device instead.
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is here: the stand-in is not")
+
+# Lab 11's seeded cases and its check's engine are being moved to labkit's device beside this test (issue 56's
+# first item, in labkit/labs/lab11); it joins the walk once they are.
+NOT_WALKED = {"lab11"}
+# Lab 9's checks serve through labkit serve in a thread of its own, and torch's dispatch modes (the stand-in) hold
+# in the thread that entered them only: the engine's tensors made there would not be the stand-in's.
+NOT_WALKED.add("lab9")
+WALKED = [lab.name for lab in LABS if lab.name not in NOT_WALKED]
+# Exercises whose inputs stay on the CPU, and why.
+CPU_INPUTS = {
+    # 3,000 draws of a 6-token rule from a CPU generator: the learner's `torch.rand((), generator=generator)` draws
+    # on the CPU, where that generator lives (a cuda one would need device=generator.device)
+    "lab8.accept_sampling": "its rule draws from a CPU generator",
+}
+
+
+def cpu_tensors(value: Any, where: str, seen: set[int] | None = None, depth: int = 6) -> Iterator[str]:
+    """Each CPU tensor inside ``value`` (containers, dataclasses and objects' attributes), by where it sits."""
+    seen = set() if seen is None else seen
+    if id(value) in seen or depth < 0 or isinstance(value, (str, bytes, int, float, bool, type(None))):
+        return
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        if not isinstance(value, OnCuda):
+            yield f"{where}: {str(value.dtype).removeprefix('torch.')}{list(value.shape)} on {value.device}"
+        return
+    if isinstance(value, dict):
+        items = ((f"{where}[{key!r}]", item) for key, item in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"{where}[{index}]", item) for index, item in enumerate(value))
+    elif dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
+        items = ((f"{where}.{name}", item) for name, item in vars(value).items())
+    else:
+        return
+    for place, item in items:
+        yield from cpu_tensors(item, place, seen, depth - 1)
+
+
+def _clear_caches() -> None:
+    """Forget every model and oracle output cached in this process: the walk's live on the stand-in device."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("labkit"):
+            for cached in vars(module).values():
+                if isinstance(cached, functools._lru_cache_wrapper):
+                    cached.cache_clear()
+    judge._recent.clear()
+    judge._measured.clear()
+
+
+def _hf_outside_inference_mode(model: LlamaModel):
+    """transformers' model of ``model``, built outside inference mode: inside it, torch cannot copy the checkpoint
+    into the parameters while a Python dispatch mode (the stand-in) runs every operation; a real GPU can."""
+    with torch.inference_mode(False):
+        return _HF(model)
+
+
+_HF = LlamaModel.hf.fget  # type: ignore[attr-defined]
+
+
+def walk(lab: str) -> list[str]:
+    """Each exercise of ``lab`` checked on the stand-in CUDA device with the course's answers: what went wrong."""
+    problems: list[str] = []
+    _clear_caches()
+    try:
+        with stand_in_cuda() as seen, mock.patch.object(LlamaModel, "hf", property(_hf_outside_inference_mode)):
+            seen.context = f"{lab}'s notebook setup"
+            namespace = solved_namespace(lab)
+            for exercise in checks.exercises_for_lab(lab):
+                seen.context = f"{lab}, exercise {exercise.id}"
+                if exercise.id not in CPU_INPUTS:
+                    problems += [
+                        f"{seen.context}: make_inputs hands the learner a CPU tensor, {place}"
+                        for place in cpu_tensors(exercise.make_inputs(0), "inputs")
+                    ][:3]
+                try:
+                    result = evaluate(exercise.id, namespace=namespace, seed=0)
+                except StandInCudaError:
+                    continue  # a mismatch, said with where it happened
+                except Exception as error:  # the oracle's side raised
+                    problems.append(f"{seen.context}: the check raised {type(error).__name__}: {error}")
+                    continue
+                if not result.passed:
+                    problems.append(f"{seen.context}: the course's answer did not pass: {result.message}")
+            problems[:0] = [str(mismatch) for mismatch in seen.mismatches]
+    finally:
+        _clear_caches()
+    return problems
+
+
+@pytest.mark.parametrize("lab", [pytest.param(name, marks=getattr(pytest.mark, name)) for name in WALKED])
+def test_every_check_puts_its_tensors_on_labkits_device(lab):
+    problems = walk(lab)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.lab5
+def test_the_walk_names_a_cpu_tensor_a_check_hands_the_learner(monkeypatch):
+    import labkit.labs.lab5
+
+    monkeypatch.setattr(labkit.labs.lab5, "on_check_device", lambda value: value)  # lab 5's cases stay on the CPU
+    problems = walk("lab5")
+    assert problems[0].startswith(
+        "lab5, exercise lab5.paged_attention: make_inputs hands the learner a CPU tensor, inputs['cases'][0]['q']: "
+        "float32[1, 4, 8] on cpu"
+    ), problems
+
+
+@pytest.mark.lab5
+def test_the_walk_names_a_cpu_tensor_that_meets_cuda_ones_in_the_engine(monkeypatch):
+    import labkit.kv.paged_batch
+
+    real_mask = labkit.kv.paged_batch.causal_mask
+    monkeypatch.setattr(labkit.kv.paged_batch, "causal_mask", lambda queries, keys, device: real_mask(queries, keys))
+    problems = walk("lab5")
+    assert problems and all(problem.startswith("lab5, exercise lab5.") for problem in problems), problems
+    assert "lab5, exercise lab5.block_allocator: aten." in problems[0], problems[0]
+    assert "a CPU tensor beside cuda:0 ones (bool[" in problems[0], problems[0]
+    assert "made at labkit/kv/attention.py" in problems[0], problems[0]
+
+
+def test_the_stand_in_refuses_what_cuda_refuses():
+    with stand_in_cuda() as seen:
+        on_gpu = torch.ones(3, device="cuda")
+        assert on_gpu.device == torch.device("cuda", 0) and (on_gpu * 2).sum().item() == 6
+        assert (on_gpu * torch.tensor(2.0)).device.type == "cuda"  # a 0-dim CPU tensor is a scalar to CUDA too
+        assert on_gpu[torch.tensor([0, 2])].tolist() == [1.0, 1.0]  # so are CPU indices
+        assert on_gpu.cpu().device.type == "cpu" and on_gpu.to("cpu").device.type == "cpu"
+        with pytest.raises(
+            StandInCudaError, match=r"aten.add.Tensor .* got a CPU tensor beside cuda:0 ones \(float32\[3\]"
+        ):
+            on_gpu + torch.ones(3)
+        with pytest.raises(StandInCudaError, match="a random generator on cpu"):
+            torch.multinomial(on_gpu, 1, generator=torch.Generator())
+        with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor to numpy"):
+            on_gpu.numpy()
+        generator = torch.Generator(device="cuda")
+        generator.manual_seed(0)
+        assert torch.multinomial(on_gpu, 1, generator=generator).device.type == "cuda"
+    assert len(seen.mismatches) == 2
+
+
+def _engine_tokens(device) -> list[list[int]]:
+    """A few requests through the engine on the tiny model: chunked prefill, prefix caching, an fp8 KV pool,
+    greedy and sampled decoding with every logits processor, n answers per prompt, n-gram speculation."""
+    model = tiny_model("llama", seed=0, device=device)
+    sampled = SamplingParams(
+        max_tokens=6, temperature=0.8, top_p=0.9, top_k=50, min_p=0.01, seed=3, ignore_eos=True, n=2,
+        presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.2, logit_bias={7: 2.0}, logprobs=2,
+    )  # fmt: skip
+    greedy = SamplingParams(max_tokens=6, ignore_eos=True)
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [5, 6, 7, 8, 9, 10, 40, 41], [9, 8, 9, 8, 9, 8]]
+    plain_sampled = SamplingParams(max_tokens=6, temperature=0.8, seed=4, ignore_eos=True)
+    tokens = []
+    for engine_args, first in (
+        (dict(max_num_batched_tokens=8, kv_cache_dtype="fp8"), sampled),
+        (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}), plain_sampled),
+    ):
+        llm = LLM(model, num_blocks=40, block_size=4, max_model_len=64, **engine_args)
+        for output in llm.generate(prompts, [first, greedy, greedy], use_tqdm=False):
+            tokens += [list(answer.token_ids) for answer in output.outputs]
+    return tokens
+
+
+def test_the_engines_step_keeps_its_tensors_on_the_models_device():
+    on_cpu = _engine_tokens("cpu")
+    with stand_in_cuda() as seen:
+        on_cuda = _engine_tokens(torch.device("cuda", 0))
+    assert not seen.mismatches, "\n".join(map(str, seen.mismatches))
+    assert on_cuda == on_cpu  # the stand-in runs the same numbers; only the device is pretended
