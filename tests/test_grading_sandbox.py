@@ -94,7 +94,12 @@ def attacking_notebook(name: str, placeholders: dict[str, str]) -> nbformat.Note
     for key, value in placeholders.items():
         text = text.replace(key, value)
     cells = [leave_a_process_behind(name)] + [cell.strip() for cell in text.split("# %%") if cell.strip()]
-    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    for cell in notebook.cells:  # a cell whose first line is `# tags: exercise:demo.add` is that exercise's cell
+        first = cell.source.splitlines()[0]
+        if first.startswith("# tags: "):
+            cell.metadata["tags"] = first.removeprefix("# tags: ").split()
+    return notebook
 
 
 def processes_with(text: str) -> list[int]:
