@@ -178,7 +178,7 @@ def test_every_plan_command_a_chapter_suggests_runs(chapter: str, argv: list[str
 def test_the_book_suggests_the_fleet_commands() -> None:
     """The parametrized test above finds the chapters' commands (a changed pattern would silently find none)."""
     commands = [" ".join(argv) for _, argv in suggested_commands("plan")]
-    assert "plan --example sale-70b --tensor-parallel 4 --replicas 28" in commands, commands
+    assert "plan --example sale-70b --tensor-parallel 4 --replicas 27" in commands, commands
 
 
 def test_labkit_serve_takes_every_flag_the_dial_chapter_names() -> None:
