@@ -2,7 +2,7 @@
 
 Whether bf16 beats fp32 here, and which int8 kernel is fastest, are timings: taken at every start,
 a busy second can call them apart, and two starts of the same server would then compute with
-different numerics (issue 57 saw bf16 timed at 0.94x, 0.81x and 0.74x fp32 in three starts). So a
+different numerics (three starts of one server once timed bf16 at 0.94x, 0.81x and 0.74x fp32). So a
 timing is taken once, written to a small JSON file in labkit's cache with the date, and every later
 start reads it back: the same machine makes the same choice until someone asks for a new measurement
 (``labkit info --remeasure``). The file is keyed by the CPU's name, torch's version and

@@ -1,6 +1,6 @@
 """How fast the simulator runs: 100,000 sale requests through chunked prefill on an H100 cost model.
 
-Usage: taskset -c 0 .venv/bin/python scripts/sim_speed.py   (one core, as issue 4's target is stated)
+Usage: taskset -c 0 .venv/bin/python scripts/sim_speed.py   (one core: the speed target is stated for one)
 """
 
 import time
