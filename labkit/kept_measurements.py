@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from labkit.cache import cache_root
 
-PROBE_VERSION = 1  # raise when a probe measures something different: kept values are then measured again
+PROBE_VERSION = 2  # raise when a probe measures something different: kept values are then measured again
 FILE_NAME = "measured-choices.json"
 REMEASURE_HINT = "`labkit info --remeasure` to redo"
 
@@ -66,6 +67,7 @@ def kept_measurement(name: str, measure: Callable[[], dict], remeasure: bool = F
     entry = measurements.get(name)
     if entry is not None and not remeasure:
         return Kept(entry["value"], entry["measured_on"], path, fresh=False)
+    print(f"labkit: measuring {name} on this machine, once: it is kept in {path}", file=sys.stderr, flush=True)
     entry = {"value": measure(), "measured_on": datetime.date.today().isoformat()}
     measurements[name] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
