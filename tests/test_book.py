@@ -813,6 +813,16 @@ def test_a_reader_finds_the_code_the_setup_and_the_glossary(html: Path) -> None:
     assert len(linking) >= 6, f"only {linking} link a term to the glossary ({{term}}`TTFT` in the chapter)"
 
 
+def test_each_page_has_one_search_field_and_one_search_button(html: Path) -> None:
+    """The sidebar's search field and the page's search button; the theme's top bar, which held only a second
+    search field, is not drawn (book/_ext/page_style.py)."""
+    for doc in chapter_docs():
+        page = (html / f"{doc}.html").read_text(encoding="utf-8")
+        assert page.count("search-button-field") == 1, f"{doc}.html: a second search field (the theme's top bar)"
+        assert page.count('class="btn btn-sm pst-navbar-icon search-button ') == 1, f"{doc}.html: no search button"
+        assert "page_style.css" in page, f"{doc}.html: the book's page rules are not loaded"
+
+
 def test_bibliography_lists_the_papers_the_chapters_cite(html: Path) -> None:
     text = (html / "book" / "references.html").read_text(encoding="utf-8")
     for paper in ("Orca", "PagedAttention", "SARATHI", "Sarathi-Serve", "Speculative Decoding", "DistServe"):
