@@ -49,7 +49,8 @@ def planner_model(name: str | ModelSpec) -> ModelSpec:
 def with_precision(model: ModelSpec | str, weights: str | None = None, kv: str | None = None) -> ModelSpec:
     """``model`` with weights stored as ``weights`` (bf16, int8, int4) and its KV cache as ``kv`` (fp16, fp8)."""
     model = planner_model(model)
-    changes, labels = {}, []
+    changes: dict[str, float | None] = {}
+    labels = []
     for what, value, table, field_name in (
         ("weights", weights, WEIGHT_BYTES, "bytes_per_param"),
         ("kv", kv, KV_BYTES, "kv_bytes_per_value"),
@@ -64,7 +65,7 @@ def with_precision(model: ModelSpec | str, weights: str | None = None, kv: str |
         changes["expert_bytes_per_param"] = None  # every weight, the experts too, stored as ``weights``
     if not changes:
         return model
-    return replace(model, name=f"{model.name} ({', '.join(labels)})", **changes)
+    return replace(model, name=f"{model.name} ({', '.join(labels)})", **changes)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

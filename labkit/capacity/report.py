@@ -102,9 +102,8 @@ def _kv_formula(plan: CapacityPlan) -> str:
     """Row 3's sum: keys and values per KV head, or the latent and RoPE key of multi-head latent attention."""
     m, n = plan.model, plan.tensor_parallel
     if m.kv_lora_rank is not None:
-        return f"{m.layers} x ({m.kv_lora_rank} + {m.qk_rope_head_dim}) x {m.kv_bytes_per_value:g} B (MLA latent)" + (
-            ", all on each GPU" if n > 1 else ""
-        )
+        where = "latent on every GPU" if n > 1 else "MLA latent"
+        return f"{m.layers} x ({m.kv_lora_rank} + {m.qk_rope_head_dim}) x {m.kv_bytes_per_value:g} B, {where}"
     kv_heads = round(m.kv_heads * plan.kv_bytes_per_token_per_gpu / m.kv_bytes_per_token)  # on each GPU
     return f"2 x {m.layers} x {kv_heads} x {m.head_dim} x {m.kv_bytes_per_value:g} B" + (
         f" ({kv_heads} of {m.kv_heads} heads)" if n > 1 else ""

@@ -39,7 +39,9 @@ class Hardware:
     source: str = ""
     interconnect_bandwidth: float = 0.0  # bytes/s each way to the other GPUs of a node (NVLink); 0: none known
     flops_achievable: bool = False  # True: ``flops`` is a rate kernels reach (measured or so quoted), not a peak
-    fp8_tensor_cores: bool = False  # True: its matrix units multiply fp8 at twice the 16-bit rate (Hopper, Ada, Blackwell)
+    fp8_tensor_cores: bool = (
+        False  # True: its matrix units multiply fp8 at twice the 16-bit rate (Hopper, Ada, Blackwell)
+    )
 
     def __post_init__(self) -> None:
         for field_name in ("memory_bytes", "bandwidth", "flops"):
