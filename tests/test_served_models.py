@@ -245,3 +245,24 @@ class TestPlanningTheServedModels:
 def test_the_expected_distinct_experts_never_exceed_the_experts():
     assert all(expected_distinct_experts(b, 8, 2) <= 8 for b in (1, 10, 10**6))
     assert math.isclose(expected_distinct_experts(0, 8, 2), 0)
+
+
+def test_the_simulator_times_a_windowed_mixture_by_each_sequences_capped_read():
+    """The simulator's executor hands the cost model every sequence's context, so windows cap each one."""
+    from labkit.sim.simulator import blocks_that_fit, simulate
+    from labkit.workloads.arrivals import synthetic_workload
+
+    workload = synthetic_workload(6, 50.0, 3000, 20, seed=62)
+    cost = CostModel.from_parts(H100, GPT_OSS_20B, 0.003)
+    trace = simulate(workload, cost, num_blocks=blocks_that_fit(H100, GPT_OSS_20B))
+    decode = next(step for step in trace.steps if step.num_prefill_tokens == 0 and step.num_active > 1)
+    per_sequence = [GPT_OSS_20B.kv_bytes(decode.context_tokens / decode.num_active)] * decode.num_active
+    assert decode.duration < cost.pass_time(decode.num_active, decode.context_tokens)  # every layer's full read
+    assert decode.duration == pytest.approx(
+        max(
+            (cost.weight_bytes_read(decode.num_active) + sum(per_sequence)) / cost.bandwidth,
+            decode.num_active * cost.flops_per_token / cost.flops,
+        )
+        + 0.003,
+        rel=1e-9,  # every context past the 128-token window: the capped read is exact
+    )

@@ -19,6 +19,11 @@ Left out, as the lesson leaves them out:
 * writing the new tokens' KV entries (one token's worth per sequence in a decode step),
   activations, and any kernel that runs below its peak rate.
 
+The models served now bend two of the terms (see :class:`ModelSpec`): a mixture of experts
+reads, per pass, the weights less the experts none of its tokens chose
+(:meth:`CostModel.weight_bytes_read`) and computes with its active parameters only; a
+sliding-window layer reads at most its window of each sequence's context.
+
 One optional term is not in the lesson: ``attention_s_per_token``, seconds per token of KV
 context read on top of its bytes. It is 0 unless a calibration measures it (``labkit
 calibrate``): on a GPU, attention streams the cache at nearly full bandwidth and the bytes
