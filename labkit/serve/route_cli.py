@@ -8,7 +8,8 @@ picks: round_robin (each in turn), least_loaded (fewest requests in flight) or c
 holding the longest prefix of this prompt, unless it is more than --max-imbalance requests busier than the least
 busy one). cache_aware tokenizes each prompt once with the fleet's tokenizer (--model's, or the --model after --)
 and knows what each replica holds from its KV events (labkit serve's /kv_events, read before each decision), or,
-for a replica that publishes none (or with --no-kv-events), from a shadow index of the prompts it sent there. A replica that refuses a request before answering has it sent to another; none is served
+for a replica that publishes none (or with --no-kv-events), from a shadow index of the prompts it sent there.
+A replica that refuses a request before answering has it sent to another; none is served
 twice. A replica that refuses, dies, drains or fails its health check is ejected at once and readmitted when its
 /health answers 200 again. /metrics counts per replica; /health is 200 while one replica is. With --start N the
 router starts N ``labkit serve`` replicas itself (the arguments after ``--`` go to each), starts one that exits

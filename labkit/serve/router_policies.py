@@ -15,7 +15,6 @@ import json
 from typing import Any
 
 from labkit.engine.fleet import DEFAULT_MAX_IMBALANCE, ROUTERS
-from labkit.models.tokens import encode_prompt
 from labkit.serve.protocol import APIError, parse_request
 
 POLICIES = tuple(ROUTERS)  # ``--policy``'s choices
@@ -50,6 +49,8 @@ def prompt_ids(body: object, kind: str, tokenizer: Any) -> list[int] | None:
     """The prompt's token ids as a replica of the fleet's model makes them: the body read as ``labkit serve`` reads
     it (``kind``: ``"chat"`` or ``"completion"``), chat messages through the model's chat template. None for a
     body the replica will refuse: it says why, and nothing is cached for it."""
+    from labkit.models.tokens import encode_prompt  # here: importing labkit.models brings torch
+
     try:
         return encode_prompt(tokenizer, parse_request(body, kind).prompt)
     except (APIError, ValueError, TypeError):
