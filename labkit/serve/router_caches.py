@@ -13,7 +13,8 @@ the engines' fleets. Where the names held come from:
   restart (its log has a new epoch, and the reply is then the hashes it holds), and read right before the
   decision it is never stale for a replica with nothing in flight, so with one request at a time the
   prediction is exact. With requests in flight, a replica may change its cache between the poll and the
-  moment it admits the request.
+  moment it admits the request. The events tell the KV pool only: blocks a replica would reload from its slower
+  tier (:mod:`labkit.kv.tier`) are not predicted.
 - **The shadow index** (:class:`ShadowIndex`), for a replica that publishes none (or with ``--no-kv-events``):
   the blocks of the prompts the router sent there, as SGLang's router and llm-d's approximate mode keep them.
   A belief: it never sees an eviction.
