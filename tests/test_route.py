@@ -516,6 +516,7 @@ def test_a_killed_replica_is_ejected_reaped_restarted_and_readmitted(default_mod
         (["route"], "--replica URL"),
         (["route", "--replica", "http://127.0.0.1:1", "--", "--max-num-seqs", "2"], "need --start N"),
         (["route", "--start", "1", "--", "--port", "9"], "picks each replica's --port"),
+        (["route", "--start", "1", "--model", "a", "--", "--model", "b"], "another model than the replicas' --model b"),
     ],
 )
 def test_a_command_line_mistake_is_one_message(argv, says, capsys):

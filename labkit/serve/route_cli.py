@@ -120,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"arguments for labkit serve ({' '.join(args.serve_args)}) need --start N")
     if args.max_restarts < 0:
         raise ValueError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
+    fleet_model(args)  # a --model that contradicts the replicas' is said before any replica starts
     started = ReplicaProcesses(args.start, args.serve_args) if args.start is not None else None
     stop_watching = threading.Event()
     # uvicorn re-raises the SIGTERM that stopped it once it has drained; as an exception (not the default
