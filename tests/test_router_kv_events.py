@@ -8,6 +8,7 @@ tokenizer, through ``scripts/kv_events_replay.py``'s replay. Nothing asserts a d
 """
 
 import argparse
+import asyncio
 import random
 
 import httpx
@@ -17,10 +18,10 @@ from test_route import router_over, turn
 
 from labkit.engine import LLM
 from labkit.kv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventLog, apply_event
-from labkit.kv.prefix_cache import PrefixCachingBlockAllocator
+from labkit.kv.prefix_cache import PrefixCachingBlockAllocator, block_hashes
 from labkit.models import tiny_model
 from labkit.models.loading import load_tokenizer
-from labkit.serve.router_caches import cached_run
+from labkit.serve.router_caches import FleetCaches, ShadowIndex, cached_run
 from labkit.serve.router_relay import CACHE_VIEW_HEADER, PREDICTED_HEADER, REPLICA_HEADER
 from labkit.serve.server import ServerThread
 
@@ -114,6 +115,39 @@ def test_a_reader_of_another_run_or_too_far_behind_gets_the_hashes_held():
     ]
     assert log.read(4, "another run")["held"] == [1, 3]
     assert log.read(4, log.epoch) == {"epoch": log.epoch, "block_size": 16, "next": 4, "more": False, "events": []}
+
+
+def feed_reading(answers: list[httpx.Response]) -> tuple[FleetCaches, list[dict]]:
+    """A one-replica view whose replica gives ``answers`` in turn (one per refresh); and the queries it was sent."""
+    queries: list[dict] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        queries.append(dict(request.url.params))
+        return answers.pop(0)
+
+    caches = FleetCaches(["http://replica"], ShadowIndex(1, block_size=4))
+    client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    for _ in range(len(answers)):
+        asyncio.run(caches.refresh(client, [0]))
+    return caches, queries
+
+
+def test_the_router_follows_a_replicas_log_across_a_restart_and_guesses_where_there_is_none():
+    prompt = list(range(1, 10))  # two full blocks of 4 before the last token
+    first, second = block_hashes(prompt, 4)[:2]
+    log, restarted = KVEventLog(4), KVEventLog(4)
+    log.publish(BlockStored((first,), None, 4))
+    held_then_event = [httpx.Response(200, json=log.read(0))]
+    log.publish(BlockStored((second,), first, 4))
+    held_then_event.append(httpx.Response(200, json=log.read(1, log.epoch)))
+    restarted.publish(BlockStored((first,), None, 4))  # another run: its numbers mean nothing to the old reader
+    caches, queries = feed_reading([*held_then_event, httpx.Response(200, json=restarted.read(2, log.epoch))])
+    assert queries == [{"since": "0"}, {"since": "1", "epoch": log.epoch}, {"since": "2", "epoch": log.epoch}]
+    assert caches.source(0) == "kv_events" and caches.cached(0, prompt) == 4  # the restarted replica holds one
+    for nothing in (httpx.Response(404, json={}), httpx.Response(200, text="<html>not labkit</html>")):
+        caches, _ = feed_reading([nothing])
+        caches.record(0, prompt)
+        assert caches.source(0) == "shadow" and caches.cached(0, prompt) == 8  # what it was sent, believed held
 
 
 # --- over HTTP ---------------------------------------------------------------------------------------------------

@@ -91,7 +91,8 @@ class EventFeed:
         self.next = 0  # the number of the next event to read
         self.publishes: bool | None = None  # None: not known yet
         self.asked_at = -RECHECK_S  # time.monotonic() of the last "no events here"
-        self.lock = asyncio.Lock()  # one poll at a time: concurrent requests wait for it, then read little
+        self.read_from = -1.0  # time.monotonic() when the last complete read began
+        self.lock = asyncio.Lock()  # one read at a time: a request that waited for one begun after it asked reads none
 
     @property
     def known(self) -> bool:
@@ -99,22 +100,31 @@ class EventFeed:
 
     async def refresh(self, client: httpx.AsyncClient) -> None:
         """Read every event the replica has published since the last read (or what it holds, if the log is new)."""
-        if self.publishes is False and time.monotonic() - self.asked_at < RECHECK_S:
+        asked = time.monotonic()
+        if self.publishes is False and asked - self.asked_at < RECHECK_S:
             return
         async with self.lock:
-            more = True
+            if self.read_from >= asked:  # a read that began after this request asked has just ended
+                return
+            began, more = time.monotonic(), True
             while more:
                 params = {"since": str(self.next), **({"epoch": self.epoch} if self.epoch else {})}
                 try:
                     answer = await client.get(self.url + "/kv_events", params=params, timeout=EVENTS_TIMEOUT_S)
-                    reply = answer.json() if answer.status_code == 200 else None
-                except (httpx.TransportError, ValueError):  # down (the health checks see to it), or not JSON
+                except httpx.TransportError:  # down: the health checks see to it
                     return
-                if not isinstance(reply, dict):
+                if answer.status_code != 200:  # 404: it publishes none (the shadow index guesses for it)
+                    if answer.status_code == 404:
+                        self.publishes, self.asked_at = False, time.monotonic()
+                    return
+                try:
+                    reply = answer.json()
+                    self.apply(reply)
+                except (ValueError, KeyError, TypeError, AttributeError):  # not labkit's events: none to read
                     self.publishes, self.asked_at = False, time.monotonic()
                     return
-                self.apply(reply)
                 more = bool(reply.get("more"))
+            self.read_from = began
 
     def apply(self, reply: dict) -> None:
         """Bring the feed up to date with one reply of ``GET /kv_events``."""
