@@ -14,15 +14,19 @@ import random
 import httpx
 import pytest
 from script_loader import load_script
-from test_route import router_over, turn
+from test_route import Seen, router_over, turn
 
 from labkit.engine import LLM
 from labkit.kv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventLog, apply_event
 from labkit.kv.prefix_cache import PrefixCachingBlockAllocator, block_hashes
 from labkit.models import tiny_model
 from labkit.models.loading import load_tokenizer
+from labkit.models.tokens import encode_prompt
+from labkit.serve.router_app import Routing
 from labkit.serve.router_caches import FleetCaches, ShadowIndex, cached_run
+from labkit.serve.router_metrics import RouterMetrics
 from labkit.serve.router_relay import CACHE_VIEW_HEADER, PREDICTED_HEADER, REPLICA_HEADER
+from labkit.serve.router_server import RouterThread
 from labkit.serve.server import ServerThread
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -180,6 +184,24 @@ def test_with_kv_events_the_predicted_cached_tokens_are_the_replicas_own_on_ever
     assert len(rows) == 12 and {row["view"] for row in rows} == {"kv_events"}
     assert sum(row["actual"] for row in rows) > 0, "some turn found its history"
     assert [row["predicted"] for row in rows] == [row["actual"] for row in rows]
+
+
+def test_the_router_tokenizes_the_request_as_the_replica_does(model):
+    """The policy's request view over HTTP carries the prompt's tokens, the ones the replica counts in its usage."""
+    seen = Seen()
+    server = small_replica(model)
+    try:
+        urls = [server.url]
+        caches = FleetCaches(urls, ShadowIndex(1))
+        tokenizer = load_tokenizer("default", progress=False)
+        with RouterThread(Routing(urls, seen, caches, RouterMetrics(urls), 60.0, tokenizer=tokenizer)) as router:
+            messages = turn("Be brief.", "What is a KV cache?")
+            answer = chat(router.url, messages)
+    finally:
+        server.stop()
+    tokens = seen.requests[0].prompt_token_ids
+    assert tokens is not None and len(tokens) == answer.json()["usage"]["prompt_tokens"]
+    assert list(tokens) == encode_prompt(model.tokenizer, messages)
 
 
 def test_a_replica_without_events_falls_back_to_the_shadow_index(model):
