@@ -52,7 +52,7 @@ def measured_speedup(
 ) -> float:
     """fp32 time over bf16 time of the engine's decode steps, the lower ratio over ``batches``: the default model
     (or ``make_model(dtype)``'s) in each dtype, each batch prefilled, then ``steps`` decode steps timed."""
-    from labkit.bench.decode_sweep import labkit_decode_ms
+    from labkit.engine.decode_timing import labkit_decode_ms
 
     models = {dtype: make_model(dtype) for dtype in (torch.float32, torch.bfloat16)}
     ratios = []

@@ -45,7 +45,9 @@ def offending_lines(pattern: re.Pattern[str], texts: dict[str, str]) -> list[str
 
 
 def test_no_file_names_a_folder_of_the_machine_it_was_written_on():
-    found = offending_lines(MACHINE_PATH, tracked_text(["."]))
+    texts = tracked_text(["."])
+    texts.pop("tests/test_house_is_clean.py")  # its own examples below
+    found = offending_lines(MACHINE_PATH, texts)
     assert not found, "use a path relative to the checkout or to ~ instead of:\n" + "\n".join(found)
 
 

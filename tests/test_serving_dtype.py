@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from labkit import kept_measurements, serving_dtype
-from labkit.bench import decode_sweep
+from labkit.engine import decode_timing
 from labkit.models import tiny_model
 from labkit.models.fast_linear import MatmulPath, prepacked_linear, probe_prepack
 from labkit.serving_dtype import MIN_SPEEDUP, choose_serving_dtype
@@ -96,7 +96,7 @@ def test_the_probe_times_decode_steps_of_both_dtypes_and_keeps_the_lower_ratio(m
         fast_in_bf16 = {(4, 16): 2.0, (2, 48): 0.8}[(batch_size, context)]  # bf16 faster on short chats only
         return fast_in_bf16 if model.dtype == torch.float32 else 1.0
 
-    monkeypatch.setattr(decode_sweep, "labkit_decode_ms", fake_decode_ms)
+    monkeypatch.setattr(decode_timing, "labkit_decode_ms", fake_decode_ms)
     assert serving_dtype.measured_speedup(tiny, SMALL_BATCHES, steps=2) == pytest.approx(0.8)
     assert sorted(timed) == sorted((str(d), b, c) for d in (torch.float32, torch.bfloat16) for b, c in SMALL_BATCHES)
 

@@ -1,6 +1,6 @@
 """A Sphinx extension for what the theme leaves hard to read: the book's own page rules and one search control.
 
-Why: a reader on a phone, in dark mode or looking for the search met four snags (issue 59): inline code such as
+Why: a reader on a phone, in dark mode or looking for the search met four snags: inline code such as
 ``--kv-offloading-backend`` could not wrap and widened a 390 px page by up to 75 px; the computed figures, drawn
 black on white, were only dimmed in dark mode, a glaring grey card on a dark page; the dials table squeezed its
 first column to a word a line; and the theme's top bar held nothing but a second search field beside the one in

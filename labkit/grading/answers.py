@@ -22,7 +22,7 @@ Where the stub stands in, by identity with the reference:
 So an answer is declared only where labkit's code that runs inside `run` (the engine a check drives,
 the server it starts) does not call it or make one: the tests run the honest control of each.
 
-Which exercise declares which answers is not listed here by hand: `ledger()` reads it from the registry,
+Which exercise declares which answers is not listed here by hand: `ledger(labs)` reads it from the registry,
 `tests/test_grading_answers.py` has a cheating submission per declared answer and one notebook per lab,
 and it fails while an exercise that declares none is missing from the list below.
 
@@ -171,9 +171,8 @@ def answers_blocked(
                 setattr(cls, attribute, held)
 
 
-def ledger() -> dict[str, tuple[str, ...]]:
-    """Every exercise of every lab in the manifest and the answers it declares (empty: none), read from the registry."""
+def ledger(labs: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Every exercise of ``labs`` (``["lab1", ...]``) and the answers it declares (empty: none), read from the registry."""
     from labkit.grading.checks import exercises_for_lab
-    from labkit.labs.manifest import LABS
 
-    return {exercise.id: exercise.answers for entry in LABS for exercise in exercises_for_lab(entry.name)}
+    return {exercise.id: exercise.answers for lab in labs for exercise in exercises_for_lab(lab)}
