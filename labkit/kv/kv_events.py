@@ -4,7 +4,9 @@ vLLM publishes such events when ``kv_events_config`` is set (``vllm/distributed/
 ``BlockRemoved``, ``AllBlocksCleared``), so a router can know what each replica holds instead of remembering what
 it sent there (llm-d's precise prefix-cache routing). The names are the prefix cache's own block hashes
 (:func:`~labkit.kv.prefix_cache.block_hashes`: a hash of the parent's hash and the block's tokens), so a router
-that tokenizes a prompt with the same tokenizer finds, block by block, what the replica would find. vLLM's
+that tokenizes a prompt with the same tokenizer finds, block by block, what the replica would find (Python's
+``hash`` of a tuple of ints is the same in every process of one Python version: only str and bytes hashes are
+salted per process; a replica on another Python version names its blocks otherwise, and is never matched). vLLM's
 ``BlockStored`` also carries the blocks' token ids; labkit's leaves them out, since a router needs only the names
 and a prompt's tokens are not for whoever can reach the endpoint.
 
