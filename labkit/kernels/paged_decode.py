@@ -258,24 +258,12 @@ def _shapes(q: torch.Tensor, k_pool: torch.Tensor) -> tuple[int, int, int, int, 
     return num_seqs, num_heads, num_kv_heads, block_size, head_dim
 
 
-def launch_paged_decode(
-    kernel,
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-) -> torch.Tensor:
-    """Run a paged decode kernel (labkit's or yours, with :func:`paged_decode_kernel`'s parameters) over the
-    grid (sequences, KV heads); the attention output, shaped like ``q``."""
+def _attention_arguments(q, k_pool, v_pool, block_tables, context_lens) -> dict:
+    """The arguments every attention kernel of this module takes, by parameter name, once the inputs are checked."""
     _check_layout(q, k_pool, v_pool, block_tables, context_lens)
-    num_seqs, num_heads, num_kv_heads, block_size, head_dim = _shapes(q, k_pool)
+    _, num_heads, num_kv_heads, block_size, head_dim = _shapes(q, k_pool)
     group = num_heads // num_kv_heads
-    out, guard = _guarded(q.shape, UNWRITTEN, q.dtype, q.device)  # rows the kernel never writes show as such
-    launch(
-        kernel,
-        (num_seqs, num_kv_heads),
-        out_ptr=out,
+    return dict(
         q_ptr=q.contiguous(),
         k_pool_ptr=k_pool,
         v_pool_ptr=v_pool,
@@ -289,6 +277,21 @@ def launch_paged_decode(
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
     )
+
+
+def launch_paged_decode(
+    kernel,
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> torch.Tensor:
+    """Run a paged decode kernel (labkit's or yours, with :func:`paged_decode_kernel`'s parameters) over the
+    grid (sequences, KV heads); the attention output, shaped like ``q``."""
+    attention = _attention_arguments(q, k_pool, v_pool, block_tables, context_lens)
+    out, guard = _guarded(q.shape, UNWRITTEN, q.dtype, q.device)  # rows the kernel never writes show as such
+    launch(kernel, (q.shape[0], attention["NUM_KV_HEADS"]), out_ptr=out, **attention)
     _check_guard(guard, "the output")
     return out
 
@@ -324,9 +327,8 @@ def launch_split_kv(
     results, then one program per (sequence, query head) merges them; the attention output, shaped like ``q``."""
     if num_splits < 1:
         raise ValueError(f"num_splits must be 1 or more, got {num_splits}")
-    _check_layout(q, k_pool, v_pool, block_tables, context_lens)
-    num_seqs, num_heads, num_kv_heads, block_size, head_dim = _shapes(q, k_pool)
-    group = num_heads // num_kv_heads
+    attention = _attention_arguments(q, k_pool, v_pool, block_tables, context_lens)
+    num_seqs, num_heads, head_dim = q.shape
     blocks_per_split = -(-block_tables.shape[1] // num_splits)
     # NaN until written: a partial the split kernel never stores poisons its row instead of passing for empty
     (maxes, max_guard), (sums, sum_guard), (accs, acc_guard) = (
@@ -335,24 +337,13 @@ def launch_split_kv(
     )
     launch(
         split_kernel,
-        (num_seqs, num_kv_heads, num_splits),
+        (num_seqs, attention["NUM_KV_HEADS"], num_splits),
         max_out_ptr=maxes,
         sum_out_ptr=sums,
         acc_out_ptr=accs,
-        q_ptr=q.contiguous(),
-        k_pool_ptr=k_pool,
-        v_pool_ptr=v_pool,
-        block_tables_ptr=block_tables,
-        context_lens_ptr=context_lens,
-        scale=1.0 / math.sqrt(head_dim),
-        max_blocks_per_seq=block_tables.shape[1],
         blocks_per_split=blocks_per_split,
         NUM_SPLITS=num_splits,
-        GROUP=group,
-        GROUP_PAD=triton.next_power_of_2(group),
-        NUM_KV_HEADS=num_kv_heads,
-        BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim,
+        **attention,
     )
     for guard, what in ((max_guard, "the split maxes"), (sum_guard, "the split sums"), (acc_guard, "the split accs")):
         _check_guard(guard, what)
