@@ -5,6 +5,7 @@ MLA's KV bytes per token, a sliding-window layer's KV at long context, expert ag
 parallelism's traffic, fp8 arithmetic, and the distinct-experts formula against a seeded routing.
 """
 
+import json
 import math
 import subprocess
 import sys
@@ -266,3 +267,16 @@ def test_the_simulator_times_a_windowed_mixture_by_each_sequences_capped_read():
         + 0.003,
         rel=1e-9,  # every context past the 128-token window: the capped read is exact
     )
+
+
+def test_the_cli_takes_a_mixture_of_ones_own(capsys):
+    """Flags describe a mixture the presets lack; half a description is refused with the ModelSpec's reason."""
+    from labkit.cli import main
+
+    argv = ["plan", "--gpu", "h100-sxm", "--params-b", "30.5", "--active-params-b", "3.3", "--experts", "128"]
+    assert main([*argv, "--experts-per-token", "8", "--layers", "48", "--kv-heads", "4", "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["model"]["experts"] == 128
+    assert figures["decode_weight_read_bytes_per_gpu"] < figures["weight_bytes_per_gpu"]
+    assert main(argv) != 0
+    assert "experts_per_token" in capsys.readouterr().err

@@ -79,6 +79,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hidden-size", type=int, help="the model's hidden size, for the all-reduces (presets know it)"
     )
+    moe = parser.add_argument_group("a mixture of experts, latent attention, sliding windows (presets know theirs)")
+    moe.add_argument("--active-params-b", type=float, help="parameters one token computes with, billions")
+    moe.add_argument("--experts", type=int, help="routed experts per MoE layer")
+    moe.add_argument("--experts-per-token", type=int, metavar="K", help="the router's top-k")
+    moe.add_argument("--shared-experts", type=int, help="experts every token runs")
+    moe.add_argument("--kv-lora-rank", type=int, help="MLA: the latent cached per token and layer (DeepSeek: 512)")
+    moe.add_argument("--qk-rope-head-dim", type=int, help="MLA: the RoPE key cached beside it (DeepSeek: 64)")
+    moe.add_argument("--sliding-window", type=int, help="tokens a sliding-window layer keeps")
+    moe.add_argument("--sliding-layers", type=int, help="how many of the layers slide")
     parser.add_argument("--memory-fraction", type=float, help="share of the card the server may use (0.9)")
     parser.add_argument("--prompt", type=int, help="prompt tokens per conversation (1000)")
     parser.add_argument("--answer", type=int, help="answer tokens per conversation (300)")
@@ -128,6 +137,14 @@ def _inputs(args: argparse.Namespace) -> dict:
             ("layers", args.layers),
             ("kv_heads", args.kv_heads),
             ("head_dim", args.head_dim),
+            ("active_parameters", None if args.active_params_b is None else args.active_params_b * 1e9),
+            ("experts", args.experts),
+            ("experts_per_token", args.experts_per_token),
+            ("shared_experts", args.shared_experts),
+            ("kv_lora_rank", args.kv_lora_rank),
+            ("qk_rope_head_dim", args.qk_rope_head_dim),
+            ("sliding_window", args.sliding_window),
+            ("sliding_layers", args.sliding_layers),
         )
         if value is not None
     }
