@@ -513,3 +513,33 @@ def test_a_source_rule_fails_only_what_passed_and_adds_its_note():
     assert "holds a class" in with_source_rule(exercise, passed, "class K: pass").message
     assert with_source_rule(exercise, passed, "def f(): pass").message.endswith("Note: compiled: fine")
     assert with_source_rule(exercise, failed, "def f(): pass") == failed
+
+
+@needs_compiler
+def test_the_worked_example_and_tl_dot_in_the_exercises_compile_for_an_h100():
+    """What the worked example's text says the compiler accepts, it accepts: its kernel both ways (broadcast and
+    sum, tl.dot at 4 rows), and the exercises' kernels with their products written as tl.dot."""
+    cells = nbformat.read(NOTEBOOK, as_version=4).cells
+    example = next(cell.source for cell in cells if "def best_score_kernel" in cell.source)
+    kernel = PRELUDE + example.split("\n\n\ndevice")[0]
+    types = dict(out_ptr="*fp32", q_ptr="*fp32", k_ptr="*bf16", num_keys="i32")
+    signature = types | dict.fromkeys(["ROWS", "ROWS_PAD", "KEYS", "DIM", "USE_DOT"], "constexpr")
+    jobs = [
+        compile_for_gpu.Job(
+            "best_score_kernel", signature, dict(ROWS=3, ROWS_PAD=4, KEYS=16, DIM=64, USE_DOT=dot), 90, source=kernel
+        )
+        for dot in (False, True)
+    ]
+    assert [result.error for result in compile_for_gpu.compile_in_child(jobs)] == [None, None]
+    products = {
+        "scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale": "scores = tl.dot(q, tl.trans(k)) * scale",
+        "acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)": (
+            "acc = acc * rescale[:, None] + tl.dot(weights, v)"
+        ),
+    }
+    for exercise in ("lab11.paged_decode", "lab11.split_kv"):
+        source = CELLS[exercise]
+        for old, new in products.items():
+            assert old in source
+            source = source.replace(old, new)
+        assert get_exercise(exercise).source_rule(source) is None

@@ -152,7 +152,7 @@ def test_the_exercise_has_hints_in_tiers():
     assert len(tiers("lab12.cache_aware")) >= 2
 
 
-def test_the_replay_table_has_a_row_per_policy_and_serves_every_request_once():
+def test_the_replay_table_has_a_row_per_policy_and_serves_every_request_once(capsys):
     from dataclasses import replace
 
     from labkit.models import tiny_model
@@ -164,11 +164,14 @@ def test_the_replay_table_has_a_row_per_policy_and_serves_every_request_once():
     timing = replay_workload([0.1 * i for i in range(5)], [len(p) for p in prompts], [3] * 5)
     workload = replace(timing, requests=tuple(replace(spec, prompt=p) for spec, p in zip(timing, prompts)))
     routers = replay.routing_policies(right)
-    rows = [
-        replay.row(name, replay.replay(model, workload, router, served_before=shared + [7]))
-        for name, router in routers.items()
-    ]
+    table = replay.PolicyTable(model, workload, routers, served_before=shared + [7])
+    for name in routers:  # one policy a cell, as the notebook runs them: each prints the table so far
+        table.run(name)
+    rows = table.rows
     assert [row.policy for row in rows] == list(routers) and all(sum(row.served) == 5 for row in rows)
     assert rows[2].served == (5, 0)  # the cache alone: replica 0 served the shop's chat before, so it gets all
     assert all(0 < row.hit_rate < 1 and math.isfinite(row.ttft_p99_ms) and row.prefill_tokens > 0 for row in rows)
     assert str(rows[2]).split()[:3] == ["cache", "only", "(no"] and "5 / 0" in str(rows[2])
+    assert capsys.readouterr().out.count(replay.HEADER) == len(routers)
+    with pytest.raises(KeyError, match="its policies are round robin, least loaded"):
+        table.add("random")

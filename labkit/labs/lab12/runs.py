@@ -50,10 +50,15 @@ def measure_tier_costs(model, prefix_tokens: int = 128) -> TierCosts:
     for row in rows:
         print(f"{row['tokens']:>7} {row['host_s'] * 1e3:>20.2f} {row['recompute_s'] * 1e3:>17.1f}")
     print(
-        f"fitted: a reload costs {costs.reload_fixed_seconds * 1e3:.2f} ms + "
+        f"fitted through the two reloads: a reload costs {costs.reload_fixed_seconds * 1e3:.2f} ms + "
         f"{costs.reload_seconds_per_block * 1e3:.2f} ms per block; a token costs "
-        f"{costs.recompute_seconds_per_token * 1e3:.2f} ms to compute"
+        f"{costs.recompute_seconds_per_token * 1e3:.2f} ms to compute (the {prefix_tokens}-token prefill over its tokens)"
     )
+    if costs.reload_fixed_seconds == 0:
+        print(
+            "(one block reloaded in less than the per-block cost between the two: the line through them would cost "
+            "less than nothing at zero blocks, so the fixed cost is taken as 0)"
+        )
     return costs
 
 
