@@ -49,7 +49,7 @@ LABS: tuple[Lab, ...] = (
     Lab(9, "lab9_serving", "your engine behind a server, under load", True, 5, True, 180),
     Lab(10, "lab10_fewer_bytes_more_gpus", "fewer bytes and more GPUs", True, 3, True, 120),
     Lab(11, "lab11_the_kernel", "the paged attention kernel in Triton", False, 3, True, 90),
-    Lab(12, "lab12_beyond_one_server", "beyond one server", False, 5, True, 60),
+    Lab(12, "lab12_beyond_one_server", "beyond one server", False, 5, True, 120),
 )
 
 
