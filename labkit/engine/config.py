@@ -124,11 +124,11 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be a share in (0, 1], got {utilization!r}; 0.9 is the default"
             )
-        if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f"kv_cache_dtype must be 'auto' (the model's dtype) or 'fp8' (float8_e4m3fn, 1 byte per value, "
-                f"twice the tokens of a 16-bit pool), got {self.kv_cache_dtype!r}"
-            )
+        for setting in fields(self):  # a setting with allowed values takes one of them
+            allowed, value = setting.metadata.get("choices"), getattr(self, setting.name)
+            if allowed and (not isinstance(value, str) or value not in allowed):
+                said = " or ".join(map(repr, allowed))
+                raise ValueError(f"{setting.name} must be {said}, got {value!r}; {setting.metadata['help']}")
         for name in _SWITCHES:
             if getattr(self, name) not in (True, False, None):
                 raise ValueError(
@@ -138,11 +138,6 @@ class EngineConfig:
         if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Real) or not 0 < size < 1e12):
             raise ValueError(
                 f"kv_offloading_size must be a number of GiB > 0 (e.g. 4), or None for no tier, got {size!r}"
-            )
-        if self.kv_offloading_backend not in BACKENDS:
-            raise ValueError(
-                f"kv_offloading_backend must be 'native' (host memory, vLLM's) or 'disk' (files, labkit's own), "
-                f"got {self.kv_offloading_backend!r}"
             )
         if size is not None and self.enable_prefix_caching is False:
             raise ValueError(
