@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from labkit.engine.core import EngineCore
@@ -41,6 +41,14 @@ _SWITCHES = ("enable_chunked_prefill", "enable_prefix_caching", "deterministic")
 KV_CACHE_DTYPES = ("auto", "fp8")
 
 
+def setting(
+    default: Any, help: str, *, flag: str | None = None, choices: tuple[str, ...] = (), metavar: str | None = None
+) -> Any:
+    """An :class:`EngineConfig` field that says itself once: what it means (``help``), its allowed values, and
+    its ``vllm serve`` flag where that is not the field's name dashed; ``labkit serve`` makes its flags from these."""
+    return field(default=default, metadata=dict(help=help, flag=flag, choices=choices, metavar=metavar))
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The engine's dials (vLLM's names, except ``trace_window``); None means "the engine chooses".
@@ -54,22 +62,54 @@ class EngineConfig:
     budget, whether prefix caching is on) and ``speculative_config`` parsed.
     """
 
-    max_model_len: int | None = None  # prompt + answer; None: the model's context (simulator: the longest request)
-    max_num_seqs: int = 64  # requests in one step's batch
-    max_num_batched_tokens: int | None = None  # tokens computed in one step; None: the policy's default budget
-    num_blocks: int | None = None  # KV blocks in the pool; None: what gpu_memory_utilization leaves room for
-    gpu_memory_utilization: float = 0.9  # share of device memory (or RAM) the KV cache may take
-    block_size: int = 16  # tokens per KV block
-    kv_cache_dtype: str = "auto"  # KV pool storage: "auto" the model's dtype, "fp8" float8_e4m3fn (1 byte a value)
-    enable_chunked_prefill: bool | None = None  # None: on (vLLM V1), unless the policy given says otherwise
-    enable_prefix_caching: bool | None = None  # None: on (vLLM V1) if the block allocator can
-    speculative_config: dict | SpeculativeConfig | None = None  # off; vLLM's keys, see labkit.spec.config
-    trace_window: int | None = None  # labkit's own: keep only the last N steps (and finished requests); None: all
-    kv_offloading_size: float | None = None  # GiB of a slower tier for evicted prefix blocks; None: no tier (off)
-    kv_offloading_backend: str = "native"  # the tier: "native" host memory (vLLM's), "disk" files (labkit's own)
-    # batch-invariant kernels (labkit.batch_invariant): a request's tokens do not depend on what shares its step;
-    # vLLM's VLLM_BATCH_INVARIANT=1, SGLang's --enable-deterministic-inference. Off: it costs speed (README)
-    deterministic: bool = False
+    max_model_len: int | None = setting(
+        None, "most tokens (prompt + answer) of one request (default: the model's context; simulator: the longest)"
+    )
+    max_num_seqs: int = setting(64, "most requests in one step's batch (64)")
+    max_num_batched_tokens: int | None = setting(None, "token budget of one step (default: the policy's own)")
+    num_blocks: int | None = setting(
+        None,
+        "size the KV cache in blocks, directly (default: what --gpu-memory-utilization leaves room for)",
+        flag="--num-gpu-blocks-override",
+    )
+    gpu_memory_utilization: float = setting(0.9, "share of the device's memory (or RAM) the KV cache may take (0.9)")
+    block_size: int = setting(16, "tokens per KV-cache block (16)")
+    kv_cache_dtype: str = setting(
+        "auto",
+        "KV cache storage: auto (the model's dtype, the default) or fp8 (float8_e4m3fn: twice the tokens)",
+        choices=KV_CACHE_DTYPES,
+    )
+    enable_chunked_prefill: bool | None = setting(
+        None, "split long prompts over steps (on by default, as in vLLM V1, unless the policy given says otherwise)"
+    )
+    enable_prefix_caching: bool | None = setting(
+        None, "reuse the KV blocks of a prompt prefix already computed (on by default, as in vLLM V1)"
+    )
+    speculative_config: dict | SpeculativeConfig | None = setting(
+        None,
+        "speculative decoding with vLLM's keys (labkit.spec.config), as JSON on a command line, e.g. "
+        '\'{"method": "ngram", "num_speculative_tokens": 3}\' (off by default)',
+    )
+    trace_window: int | None = setting(
+        None, "labkit's own: keep only the last N steps (and finished requests) in the trace (default: all)"
+    )
+    kv_offloading_size: float | None = setting(
+        None,
+        "GiB of a slower tier that keeps the prefix blocks the KV pool evicts and reloads them on a hit "
+        "(off by default; needs prefix caching)",
+        metavar="GIB",
+    )
+    kv_offloading_backend: str = setting(
+        "native",
+        "the tier: native (host memory, as vLLM's) or disk (files in a temporary folder, labkit's own)",
+        choices=BACKENDS,
+    )
+    deterministic: bool = setting(
+        False,
+        "batch-invariant kernels (labkit.batch_invariant): a request's tokens do not depend on what shares its "
+        "step, how its prompt was chunked or whether its prefix was cached (vLLM: VLLM_BATCH_INVARIANT=1; "
+        "off by default: it costs speed)",
+    )
 
     def __post_init__(self) -> None:
         for name in _COUNTS + _OPTIONAL_COUNTS:
@@ -84,11 +124,11 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be a share in (0, 1], got {utilization!r}; 0.9 is the default"
             )
-        if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f"kv_cache_dtype must be 'auto' (the model's dtype) or 'fp8' (float8_e4m3fn, 1 byte per value, "
-                f"twice the tokens of a 16-bit pool), got {self.kv_cache_dtype!r}"
-            )
+        for setting in fields(self):  # a setting with allowed values takes one of them
+            allowed, value = setting.metadata.get("choices"), getattr(self, setting.name)
+            if allowed and (not isinstance(value, str) or value not in allowed):
+                said = " or ".join(map(repr, allowed))
+                raise ValueError(f"{setting.name} must be {said}, got {value!r}; {setting.metadata['help']}")
         for name in _SWITCHES:
             if getattr(self, name) not in (True, False, None):
                 raise ValueError(
@@ -98,11 +138,6 @@ class EngineConfig:
         if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Real) or not 0 < size < 1e12):
             raise ValueError(
                 f"kv_offloading_size must be a number of GiB > 0 (e.g. 4), or None for no tier, got {size!r}"
-            )
-        if self.kv_offloading_backend not in BACKENDS:
-            raise ValueError(
-                f"kv_offloading_backend must be 'native' (host memory, vLLM's) or 'disk' (files, labkit's own), "
-                f"got {self.kv_offloading_backend!r}"
             )
         if size is not None and self.enable_prefix_caching is False:
             raise ValueError(

@@ -12,14 +12,21 @@ add ``--api-key`` then). Ctrl-C or SIGTERM stops it gracefully.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
+import typing
+from collections.abc import Callable
+from typing import Any
 
+from labkit.engine.config import EngineConfig, engine_config
 from labkit.serve.admission import admission_within
 from labkit.serving_quantization import check_quantization
 
 TRACE_WINDOW = 4096  # the steps (and finished requests) a long-running server keeps in its engine's trace
+# EngineConfig settings that are deliberately not flags, and why
+NOT_FLAGS = {"trace_window": f"a long-running server keeps its last {TRACE_WINDOW} steps, so its memory stays bounded"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,62 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (8000; 0 picks a free one)")
     parser.add_argument("--api-key", help="if set, /v1 requests need 'Authorization: Bearer KEY'")
-    engine = parser.add_argument_group("engine dials (vllm serve's names)")
-    engine.add_argument("--max-num-seqs", type=int, help="most requests in one step's batch")
-    engine.add_argument("--max-num-batched-tokens", type=int, help="token budget of one step")
-    engine.add_argument("--max-model-len", type=int, help="most tokens (prompt + answer) of one request")
-    engine.add_argument("--block-size", type=int, help="tokens per KV-cache block")
-    engine.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        help="share of the device's memory the KV cache may take (also on a CPU)",
-    )
-    engine.add_argument("--num-gpu-blocks-override", type=int, help="size the KV cache in blocks, directly")
-    engine.add_argument(
-        "--kv-cache-dtype",
-        choices=("auto", "fp8"),
-        help="KV cache storage: auto (the model's dtype, the default) or fp8 (float8_e4m3fn: twice the tokens)",
-    )
-    engine.add_argument(
-        "--enable-chunked-prefill",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="split long prompts over steps (on by default, as in vLLM V1)",
-    )
-    engine.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="reuse the KV blocks of a prompt prefix already computed (on by default, as in vLLM V1)",
-    )
-    engine.add_argument(
-        "--kv-offloading-size",
-        type=gibibytes,
-        metavar="GIB",
-        help="GiB of a slower tier that keeps the prefix blocks the KV pool evicts and reloads them on a hit "
-        "(off by default; needs prefix caching)",
-    )
-    engine.add_argument(
-        "--kv-offloading-backend",
-        choices=("native", "disk"),
-        help="the tier: native (host memory, as vLLM's) or disk (files in a temporary folder, labkit's own)",
-    )
-    engine.add_argument(
-        "--speculative-config",
-        type=json_config,
-        help='speculative decoding as JSON with vLLM\'s keys, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' '
-        "(off by default)",
-    )
-    engine.add_argument(
-        "--deterministic",
-        action="store_true",
-        default=None,
-        help="batch-invariant kernels: a request's tokens do not depend on what shares its step, how its prompt "
-        "was chunked or whether its prefix was cached (vLLM: VLLM_BATCH_INVARIANT=1; off by default: it costs speed)",
-    )
-    engine.add_argument(
-        "--policy", help="scheduler policy: static, continuous, chunked, or module:Class for your own SchedulerPolicy"
-    )
+    add_engine_arguments(parser.add_argument_group("engine dials (vllm serve's names)"))
     parser.add_argument(
         "--max-waiting",
         type=int,
@@ -115,6 +67,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_engine_arguments(group: argparse._ArgumentGroup) -> None:
+    """A flag for each EngineConfig setting (its help and allowed values as the field says), and ``--policy``."""
+    hints = typing.get_type_hints(EngineConfig)
+    for setting in engine_flags():
+        meta = setting.metadata
+        kind = value_type(hints[setting.name])
+        flag = flag_of(setting)
+        if kind is bool:
+            group.add_argument(flag, dest=setting.name, action=argparse.BooleanOptionalAction, help=meta.get("help"))
+            continue
+        if kind not in PARSERS:
+            raise TypeError(
+                f"EngineConfig.{setting.name} is a {kind.__name__}, which labkit serve cannot read from text: "
+                "add a parser to PARSERS, or the setting to NOT_FLAGS with the reason"
+            )
+        group.add_argument(
+            flag,
+            dest=setting.name,
+            type=checked(setting.name, PARSERS[kind]),
+            choices=meta.get("choices") or None,
+            metavar=meta.get("metavar"),
+            help=meta.get("help"),
+        )
+    group.add_argument(
+        "--policy", help="scheduler policy: static, continuous, chunked, or module:Class for your own SchedulerPolicy"
+    )
+
+
+def engine_flags() -> list[dataclasses.Field]:
+    """The EngineConfig fields that are ``labkit serve`` flags: all but NOT_FLAGS."""
+    return [setting for setting in dataclasses.fields(EngineConfig) if setting.name not in NOT_FLAGS]
+
+
+def flag_of(setting: dataclasses.Field) -> str:
+    """The setting's ``vllm serve`` flag: the one its field names, else its name dashed."""
+    return setting.metadata.get("flag") or "--" + setting.name.replace("_", "-")
+
+
+def value_type(hint: Any) -> type:
+    """The type a flag's text becomes: the field's first type besides None (``dict | SpeculativeConfig``: dict)."""
+    return next(kind for kind in typing.get_args(hint) or (hint,) if kind is not type(None))
+
+
+def checked(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse``, then EngineConfig's own check of ``name``: a bad value is a usage error that says why."""
+
+    def parse_setting(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {parse.__name__}, got {text!r}") from None
+        try:
+            engine_config(**{name: value})
+        except (TypeError, ValueError) as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return value
+
+    return parse_setting
+
+
 def json_config(text: str) -> dict:
     """A JSON object from the command line (as ``vllm serve --speculative-config``)."""
     try:
@@ -128,15 +140,8 @@ def json_config(text: str) -> dict:
     return config
 
 
-def gibibytes(text: str) -> float:
-    """A size in GiB from the command line: a number above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of GiB: {text!r} (e.g. 4 or 0.5)") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be more than 0 GiB (and finite), got {text}; leave it out for no tier")
-    return value
+# how a flag's text becomes a setting's type (the value is then held against EngineConfig's own checks)
+PARSERS: dict[type, Callable[[str], Any]] = {int: int, float: float, str: str, dict: json_config}
 
 
 def quantization_flag(text: str) -> str:
@@ -186,22 +191,8 @@ def import_policy(spec: str | None):
 
 def engine_dials(args: argparse.Namespace) -> dict:
     """The LLM keyword arguments the command line set (the engine's defaults for the rest)."""
-    dials = dict(
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        block_size=args.block_size,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        num_blocks=args.num_gpu_blocks_override,
-        kv_cache_dtype=args.kv_cache_dtype,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        enable_prefix_caching=args.enable_prefix_caching,
-        speculative_config=args.speculative_config,
-        kv_offloading_size=args.kv_offloading_size,
-        kv_offloading_backend=args.kv_offloading_backend,
-        deterministic=args.deterministic,
-        policy=import_policy(args.policy),
-    )
+    dials = {setting.name: getattr(args, setting.name) for setting in engine_flags()}
+    dials["policy"] = import_policy(args.policy)
     return {name: value for name, value in dials.items() if value is not None}
 
 
