@@ -117,7 +117,7 @@ def test_no_import_cycle_between_packages():
         ("labkit.sim", {"labkit.serve"}),  # the simulator predicts a server; it does not run one
         ("labkit.engine", {"labkit.labs", "labkit.grading", "labkit.serve", "labkit.sim"}),
         ("labkit.kv", {"labkit.labs", "labkit.grading"}),
-        ("labkit.spec", {"labkit.labs", "labkit.grading"}),
+        ("labkit.speculative", {"labkit.labs", "labkit.grading"}),
         ("labkit.kernels", {"labkit.engine", "labkit.labs", "labkit.grading", "labkit.serve", "labkit.sim"}),
         ("labkit.workloads", {"labkit.serve", "labkit.sim", "labkit.engine"}),
     ],

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from labkit.kv.block_allocator import FreeListBlockAllocator
-from labkit.spec import accept_greedy, accept_sampling, one_hot_probs, parse_speculative_config, propose_ngram, rollback
+from labkit.speculative import (
+    accept_greedy,
+    accept_sampling,
+    one_hot_probs,
+    parse_speculative_config,
+    propose_ngram,
+    rollback,
+)
 
 
 # --- propose_ngram -------------------------------------------------------------------------------

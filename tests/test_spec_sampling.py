@@ -17,7 +17,7 @@ import torch
 from labkit.engine import LLM
 from labkit.models import tiny_model
 from labkit.sampling import SamplingParams, filtered_probabilities
-from labkit.spec import accept_sampling
+from labkit.speculative import accept_sampling
 
 VOCAB = 16
 PROMPT = [3, 4, 5, 3, 4, 5, 3, 4]  # repeats itself, so prompt lookup always has a draft

@@ -30,8 +30,8 @@ from labkit.engine.scheduler import SchedulerState, make_policy, token_budget
 from labkit.kv.block_allocator import FreeListBlockAllocator
 from labkit.kv.prefix_cache import PrefixCachingBlockAllocator
 from labkit.kv.tier_policy import BACKENDS
-from labkit.spec import parse_speculative_config
-from labkit.spec.config import SpeculativeConfig
+from labkit.speculative import parse_speculative_config
+from labkit.speculative.config import SpeculativeConfig
 from labkit.trace import Trace
 
 _COUNTS = ("max_num_seqs", "block_size")  # whole numbers >= 1
@@ -87,7 +87,7 @@ class EngineConfig:
     )
     speculative_config: dict | SpeculativeConfig | None = setting(
         None,
-        "speculative decoding with vLLM's keys (labkit.spec.config), as JSON on a command line, e.g. "
+        "speculative decoding with vLLM's keys (labkit.speculative.config), as JSON on a command line, e.g. "
         '\'{"method": "ngram", "num_speculative_tokens": 3}\' (off by default)',
     )
     trace_window: int | None = setting(

@@ -168,7 +168,7 @@ class VictimChooser(Protocol):
 
 
 class Proposer(Protocol):
-    """Speculative decoding's drafting side, as the step loop sees it (no tensors): see :mod:`labkit.spec`."""
+    """Speculative decoding's drafting side, as the step loop sees it (no tensors): see :mod:`labkit.speculative`."""
 
     num_speculative_tokens: int
 
@@ -178,7 +178,7 @@ class Proposer(Protocol):
         ...
 
     def rollback(self, request: Request, num_rejected: int, blocks: TailFreeingAllocator) -> None:
-        """Undo the KV of ``num_rejected`` draft tokens (see :func:`labkit.spec.rollback`)."""
+        """Undo the KV of ``num_rejected`` draft tokens (see :func:`labkit.speculative.rollback`)."""
         ...
 
 

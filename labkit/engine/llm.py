@@ -10,7 +10,7 @@ attention function are plain arguments, so a lab can swap in a learner's own.
 The settings are one :class:`~labkit.engine.config.EngineConfig` with vLLM's names
 (``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``, ``num_blocks`` or
 ``gpu_memory_utilization``, ``block_size``, ``kv_cache_dtype``, ``enable_chunked_prefill``, ``enable_prefix_caching``,
-``speculative_config``: speculative decoding, see :mod:`labkit.spec`), built into the core by
+``speculative_config``: speculative decoding, see :mod:`labkit.speculative`), built into the core by
 :func:`~labkit.engine.config.build_core`, as the simulator builds its own.
 """
 
@@ -47,9 +47,9 @@ from labkit.models.tokens import Prompt, encode_prompt
 from labkit.sampling import make_generator
 from labkit.sampling_params import SamplingParams
 from labkit.serving_quantization import quantize_for_serving
-from labkit.spec import parse_speculative_config
-from labkit.spec.config import SpeculativeConfig
-from labkit.spec.proposers import DraftModelProposer, NgramProposer
+from labkit.speculative import parse_speculative_config
+from labkit.speculative.config import SpeculativeConfig
+from labkit.speculative.proposers import DraftModelProposer, NgramProposer
 from labkit.trace import StepRecord, Trace
 
 

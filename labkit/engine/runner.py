@@ -26,7 +26,7 @@ from labkit.kv.paged_batch import PagedBatch, SequenceSlice
 from labkit.kv.paged_cache import PagedKVCache
 from labkit.kv.tier import KVTier, move_blocks
 from labkit.sampling import filtered_probabilities, make_generator, process_logits, sample, token_logprob
-from labkit.spec import SpeculativeConfig, one_hot_probs
+from labkit.speculative import SpeculativeConfig, one_hot_probs
 
 
 class ModelRunner:

@@ -25,7 +25,7 @@ from labkit.sampling_params import SamplingParams
 from labkit.sim.cost_model import CostModel, ModelSpec, conversations_that_fit
 from labkit.sim.hardware import Hardware
 from labkit.sim.spec_proposer import SimulatedProposer
-from labkit.spec import parse_speculative_config
+from labkit.speculative import parse_speculative_config
 from labkit.trace import Trace
 from labkit.workloads import RequestSpec, Workload
 

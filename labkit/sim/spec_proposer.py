@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from labkit.spec import SpeculativeConfig
+from labkit.speculative import SpeculativeConfig
 
 PLACEHOLDER_DRAFT = 0  # the cost model never looks at token values
 SEED = 0

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from labkit import spec as engine_spec
+from labkit import speculative as engine_spec
 from labkit.engine.request import Request
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
@@ -165,7 +165,7 @@ register(
         Exercise(
             id="lab8.propose_ngram",
             functions=("propose_ngram",),
-            answers=("labkit.spec.ngram.propose_ngram",),
+            answers=("labkit.speculative.ngram.propose_ngram",),
             make_inputs=ngram_cases,
             run=_run_ngram,
             oracle=_ngram_oracle,
@@ -280,7 +280,7 @@ register(
         Exercise(
             id="lab8.accept_greedy",
             functions=("accept_greedy",),
-            answers=("labkit.spec.accept.accept_greedy",),
+            answers=("labkit.speculative.accept.accept_greedy",),
             make_inputs=lambda seed: {"cases": greedy_cases(seed), "requests": engine_requests(seed), "seed": seed},
             run=_run_greedy,
             oracle=_greedy_oracle,
@@ -412,7 +412,7 @@ register(
         Exercise(
             id="lab8.rollback",
             functions=("rollback",),
-            answers=("labkit.spec.rollback.rollback",),
+            answers=("labkit.speculative.rollback.rollback",),
             make_inputs=lambda seed: {"cases": rollback_cases(seed), "requests": engine_requests(seed), "seed": seed},
             run=_run_rollback,
             oracle=_rollback_oracle,
@@ -622,7 +622,7 @@ register(
         Exercise(
             id="lab8.accept_sampling",
             functions=("accept_sampling",),
-            answers=("labkit.spec.accept.accept_sampling",),
+            answers=("labkit.speculative.accept.accept_sampling",),
             make_inputs=sampling_cases,
             run=_run_sampling,
             oracle=_sampling_oracle,

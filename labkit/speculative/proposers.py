@@ -6,7 +6,7 @@ rollback the engine uses, so the step loop needs no tensors and a lab can swap a
 
 from __future__ import annotations
 
-from labkit.spec.config import SpeculativeConfig
+from labkit.speculative.config import SpeculativeConfig
 
 
 class NgramProposer:
@@ -33,7 +33,7 @@ class DraftModelProposer(NgramProposer):
     (a prefill on its own contiguous cache) and then decodes ``k - 1`` more tokens; it keeps no KV
     between steps, so rollback concerns only the target's cache. Greedy requests get the draft's
     argmax; sampling requests get tokens sampled from the draft's own filtered distribution q,
-    returned with q so that :func:`labkit.spec.accept_sampling` can keep the target's distribution.
+    returned with q so that :func:`labkit.speculative.accept_sampling` can keep the target's distribution.
     """
 
     def __init__(self, config: SpeculativeConfig, draft, target):

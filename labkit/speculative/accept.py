@@ -33,7 +33,7 @@ def accept_sampling(draft: list[int], draft_probs, target_probs, generator=None)
     top_p applied). Leviathan et al. / Chen et al.: accept draft token i with probability min(1, p_i(x)/q_i(x));
     at the first rejection sample from normalize(max(0, p_i - q_i)) and stop; if all accepted, sample a bonus token
     from p_k. For n-gram drafts q is one-hot. Returns accepted tokens + one target token."""
-    import torch  # here, so that importing labkit.spec stays torch-free for the simulator
+    import torch  # here, so that importing labkit.speculative stays torch-free for the simulator
 
     k = len(draft)
     if draft_probs.shape[0] != k or target_probs.shape[0] != k + 1:

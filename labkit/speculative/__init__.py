@@ -3,13 +3,13 @@
 The four pieces a learner can replace (lab 8), each in its own short module:
 :func:`propose_ngram` (prompt lookup), :func:`accept_greedy` and :func:`accept_sampling`
 (verification), :func:`rollback` (undo the KV of rejected drafts). The engine wires them in
-through ``LLM(..., speculative_config={...})`` (see :mod:`labkit.spec.config`).
+through ``LLM(..., speculative_config={...})`` (see :mod:`labkit.speculative.config`).
 """
 
-from labkit.spec.accept import accept_greedy, accept_sampling, one_hot_probs
-from labkit.spec.config import SpeculativeConfig, parse_speculative_config
-from labkit.spec.ngram import propose_ngram
-from labkit.spec.rollback import rollback
+from labkit.speculative.accept import accept_greedy, accept_sampling, one_hot_probs
+from labkit.speculative.config import SpeculativeConfig, parse_speculative_config
+from labkit.speculative.ngram import propose_ngram
+from labkit.speculative.rollback import rollback
 
 __all__ = [
     "propose_ngram",

@@ -3,7 +3,7 @@
 vLLM's keys: ``method`` ("ngram" or "draft_model"), ``num_speculative_tokens`` (k, draft tokens per
 step), ``prompt_lookup_max`` / ``prompt_lookup_min`` (n-gram sizes tried, longest first), ``model``
 (the draft model). labkit's own, so a lab can plug a learner's function in: ``propose``,
-``accept_greedy``, ``accept_sampling``, ``rollback`` (defaults: :mod:`labkit.spec`'s), and, for the
+``accept_greedy``, ``accept_sampling``, ``rollback`` (defaults: :mod:`labkit.speculative`'s), and, for the
 simulator only, ``acceptance_rate`` (the chance that each draft token is accepted).
 No torch here: the simulator reads it too.
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from labkit.spec.accept import accept_greedy, accept_sampling
-from labkit.spec.ngram import propose_ngram
-from labkit.spec.rollback import rollback
+from labkit.speculative.accept import accept_greedy, accept_sampling
+from labkit.speculative.ngram import propose_ngram
+from labkit.speculative.rollback import rollback
 
 METHODS = ("ngram", "draft_model")
 KEYS = {
