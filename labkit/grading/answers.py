@@ -40,6 +40,8 @@ Covered (`tests/test_grading_answers.py` has a cheating submission per answer an
   prefill_chunks (`chunks_oracle` and the chunked policy's).
 - lab 9: continuous_schedule (lab 4's), dashboard (`read_dashboard`), admit
   (`labkit.serve.admission.retry_after`), highest_rate (`labkit.slo.highest_rate`, `course_highest_rate`).
+- lab 13: which_moved (`course_which_moved`), invariant_matmul (`course_invariant_matmul`,
+  `labkit.batch_invariant.tiled_linear`), split_kv (`course_split_kv_attention`).
 
 Not covered, and why:
 - lab2.conversations_that_fit: labkit has no function of those arguments (`kv_pool_size` sizes a pool
