@@ -29,7 +29,7 @@ from labkit.batch_invariant import fixed_order_sum
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.labs.common.diagnose import diagnosed
-from labkit.labs.common.shared import rng, torch_generator
+from labkit.labs.common.shared import on_check_device, rng, torch_generator
 from labkit.labs.hints import register_hints
 from labkit.labs.lab13.kernels import _reduce
 
@@ -63,9 +63,9 @@ def moved_cases(seed: int) -> tuple[dict[str, Operation], torch.Tensor]:
     behaviours = list(BEHAVIOURS)
     r.shuffle(behaviours)
     letters = r.sample(string.ascii_uppercase, len(behaviours))
-    weight = torch.rand(OUT, WIDTH, generator=generator) + 0.5  # positive: no sum cancels to near 0
+    weight = on_check_device(torch.rand(OUT, WIDTH, generator=generator) + 0.5)  # positive: no sum cancels to ~0
     operations = {f"op {letter}": _operation(b, weight) for letter, b in zip(letters, behaviours)}
-    crowd = torch.rand(r.randint(5, 8), WIDTH, generator=generator) + 0.5
+    crowd = on_check_device(torch.rand(r.randint(5, 8), WIDTH, generator=generator) + 0.5)
     return operations, crowd
 
 

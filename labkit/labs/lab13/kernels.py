@@ -70,7 +70,8 @@ def split_partial(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor):
         )
     if keys.shape[0] == 0:
         heads, dim = q.shape
-        return torch.full((heads,), -math.inf), torch.zeros(heads), torch.zeros(heads, dim)
+        empty = dict(device=q.device)
+        return torch.full((heads,), -math.inf, **empty), torch.zeros(heads, **empty), torch.zeros(heads, dim, **empty)
     scores = fixed_order_sum(q.float() * (1 / math.sqrt(q.shape[-1])) * keys.float())  # [n, H]
     m = scores.amax(dim=0)  # the maximum is exact in any order
     weights = torch.exp(scores - m)

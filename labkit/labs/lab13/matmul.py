@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.labs.common.diagnose import diagnosed
-from labkit.labs.common.shared import rng, torch_generator
+from labkit.labs.common.shared import on_check_device, rng, torch_generator
 from labkit.labs.hints import register_hints
 from labkit.labs.lab13.kernels import RowPathMatmul, path_for
 
@@ -77,7 +77,7 @@ def matmul_cases(seed: int) -> list[dict[str, Any]]:
                 "tile_rows": tile_rows,
             }
         )
-    return cases
+    return on_check_device(cases)
 
 
 def _run(functions, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ import torch
 from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.labs.common.diagnose import diagnosed
-from labkit.labs.common.shared import rng, torch_generator
+from labkit.labs.common.shared import on_check_device, rng, torch_generator
 from labkit.labs.hints import register_hints
 from labkit.labs.lab13.kernels import split_partial
 
@@ -39,7 +39,7 @@ def _attention(q, keys, values, length, split_size, partial, stop=True, rescale_
     ]
     maxes = torch.stack([m for m, _, _ in parts])  # [splits, H]
     scale = torch.exp(maxes - maxes.amax(dim=0))
-    total, acc = torch.zeros(q.shape[0]), torch.zeros_like(q, dtype=torch.float32)
+    total, acc = torch.zeros(q.shape[0], device=q.device), torch.zeros_like(q, dtype=torch.float32)
     for (_, share, weighted), s in zip(parts, scale):  # first split to last
         total = total + (s * share if rescale_sum else share)
         acc = acc + (s[:, None] * weighted if rescale_acc else weighted)
@@ -103,7 +103,7 @@ def split_cases(seed: int) -> list[dict[str, Any]]:
                     "split_size": split_size,
                 }
             )
-    return calls
+    return on_check_device(calls)
 
 
 def _recording(sizes: list[int]) -> Callable:
