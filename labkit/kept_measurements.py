@@ -2,7 +2,7 @@
 
 Whether bf16 beats fp32 here, and which int8 kernel is fastest, are timings: taken at every start,
 a busy second can call them apart, and two starts of the same server would then compute with
-different numerics (issue 57 saw bf16 timed at 0.94x, 0.81x and 0.74x fp32 in three starts). So a
+different numerics (three starts of one server once timed bf16 at 0.94x, 0.81x and 0.74x fp32). So a
 timing is taken once, written to a small JSON file in labkit's cache with the date, and every later
 start reads it back: the same machine makes the same choice until someone asks for a new measurement
 (``labkit info --remeasure``). The file is keyed by the CPU's name, torch's version and
@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from labkit.cache import cache_root
 
-PROBE_VERSION = 1  # raise when a probe measures something different: kept values are then measured again
+PROBE_VERSION = 2  # raise when a probe measures something different: kept values are then measured again
 FILE_NAME = "measured-choices.json"
 REMEASURE_HINT = "`labkit info --remeasure` to redo"
 
@@ -66,6 +67,7 @@ def kept_measurement(name: str, measure: Callable[[], dict], remeasure: bool = F
     entry = measurements.get(name)
     if entry is not None and not remeasure:
         return Kept(entry["value"], entry["measured_on"], path, fresh=False)
+    print(f"labkit: measuring {name} on this machine, once: it is kept in {path}", file=sys.stderr, flush=True)
     entry = {"value": measure(), "measured_on": datetime.date.today().isoformat()}
     measurements[name] = entry
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,18 +4,17 @@ The labs and the tests compare labkit with transformers token for token, in fp32
 this. A server wants speed: on a CPU with native bf16 (AVX-512 BF16, AMX) oneDNN's bf16 matmuls
 run several times faster than fp32, while on one without (AVX2 only) bf16 is emulated and slower.
 So nothing is read from the CPU's flags: bf16 is chosen only if oneDNN's packed bf16 linear works
-and matches ``F.linear`` here (the prepack probe), and a decode-shaped product of the default
-model's size, timed in both dtypes in turns, is at least ``MIN_SPEEDUP`` times faster in bf16.
-That timing is taken once per machine and kept (:mod:`labkit.kept_measurements`): every later
-start reads the same ratio and makes the same choice, however busy the machine is then.
+and matches ``F.linear`` here (the prepack probe), and the served model's own decode steps run at
+least ``MIN_SPEEDUP`` times faster in bf16 than in fp32, both for a crowd of short chats and for a
+few long conversations (``PROBE_BATCHES``): one small matmul said nothing of attention at long
+contexts, where bf16 can be the slower. That timing is taken once per machine and kept
+(:mod:`labkit.kept_measurements`): every later start reads the same ratio and makes the same choice,
+however busy the machine is then.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,12 +22,12 @@ import torch
 
 from labkit.device import parse_dtype
 from labkit.kept_measurements import kept_measurement
-from labkit.models.fast_linear import prepacked_linear, probe_prepack
+from labkit.models.fast_linear import probe_prepack
 
-MIN_SPEEDUP = 1.3  # less than this is within what two noisy timings can disagree by
-MEASUREMENT = "bf16 speed over fp32"  # its name among the kept measurements
-PROBE_SHAPE = (32, 576, 1536)  # 32 sequences decoding through SmolLM2-135M's MLP up-projection
-ROUNDS = 5
+MIN_SPEEDUP = 1.1  # decode steps end to end, medians of several: less than this is within their noise
+MEASUREMENT = "bf16 decode-step speed over fp32"  # its name among the kept measurements
+PROBE_BATCHES = ((32, 32), (8, 256))  # (sequences, context tokens): many short chats, a few long conversations
+DECODE_STEPS = 6  # timed decode steps per batch and dtype
 
 
 @dataclass(frozen=True)
@@ -42,29 +41,25 @@ class DtypeChoice:
         return f"{str(self.dtype).removeprefix('torch.')} ({self.reason})"
 
 
-def _seconds(fn: Callable[[], object], repeats: int = 20) -> float:
-    started = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - started) / repeats
+def _default_model_in(dtype: torch.dtype):
+    from labkit.models import load_model
+
+    return load_model(dtype=dtype, progress=False)
 
 
-def measured_speedup(shape: tuple[int, int, int] = PROBE_SHAPE, rounds: int = ROUNDS) -> float:
-    """fp32 time over bf16 time of one packed linear of `shape` (rows, in, out): medians of rounds taken in turns."""
-    rows, columns, outputs = shape
-    generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(outputs, columns, generator=generator) * 0.05
-    x = torch.randn(rows, columns, generator=generator)
-    linears = {dtype: prepacked_linear(weight.to(dtype)) for dtype in (torch.float32, torch.bfloat16)}
-    inputs = {dtype: x.to(dtype) for dtype in linears}
-    times: dict[torch.dtype, list[float]] = {dtype: [] for dtype in linears}
-    with torch.inference_mode():
-        for dtype in linears:  # warm up: the first calls allocate and pick kernels
-            linears[dtype](inputs[dtype])
-        for _ in range(rounds):
-            for dtype in linears:
-                times[dtype].append(_seconds(functools.partial(linears[dtype], inputs[dtype])))
-    return statistics.median(times[torch.float32]) / statistics.median(times[torch.bfloat16])
+def measured_speedup(
+    make_model: Callable = _default_model_in, batches=PROBE_BATCHES, steps: int = DECODE_STEPS
+) -> float:
+    """fp32 time over bf16 time of the engine's decode steps, the lower ratio over ``batches``: the default model
+    (or ``make_model(dtype)``'s) in each dtype, each batch prefilled, then ``steps`` decode steps timed."""
+    from labkit.engine.decode_timing import labkit_decode_ms
+
+    models = {dtype: make_model(dtype) for dtype in (torch.float32, torch.bfloat16)}
+    ratios = []
+    for batch_size, context in batches:
+        times = {dtype: labkit_decode_ms(model, batch_size, context, steps) for dtype, model in models.items()}
+        ratios.append(times[torch.float32] / times[torch.bfloat16])
+    return min(ratios)
 
 
 def choose_serving_dtype(
@@ -90,8 +85,10 @@ def choose_serving_dtype(
     ratio = float(kept.value["speedup"])
     if ratio < MIN_SPEEDUP:
         return DtypeChoice(
-            torch.float32, f"bf16 measured {ratio:.2f}x fp32, under {MIN_SPEEDUP}x: fp32 is exact; {kept.provenance()}"
+            torch.float32,
+            f"bf16 decode steps measured {ratio:.2f}x fp32's speed, under {MIN_SPEEDUP}x: fp32 is exact; "
+            f"{kept.provenance()}",
         )
     return DtypeChoice(
-        torch.bfloat16, f"bf16 measured {ratio:.2f}x fp32 on this CPU, and matches it; {kept.provenance()}"
+        torch.bfloat16, f"bf16 decode steps measured {ratio:.2f}x fp32's speed on this CPU; {kept.provenance()}"
     )

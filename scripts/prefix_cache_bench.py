@@ -125,7 +125,7 @@ def multiturn_replay(model, conversations: int, turns: int, max_tokens: int, max
     print(f"| all | {len(workload)} | {total_queries:,} | {total_hits:,} | {total_hits / total_queries:.1%} |")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--system-tokens", type=int, default=1000)
@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=8, help="multi-turn replay: conversations (0: skip)")
     parser.add_argument("--turns", type=int, default=3, help="multi-turn replay: turns per conversation")
     parser.add_argument("--max-prompt-tokens", type=int, default=1500, help="multi-turn replay: longest prompt")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     model = load_model()
     prompts = chats(model.tokenizer, args.requests, args.system_tokens)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from labkit.bench.decode_sweep import labkit_decode_ms
+from labkit.engine.decode_timing import labkit_decode_ms
 from labkit.models import load_model
 from labkit.models.fast_linear import probe_prepack
 from labkit.models.int8_linear import choose_int8_backend

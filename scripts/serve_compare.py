@@ -2,7 +2,7 @@
 
     python scripts/serve_compare.py --labkit                          # labkit serve at its defaults
     python scripts/serve_compare.py --labkit --labkit fp32="--dtype float32" --labkit int8="--quantization int8" \\
-        --llama Q8_0=/work/llama-build/gguf/SmolLM2-135M-Instruct.Q8_0.gguf --llama-args "-t 2" --rounds 3
+        --llama Q8_0=~/llama-build/gguf/SmolLM2-135M-Instruct.Q8_0.gguf --llama-args "-t 2" --rounds 3
     python scripts/serve_compare.py --labkit --url other=http://127.0.0.1:8080   # a server you started
 
 Each round sends W1 (32 short chats) and W2 (64 ShareGPT conversations) to every system in turn

@@ -108,7 +108,7 @@ def main() -> int:
         served = statistics.median(s for _, s in pairs)
         ratios = ", ".join(f"{s / o:.0%}" for o, s in pairs)
         print(f"| {name} | {offline:.1f} | {served:.1f} | {served / offline:.1%} (rounds: {ratios}) |")
-    print(f"\nmedians of {args.rounds} rounds; the goal (issue 33): the server keeps >= 90%")
+    print(f"\nmedians of {args.rounds} rounds; the goal: the server keeps >= 90%")
     return 0
 
 

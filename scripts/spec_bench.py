@@ -11,7 +11,7 @@ k = 0 and 4: measured throughput ratio on this machine, beside what the cost mod
 Llama 3.1 8B on an H100 SXM with the acceptance rate measured here (labkit.capacity.speculative_speedup).
 Measured figures are from this machine; predicted ones say so.
 
-Usage: .venv/bin/python scripts/spec_bench.py [--max-tokens 96] [--batches 8 32 64]
+Usage: .venv/bin/python scripts/spec_bench.py [--max-tokens 96] [--batches 8 32 64] [--prompts 4]
 """
 
 from __future__ import annotations
@@ -94,17 +94,18 @@ def batched(model, prompts, k: int, batch: int, max_tokens: int) -> dict:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
-    args = parser.parse_args()
+    parser.add_argument("--prompts", type=int, default=4, help="prompts of each kind (editing, chat), up to 4")
+    args = parser.parse_args(argv)
     model = load_model()
     print(f"model {model.config.name} on {model.device}; greedy; max_tokens {args.max_tokens}\n")
 
     print("Part 1: batch 1 (measured on this machine)")
     print(f"{'prompts':<10}{'k':>3}{'out tok/s':>11}{'vs k=0':>8}{'acceptance':>12}{'same answers':>14}")
-    for name, prompts in (("editing", editing_prompts()), ("chat", chat_prompts())):
+    for name, prompts in (("editing", editing_prompts()[: args.prompts]), ("chat", chat_prompts()[: args.prompts])):
         base = None
         for k in (0, 2, 4):
             run = one_at_a_time(model, prompts, k, args.max_tokens)
@@ -118,8 +119,8 @@ def main() -> None:
         f"{'batch':>5}{'k=0 tok/s':>11}{'k=4 tok/s':>11}{'measured':>10}{'acceptance':>12}{'8B on H100 (cost model)':>26}"
     )
     for batch in args.batches:
-        plain = batched(model, editing_prompts(), 0, batch, args.max_tokens)
-        spec = batched(model, editing_prompts(), 4, batch, args.max_tokens)
+        plain = batched(model, editing_prompts()[: args.prompts], 0, batch, args.max_tokens)
+        spec = batched(model, editing_prompts()[: args.prompts], 4, batch, args.max_tokens)
         predicted = speculative_speedup([batch], k=4, acceptance_rate=spec["rate"], context_len=spec["context"])[0]
         same = "" if plain["answers"] == spec["answers"] else "  (answers differ!)"
         print(

@@ -12,7 +12,7 @@ import os
 import socket
 import sys
 
-from test_serve_round2 import launch
+from tiny_server import launch
 
 if __name__ == "__main__":
     with open(os.environ["FAKE_LLAMA_RECORD"], "a") as record:

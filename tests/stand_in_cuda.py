@@ -2,19 +2,26 @@
 
 Inside :func:`stand_in_cuda`, a tensor made for ``cuda:0`` is a CPU tensor that says it lives on cuda:0
 (:class:`OnCuda`), and an operation that mixes one with a CPU tensor is recorded and raises, as CUDA
-does ("Expected all tensors to be on the same device"); so does a CPU random generator drawing for a
-cuda:0 tensor. The values are real, so code that branches on them (argmax, ``.item()``, sampling) runs
+does ("Expected all tensors to be on the same device"); so does a random draw whose generator is on the
+other device (a CPU generator for a cuda:0 tensor, or a cuda one drawing on the CPU: ``torch.rand`` without
+``device=``). The values are real, so code that branches on them (argmax, ``.item()``, sampling) runs
 as it would on a GPU: only the device is pretended. PyTorch's fake tensors raise on the same mismatch but
 carry no values, so they cannot run a decode loop; this stand-in can.
 
 What CUDA itself allows is allowed: a 0-dim CPU tensor as a scalar operand, CPU indices into a cuda
 tensor, and explicit copies between the devices (``.to``, ``.cpu()``, ``copy_``).
+
+Two things torch's modes do not reach are followed too: a thread started inside (a server's engine loop, its
+HTTP clients) runs on the stand-in as the thread that started it does; and a Triton kernel launched through
+labkit's ``launch`` must be handed cuda:0 tensors only, as a GPU's kernel must ("Pointer argument cannot be
+accessed from Triton (cpu tensor?)"), before Triton's interpreter runs it on their CPU data.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +30,7 @@ from unittest import mock
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.weak import WeakIdKeyDictionary
 
 from labkit.device import use_cpu_threads
@@ -142,8 +149,16 @@ class DeviceMismatch:
     operation: str
     called_at: str
     cpu_operands: tuple[str, ...]  # each: its dtype and shape, and where it was made
+    drew: tuple[str, str] | None = None  # a random draw's (device, generator's device), when they differ
 
     def __str__(self) -> str:
+        if self.drew is not None:
+            device, generator = self.drew
+            return (
+                f"{self.context}: {self.operation} at {self.called_at} drew on {device} from a random generator on "
+                f"{generator}; on a GPU this raises 'Expected a '{torch.device(device).type}' device type for "
+                f"generator but found '{torch.device(generator).type}''"
+            )
         operands = "; ".join(self.cpu_operands)
         return (
             f"{self.context}: {self.operation} at {self.called_at} got a CPU tensor beside cuda:0 ones "
@@ -179,14 +194,12 @@ class StandInCuda:
         self.mismatches: list[DeviceMismatch] = []
         self.made_at: WeakIdKeyDictionary = WeakIdKeyDictionary()  # CPU tensor -> where it was made
 
-    def refuse(self, operation: str, cpu: list[torch.Tensor], generator=None) -> None:
+    def refuse(self, operation: str, cpu: list[torch.Tensor], drew: tuple[str, str] | None = None) -> None:
         operands = [
             f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)} made at {self.made_at.get(t, 'an unknown place')}"
             for t in cpu
         ]
-        if generator is not None:
-            operands.append(f"a random generator on {generator.device}")
-        mismatch = DeviceMismatch(self.context, operation, _outside_torch(), tuple(operands))
+        mismatch = DeviceMismatch(self.context, operation, _outside_torch(), tuple(operands), drew)
         self.mismatches.append(mismatch)
         raise StandInCudaError(str(mismatch))
 
@@ -281,7 +294,8 @@ class _Generators(TorchFunctionMode):
             tensors = [value for value in _flat(args) if isinstance(value, torch.Tensor)]
             device = torch.device(asked) if asked is not None else tensors[0].device if tensors else torch.device("cpu")
             if device.type != generator.device.type:
-                self.seen.refuse(f"{getattr(func, '__name__', func)} on {device}", [], generator)
+                drew = (str(device), str(generator.device))
+                self.seen.refuse(getattr(func, "__name__", str(func)), [], drew)
         return func(*args, **kwargs)
 
 
@@ -290,6 +304,54 @@ _INPLACE_VIEWS = {aten.unsqueeze_.default, aten.squeeze_.dim, aten.transpose_.de
 
 def _device_properties(device=None):
     return types.SimpleNamespace(name="stand-in CUDA device", total_memory=80 * 2**30, multi_processor_count=132)
+
+
+_THREAD_START = threading.Thread.start
+
+
+def _start_on_stand_in(seen: StandInCuda):
+    """``Thread.start`` for threads started inside the stand-in: torch's modes hold in the thread that entered
+    them only, so each new thread enters the stand-in's own (a mode object is entered by one thread)."""
+
+    def start(thread: threading.Thread) -> None:
+        run = thread.run
+
+        def run_on_stand_in() -> None:
+            with _Operations(seen), _Generators(seen):
+                run()
+
+        thread.run = run_on_stand_in  # type: ignore[method-assign]
+        _THREAD_START(thread)
+
+    return start
+
+
+def _launch_on_stand_in(seen: StandInCuda, launch):
+    """labkit's kernel ``launch`` as a GPU has it: a tensor argument on the CPU is refused (a compiled kernel
+    cannot read host memory); the kernel then runs in Triton's interpreter on the cuda:0 tensors' CPU data,
+    outside the stand-in's modes, and what it stores is what their stand-ins hold."""
+
+    def launch_on_stand_in(kernel, grid, *args, **constants) -> None:
+        cpu = [arg for arg in args if isinstance(arg, torch.Tensor) and not isinstance(arg, OnCuda)]
+        if cpu:
+            seen.refuse(f"the Triton kernel {getattr(kernel, '__name__', kernel)}", cpu)
+        hosts = [arg.host if isinstance(arg, OnCuda) else arg for arg in args]
+        with _disable_current_modes():
+            launch(kernel, grid, *hosts, **constants)
+
+    return launch_on_stand_in
+
+
+def _kernel_launchers() -> list[tuple[types.ModuleType, str]]:
+    """Where labkit's kernels are launched from: each module (already imported) whose ``launch`` is labkit's."""
+    runtime = sys.modules.get("labkit.kernels.runtime")
+    if runtime is None:
+        return []
+    return [
+        (module, "launch")
+        for name, module in list(sys.modules.items())
+        if name.startswith("labkit") and getattr(module, "launch", None) is runtime.launch
+    ]
 
 
 _MODULE_TO = torch.nn.Module.to
@@ -319,6 +381,9 @@ def stand_in_cuda() -> Iterator[StandInCuda]:
             stack.enter_context(mock.patch.object(torch.cuda, name, value))
         stack.enter_context(mock.patch.object(torch, "Generator", _Generator))
         stack.enter_context(mock.patch.object(torch.nn.Module, "to", _module_to))
+        stack.enter_context(mock.patch.object(threading.Thread, "start", _start_on_stand_in(seen)))
+        for module, name in _kernel_launchers():
+            stack.enter_context(mock.patch.object(module, name, _launch_on_stand_in(seen, getattr(module, name))))
         stack.enter_context(mock.patch.dict("os.environ", {"LABKIT_DEVICE": "cuda:0"}))
         threads = torch.get_num_threads()
         use_cpu_threads()  # what labkit does on the CPU, where the stand-in runs

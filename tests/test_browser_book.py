@@ -171,6 +171,22 @@ def test_every_page_loads_without_errors_with_its_figures_and_math(html: Path, o
     assert not problems, "\n".join(problems)
 
 
+PHONE = {"width": 390, "height": 844}
+
+
+def test_no_page_is_wider_than_a_phone(html: Path, opened) -> None:
+    """At 390 px nothing pushes a page sideways: inline code and addresses wrap, tables and code scroll inside."""
+    wide = []
+    for page in reader_pages(html):
+        tab, _ = opened(page)
+        tab.set_viewport_size(PHONE)
+        width = tab.evaluate("() => document.documentElement.scrollWidth")
+        if width > PHONE["width"]:
+            wide.append(f"{page.relative_to(html)}: {width} px")
+        tab.set_viewport_size({"width": 1280, "height": 1000})  # as the other tests opened it
+    assert not wide, "pages wider than a 390 px phone:\n" + "\n".join(wide)
+
+
 def test_the_math_check_flags_tex_a_reader_would_see(html: Path, browser, tmp_path: Path) -> None:
     """A hand-made page with the KV formula as it once was, a stray `\\_` and a price, on the book's own MathJax."""
     mathjax = (html / "_static" / "mathjax" / "tex-chtml.js").as_uri()

@@ -3,7 +3,9 @@
 Proven without a GPU: each lab's checks are walked on a stand-in CUDA device (tests/stand_in_cuda.py: CPU
 tensors that say they are on cuda:0, and an operation that mixes one with a CPU tensor raises, as CUDA does),
 with the course's own answers as the learner's functions. The walk fails on a CPU tensor in an exercise's
-inputs and on every operation CUDA would have refused, naming the lab, the exercise and the tensor.
+inputs and on every operation CUDA would have refused, naming the lab, the exercise and the tensor. It reaches
+lab 9's server (its engine loop and clients run in threads, which the stand-in follows) and lab 11's kernels
+(each launch must be handed cuda:0 tensors only, as a compiled kernel must).
 """
 
 from __future__ import annotations
@@ -11,18 +13,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
 import pytest
 import torch
-from lab_sources import solved_namespace
-from stand_in_cuda import OnCuda, StandInCudaError, stand_in_cuda
+from lab_sources import solved, solved_namespace
+from stand_in_cuda import CUDA, OnCuda, StandInCudaError, stand_in_cuda
 
 from labkit.engine import LLM
 from labkit.grading import checks, judge
 from labkit.grading.feedback import evaluate
+
+# before any stand-in: it follows the kernel launches of modules already imported, and Triton must be set up for
+# its interpreter by labkit before torch's compiler (which the stand-in's operations may import) imports it
+from labkit.kernels.paged_decode import launch_paged_decode, paged_decode_kernel, reference_decode
 from labkit.labs.manifest import LABS
 from labkit.models import LlamaModel, tiny_model
 from labkit.sampling_params import SamplingParams
@@ -30,19 +37,7 @@ from labkit.sampling_params import SamplingParams
 # The stand-in is for machines without a GPU; on one, the labs' own tests run on the real device instead.
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA device is here: the stand-in is not")
 
-# Lab 11's seeded cases and its check's engine are being moved to labkit's device beside this test (issue 56's
-# first item, in labkit/labs/lab11); it joins the walk once they are.
-NOT_WALKED = {"lab11"}
-# Lab 9's checks serve through labkit serve in a thread of its own, and torch's dispatch modes (the stand-in) hold
-# in the thread that entered them only: the engine's tensors made there would not be the stand-in's.
-NOT_WALKED.add("lab9")
-WALKED = [lab.name for lab in LABS if lab.name not in NOT_WALKED]
-# Exercises whose inputs stay on the CPU, and why.
-CPU_INPUTS = {
-    # 3,000 draws of a 6-token rule from a CPU generator: the learner's `torch.rand((), generator=generator)` draws
-    # on the CPU, where that generator lives (a cuda one would need device=generator.device)
-    "lab8.accept_sampling": "its rule draws from a CPU generator",
-}
+WALKED = [lab.name for lab in LABS]
 
 
 def cpu_tensors(value: Any, where: str, seen: set[int] | None = None, depth: int = 6) -> Iterator[str]:
@@ -98,11 +93,10 @@ def walk(lab: str) -> list[str]:
             namespace = solved_namespace(lab)
             for exercise in checks.exercises_for_lab(lab):
                 seen.context = f"{lab}, exercise {exercise.id}"
-                if exercise.id not in CPU_INPUTS:
-                    problems += [
-                        f"{seen.context}: make_inputs hands the learner a CPU tensor, {place}"
-                        for place in cpu_tensors(exercise.make_inputs(0), "inputs")
-                    ][:3]
+                problems += [
+                    f"{seen.context}: make_inputs hands the learner a CPU tensor, {place}"
+                    for place in cpu_tensors(exercise.make_inputs(0), "inputs")
+                ][:3]
                 try:
                     result = evaluate(exercise.id, namespace=namespace, seed=0)
                 except StandInCudaError:
@@ -160,14 +154,70 @@ def test_the_stand_in_refuses_what_cuda_refuses():
             StandInCudaError, match=r"aten.add.Tensor .* got a CPU tensor beside cuda:0 ones \(float32\[3\]"
         ):
             on_gpu + torch.ones(3)
-        with pytest.raises(StandInCudaError, match="a random generator on cpu"):
+        with pytest.raises(StandInCudaError, match="drew on cuda:0 from a random generator on cpu"):
             torch.multinomial(on_gpu, 1, generator=torch.Generator())
         with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor to numpy"):
             on_gpu.numpy()
         generator = torch.Generator(device="cuda")
         generator.manual_seed(0)
         assert torch.multinomial(on_gpu, 1, generator=generator).device.type == "cuda"
-    assert len(seen.mismatches) == 2
+        assert torch.rand((), generator=generator, device=on_gpu.device).device.type == "cuda"
+        with pytest.raises(StandInCudaError, match=r"rand at .* drew on cpu from a random generator on cuda:0"):
+            torch.rand((), generator=generator)  # no device: a draw on the CPU, which a CUDA generator refuses
+    assert len(seen.mismatches) == 3
+
+
+def test_a_thread_started_on_the_stand_in_runs_on_it():
+    """A server's engine loop and its clients run in threads of their own: they are held to the stand-in too."""
+    outcome: list[str] = []
+
+    def mix() -> None:
+        on_gpu = torch.ones(2, device="cuda")
+        outcome.append(str(on_gpu.device))
+        try:
+            on_gpu + torch.ones(2)
+        except StandInCudaError:
+            outcome.append("refused")
+
+    with stand_in_cuda() as seen:
+        thread = threading.Thread(target=mix)
+        thread.start()
+        thread.join()
+    assert outcome == ["cuda:0", "refused"] and len(seen.mismatches) == 1
+
+
+@pytest.mark.lab11
+def test_a_kernel_handed_a_cpu_tensor_is_refused_and_one_handed_cuda_tensors_runs():
+    generator = torch.Generator().manual_seed(0)
+    q, k_pool, v_pool = (
+        torch.randn(shape, generator=generator) for shape in ((1, 2, 16), (2, 16, 1, 16), (2, 16, 1, 16))
+    )
+    tables, lengths = torch.tensor([[1, 0]], dtype=torch.int32), torch.tensor([20], dtype=torch.int32)
+    expected = reference_decode(q, k_pool, v_pool, tables, lengths)
+    with stand_in_cuda() as seen:
+        on_gpu = [tensor.to(CUDA) for tensor in (q, k_pool, v_pool, tables, lengths)]
+        out = launch_paged_decode(paged_decode_kernel, *on_gpu)
+        assert out.device.type == "cuda" and torch.allclose(out.cpu(), expected, atol=1e-5)
+        with pytest.raises(StandInCudaError, match=r"the Triton kernel paged_decode_kernel .* \(int32\[1\] made at"):
+            launch_paged_decode(paged_decode_kernel, *on_gpu[:4], lengths)  # the context lengths left on the CPU
+    assert len(seen.mismatches) == 1
+
+
+@pytest.mark.lab8
+def test_a_rule_that_draws_on_the_cpu_from_the_cuda_generator_fails_named():
+    """Lab 8's answer as it was: torch.rand without device= raises on a GPU, where the engine and the check hand
+    the rule a CUDA generator; on the stand-in it fails too, and the check says what to write."""
+    drawn_on_the_cpu = solved("lab8", "accept_sampling", ((", device=target_probs.device", ""),))
+    _clear_caches()
+    try:
+        with stand_in_cuda() as seen:
+            result = evaluate("lab8.accept_sampling", drawn_on_the_cpu)
+    finally:
+        _clear_caches()
+    assert not result.passed and "device=target_probs.device" in result.message, result.message
+    assert seen.mismatches and "drew on cpu from a random generator on cuda:0" in str(seen.mismatches[0]), (
+        seen.mismatches
+    )
 
 
 def _engine_tokens(device) -> list[list[int]]:

@@ -130,6 +130,30 @@ def test_padding_is_drawn_in_the_pages_colour_scheme(browser, tmp_path, scheme) 
     assert (luminance < 0.3) if scheme == "dark" else (luminance > 0.7), f"{scheme}: padding {padding}"
 
 
+def test_the_batching_figure_numbers_whole_seats(browser, tmp_path) -> None:
+    """Each seat is named once, by its number, in the middle of its row: no 2.5 seats, whatever the slider holds."""
+    from labkit.viz.interactive import batching_figure, page_html
+
+    page_file = tmp_path / "batching.html"
+    page_file.write_text(f"<html><body>{page_html(batching_figure())}</body></html>")
+    tab = new_tab(browser, viewport={"width": 900, "height": 900})
+    tab.goto(page_file.as_uri(), wait_until="load")
+    tab.locator("[data-name]").first.wait_for()
+    seat_axes = "[...Bokeh.documents[0].all_models].filter(m => m.type === 'LinearAxis' && m.axis_label === 'seat')"
+    labels = {}
+    for seats in (5, 3, 10, 1):
+        tab.evaluate("(seats) => { Bokeh.documents[0].get_model_by_name('seats').value = seats; }", seats)
+        tab.wait_for_function(f"(seats) => {seat_axes}.every(axis => axis.ticker.ticks.length === seats)", arg=seats)
+        labels[seats] = tab.evaluate(
+            f"() => {seat_axes}.map(axis => [axis.ticker.ticks, axis.formatter.doFormat(axis.ticker.ticks, {{loc: 0}})])"
+        )
+    tab.close()
+    for seats, axes in labels.items():
+        whole = [str(seat) for seat in range(1, seats + 1)]
+        middles = [seat + 0.5 for seat in range(seats)]
+        assert axes == [[middles, whole]] * 2, f"{seats} seats: {axes}"
+
+
 def test_a_count_of_one_is_singular(page) -> None:
     said = run_js(page, "return cases.map(n => counted(n, 'sequence'));", [1, 2, 1000])
     assert said == ["1 sequence", "2 sequences", "1,000 sequences"]

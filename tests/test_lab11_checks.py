@@ -109,8 +109,33 @@ def test_the_kernels_refuse_shapes_they_cannot_run():
     tables, lengths = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
     with pytest.raises(ValueError, match="power of two for head_dim, got 12"):
         paged_decode.paged_decode(q, pool, pool, tables, lengths)
+    pool16 = torch.zeros(2, 16, 2, 16)
     with pytest.raises(ValueError, match="multiple of the KV heads"):
-        paged_decode.paged_decode(torch.zeros(1, 3, 16), torch.zeros(2, 16, 2, 16), pool, tables, lengths)
+        paged_decode.paged_decode(torch.zeros(1, 3, 16), pool16, pool16, tables, lengths)
+
+
+def test_the_kernels_refuse_inputs_laid_out_otherwise_than_they_read_them():
+    """Offsets come from the shapes alone: a strided view or a float table would be read wrong, silently."""
+    q, pool = torch.zeros(1, 4, 16), torch.zeros(2, 16, 2, 16)
+    tables, lengths = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    strided = torch.zeros(2, 2, 16, 16).transpose(1, 2)  # the right shape, heads and tokens swapped in memory
+    with pytest.raises(ValueError, match=r"k_pool is a strided view.*k_pool.contiguous\(\)"):
+        paged_decode.paged_decode(q, strided, pool, tables, lengths)
+    with pytest.raises(ValueError, match="key and value pools differ"):
+        paged_decode.paged_decode(q, pool, pool.half(), tables, lengths)
+    with pytest.raises(ValueError, match="block_tables holds torch.float32"):
+        paged_decode.paged_decode(q, pool, pool, tables.float(), lengths)
+    with pytest.raises(ValueError, match="one sequence per query row"):
+        paged_decode.paged_decode(torch.zeros(2, 4, 16), pool, pool, tables, lengths)
+
+
+def test_a_kernel_whose_parameters_are_named_otherwise_fails_by_name(tmp_path):
+    """The launchers pass every argument by name: a kernel with a renamed parameter is told which one."""
+    renamed = kernels_with(tmp_path, "renamed", ("    context_lens_ptr,\n    scale,", "    lengths_ptr,\n    scale,"))
+    q, pool = torch.zeros(1, 4, 16), torch.zeros(2, 16, 2, 16)
+    tables, lengths = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"no parameter context_lens_ptr; nothing fills lengths_ptr.*starter cell"):
+        paged_decode.launch_paged_decode(renamed["paged_decode_kernel"], q, pool, pool, tables, lengths)
 
 
 # --- the checks: right answers pass -------------------------------------------------------------------

@@ -24,9 +24,9 @@ from labkit.models import tiny_model
 from labkit.sampling import SamplingParams
 from labkit.serve.replica_procs import ReplicaProcesses
 from labkit.serve.router_app import Routing
+from labkit.serve.router_caches import FleetCaches, ShadowIndex
 from labkit.serve.router_health import ReplicaHealth
 from labkit.serve.router_metrics import RouterMetrics
-from labkit.serve.router_policies import ShadowIndex, prompt_text
 from labkit.serve.router_relay import REPLICA_HEADER
 from labkit.serve.router_server import RouterThread
 from labkit.serve.server import ServerThread
@@ -61,12 +61,16 @@ def replicas(model):
         yield [r0, r1]
 
 
-def router_over(servers, policy: str, max_imbalance: int = 4) -> RouterThread:
+def router_over(servers, policy: str, max_imbalance: int = 4, tokenizer=None, use_events: bool = True) -> RouterThread:
+    """A router over the servers (or URLs); cache_aware needs the fleet's ``tokenizer``."""
     urls = [getattr(server, "url", server) for server in servers]
-    index = ShadowIndex(len(urls)) if policy == "cache_aware" else None
+    caches = FleetCaches(urls, ShadowIndex(len(urls)), use_events) if policy == "cache_aware" else None
     metrics = RouterMetrics(urls)
     health = ReplicaHealth(urls, metrics, first_backoff_s=0.2, max_backoff_s=1.0, check_every_s=0.5)
-    return RouterThread(Routing(urls, make_router(policy, max_imbalance), index, metrics, 60.0, health=health))
+    routing = Routing(
+        urls, make_router(policy, max_imbalance), caches, metrics, 60.0, health=health, tokenizer=tokenizer
+    )
+    return RouterThread(routing)
 
 
 def served(server) -> float:
@@ -158,13 +162,12 @@ def test_one_registry_of_routers_by_name():
 
 
 def test_shadow_index_finds_the_longest_recorded_prefix_and_forgets_the_least_recent():
-    index = ShadowIndex(2, chunk_chars=4, max_blocks=3)
-    first = index.chain(prompt_text({"messages": turn("abcdefgh", "hi")}))
-    later = index.chain(prompt_text({"messages": turn("abcdefgh", "hi", "yes", "more")}))
-    assert later[: len(first)] == first  # the next turn's text extends the first's
-    index.record(1, first)
-    assert index.cached(1, later) == 4 * min(len(first), 3) and index.cached(0, later) == 0
-    index.record(1, index.chain("zzzzyyyyxxxx"))  # three new blocks push the old ones out
+    index = ShadowIndex(2, block_size=4, max_blocks=3)
+    first, later = list(range(1, 15)), list(range(1, 15)) + [50, 51, 52, 53, 54]  # the next turn extends the first
+    index.record(1, first)  # 3 full blocks of 14 tokens
+    assert index.cached(1, later) == 12 and index.cached(0, later) == 0
+    assert index.cached(1, first[:13]) == 12 and index.cached(1, first[:12]) == 8  # the last token is never cached
+    index.record(1, [9] * 12)  # three new blocks push the old ones out
     assert index.cached(1, later) == 0
 
 
@@ -285,8 +288,8 @@ def test_a_client_that_leaves_a_stream_has_its_request_aborted_at_the_replica(re
         wait_for(lambda: idle(router), "the router forgets it")
 
 
-def test_cache_aware_sends_the_next_turn_where_the_first_was_served(replicas):
-    with router_over(replicas, "cache_aware") as router:
+def test_cache_aware_sends_the_next_turn_where_the_first_was_served(replicas, model):
+    with router_over(replicas, "cache_aware", tokenizer=model.tokenizer) as router:
         held = HeldStream(router.url, turn(SYSTEM_A, "What is for dinner?"))  # nothing cached: replica 0
         b1 = chat(router.url, turn(SYSTEM_B, "Will it rain?"))  # nothing cached, replica 0 busy: replica 1
         held.close()
@@ -301,9 +304,13 @@ def test_cache_aware_sends_the_next_turn_where_the_first_was_served(replicas):
         for url in (replicas[0].url, replicas[1].url):
             # the replica found the cache the router predicted there: its own hits grew by the second turn
             assert metrics[f"vllm:prefix_cache_hits_total{{worker={url}}}"] > hits_before[url]
-            assert metrics[f"labkit_router_cache_hits_total{{worker={url}}}"] == 1
-            assert metrics[f"labkit_router_cache_misses_total{{worker={url}}}"] == 1
-            assert metrics[f"labkit_router_predicted_cached_chars_total{{worker={url}}}"] >= len(SYSTEM_A) // 2
+            assert metrics[f"labkit_router_predicted_cached_tokens_total{{worker={url}}}"] >= 16
+        # replica 1 had nothing of SYSTEM_B before b1; replica 0 may hold SYSTEM_A from earlier tests' requests,
+        # which its KV events tell the router, so the held stream may have been a predicted hit too
+        hits, misses = "labkit_router_cache_hits_total{{worker={}}}", "labkit_router_cache_misses_total{{worker={}}}"
+        assert metrics[hits.format(replicas[1].url)] == metrics[misses.format(replicas[1].url)] == 1
+        assert metrics[hits.format(replicas[0].url)] + metrics[misses.format(replicas[0].url)] == 2
+        assert metrics[hits.format(replicas[0].url)] >= 1
 
 
 def replay_hits(model, policy: str) -> tuple[float, float]:
@@ -311,7 +318,7 @@ def replay_hits(model, policy: str) -> tuple[float, float]:
     prompt tokens the replicas found in their prefix caches, and those they looked up."""
     servers = [ServerThread(make_llm(model)).start() for _ in range(2)]
     try:
-        with router_over(servers, policy) as router:
+        with router_over(servers, policy, tokenizer=model.tokenizer) as router:
             talks = [[f"Conversation {c}: " + (SYSTEM_A if c % 2 else SYSTEM_B) + f" Be brief, {c}."] for c in range(3)]
             for t in range(3):
                 for said in talks:
@@ -333,8 +340,8 @@ def test_cache_aware_finds_more_cached_tokens_than_round_robin_on_a_multi_turn_r
     assert kept > 1.5 * scattered, (kept, scattered)
 
 
-def test_the_load_bound_overrides_the_cache(replicas):
-    with router_over(replicas, "cache_aware", max_imbalance=1) as router:
+def test_the_load_bound_overrides_the_cache(replicas, model):
+    with router_over(replicas, "cache_aware", max_imbalance=1, tokenizer=model.tokenizer) as router:
         first = chat(router.url, turn(SYSTEM_A, "Soup?"))
         assert first.headers[REPLICA_HEADER] == replicas[0].url
         held = []
@@ -509,6 +516,7 @@ def test_a_killed_replica_is_ejected_reaped_restarted_and_readmitted(default_mod
         (["route"], "--replica URL"),
         (["route", "--replica", "http://127.0.0.1:1", "--", "--max-num-seqs", "2"], "need --start N"),
         (["route", "--start", "1", "--", "--port", "9"], "picks each replica's --port"),
+        (["route", "--start", "1", "--model", "a", "--", "--model", "b"], "another model than the replicas' --model b"),
     ],
 )
 def test_a_command_line_mistake_is_one_message(argv, says, capsys):

@@ -13,7 +13,7 @@ import socket
 import httpx
 import pytest
 from test_serve import CHAT, NUM_BLOCKS, TEXT, chat_model, make_llm, scrape, slow_attention, wait_for
-from test_serve_round2 import closed_by_server
+from tiny_server import closed_by_server
 
 from labkit.sampling import SamplingParams
 from labkit.serve import guard

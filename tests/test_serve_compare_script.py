@@ -137,10 +137,10 @@ def test_the_ratios_at_equal_bytes_and_against_llamas_best_quantized(script):
 
 
 def test_a_trial_against_a_fake_llama_server_end_to_end(script, fake_llama, monkeypatch, capsys):
-    """labkit serve (the tiny model, through test_serve_round2's launcher) and the fake llama-server, one
+    """labkit serve (the tiny model, through tests/tiny_server.py) and the fake llama-server, one
     round of W1's first three requests: both produce exactly the tokens the trace asks for."""
     program, record, gguf = fake_llama  # labkit's dtype named: its own choice is a timed race a busy machine may flip
-    monkeypatch.setattr(ServeProcess, "launcher", (sys.executable, str(TESTS / "test_serve_round2.py")))
+    monkeypatch.setattr(ServeProcess, "launcher", (sys.executable, str(TESTS / "tiny_server.py")))
     argv = [
         "--labkit",
         "tiny=--max-num-seqs 4 --dtype float32",

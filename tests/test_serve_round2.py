@@ -24,6 +24,7 @@ import pytest
 import uvicorn
 from lazy_import import lazy_module
 from test_serve import CHAT, TEXT, chat_model, expected_text, make_llm, scrape, wait_for
+from tiny_server import TINY_SERVER, closed_by_server
 
 from labkit.sampling import SamplingParams
 from labkit.serve import guard
@@ -38,13 +39,13 @@ LONG = {"prompt": TEXT, "max_tokens": 1500, "ignore_eos": True}  # far longer th
 class TinyServe(ServeProcess):
     """``labkit serve`` on the tiny model, through this file's launcher."""
 
-    launcher = (sys.executable, __file__)
+    launcher = (sys.executable, str(TINY_SERVER))
 
 
 def launch_raw(*args: str, **popen) -> tuple[subprocess.Popen, str]:
     """The launcher as a plain child process, and its URL as soon as it prints its ready line."""
     process = subprocess.Popen(
-        [sys.executable, __file__, "--port", "0", *args],
+        [sys.executable, str(TINY_SERVER), "--port", "0", *args],
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -183,15 +184,6 @@ def uvicorn_log():
     handler = Lines()
     yield handler
     logging.getLogger("uvicorn.error").removeHandler(handler)
-
-
-def closed_by_server(sock: socket.socket, limit_s: float = 60.0) -> bytes:
-    """What the server sent before it closed the connection (the limit only stops a hang)."""
-    sock.settimeout(limit_s)
-    received = b""
-    while chunk := sock.recv(4096):
-        received += chunk
-    return received
 
 
 def test_idle_and_half_open_connections_are_closed_and_slow_bodies_get_408(model, uvicorn_log):
@@ -388,36 +380,3 @@ def test_process_metrics_and_per_request_token_histograms(server, client):
         float(k.split("le=")[1].rstrip("}")) for k in after if k.startswith("vllm:request_prompt_tokens_bucket")
     )
     assert edges == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, float("inf")]  # vLLM's 1-2-5 up to max_model_len
-
-
-def launch(argv: list[str]) -> None:
-    """``labkit serve ARGV`` on the tiny chat model; ``--slow`` makes every step dawdle, ``--late-start``
-    makes the engine loop take a second to start (as a big model's warm-up would)."""
-    import functools
-    import time
-
-    from test_serve import chat_model, slow_attention
-
-    import labkit.engine
-    import labkit.models
-    from labkit.serve import serve_cli
-    from labkit.serve.worker import EngineWorker
-
-    if "--slow" in argv:
-        argv.remove("--slow")
-        labkit.engine.LLM = functools.partial(labkit.engine.LLM, attention=slow_attention)
-    if "--late-start" in argv:
-        argv.remove("--late-start")
-        start = EngineWorker.start
-        EngineWorker.start = lambda self: (time.sleep(1.0), start(self))[1]
-    model = chat_model()
-    labkit.models.load_model = lambda *args, **kwargs: model
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    serve_cli.add_arguments(parser)
-    sys.exit(serve_cli.run(parser.parse_args(argv)))
-
-
-if __name__ == "__main__":
-    launch(sys.argv[1:])

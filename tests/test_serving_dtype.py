@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from labkit import kept_measurements, serving_dtype
-from labkit.models.fast_linear import MatmulPath, probe_prepack
+from labkit.engine import decode_timing
+from labkit.models import tiny_model
+from labkit.models.fast_linear import MatmulPath, prepacked_linear, probe_prepack
 from labkit.serving_dtype import MIN_SPEEDUP, choose_serving_dtype
 
 CPU = torch.device("cpu")
@@ -67,17 +69,39 @@ def test_what_the_user_asks_for_wins(monkeypatch):
 def test_this_machine_gets_a_dtype_whose_matmuls_are_right(monkeypatch):
     """Whatever this CPU is, the choice is made by trying, and the chosen matmul matches F.linear."""
     monkeypatch.delenv("LABKIT_DTYPE", raising=False)
-    choice = choose_serving_dtype(CPU, speedup=lambda: serving_dtype.measured_speedup(rounds=1))
+    choice = choose_serving_dtype(CPU, speedup=lambda: serving_dtype.measured_speedup(tiny, SMALL_BATCHES, steps=2))
     assert choice.reason
     if choice.dtype == torch.bfloat16:
         assert probe_prepack(CPU, torch.bfloat16).prepacked
     weight, x = torch.randn(64, 32), torch.randn(4, 32)
-    got = serving_dtype.prepacked_linear(weight.to(choice.dtype), enabled=None)(x.to(choice.dtype)).float()
+    got = prepacked_linear(weight.to(choice.dtype), enabled=None)(x.to(choice.dtype)).float()
     expected = torch.nn.functional.linear(x, weight)
     tolerance = 1e-4 if choice.dtype == torch.float32 else 3e-2
     assert float((got - expected).abs().max() / expected.abs().max()) < tolerance
 
 
-def test_the_speedup_is_measured_on_any_cpu():
-    """Each dtype's own path (packed where oneDNN takes it, F.linear otherwise), timed in turns."""
-    assert serving_dtype.measured_speedup(shape=(4, 64, 128), rounds=1) > 0
+def tiny(dtype: torch.dtype):
+    return tiny_model(dtype=dtype)
+
+
+SMALL_BATCHES = ((4, 16), (2, 48))
+
+
+def test_the_probe_times_decode_steps_of_both_dtypes_and_keeps_the_lower_ratio(monkeypatch):
+    """End to end, not one matmul: the engine's own decode steps, for each batch shape; the worse regime decides."""
+    timed: list[tuple[str, int, int]] = []
+
+    def fake_decode_ms(model, batch_size, context, repeats):
+        timed.append((str(model.dtype), batch_size, context))
+        fast_in_bf16 = {(4, 16): 2.0, (2, 48): 0.8}[(batch_size, context)]  # bf16 faster on short chats only
+        return fast_in_bf16 if model.dtype == torch.float32 else 1.0
+
+    monkeypatch.setattr(decode_timing, "labkit_decode_ms", fake_decode_ms)
+    assert serving_dtype.measured_speedup(tiny, SMALL_BATCHES, steps=2) == pytest.approx(0.8)
+    assert sorted(timed) == sorted((str(d), b, c) for d in (torch.float32, torch.bfloat16) for b, c in SMALL_BATCHES)
+
+
+def test_the_probe_runs_on_this_cpu_whatever_it_is():
+    """bf16 may be emulated here (slow): the probe still measures and returns a ratio, never an error."""
+    ratio = serving_dtype.measured_speedup(tiny, ((2, 16),), steps=2)
+    assert 0 < ratio < float("inf")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from labkit.device import synchronize
-from labkit.sampling_params import SamplingParams
+from labkit.engine.decode_timing import labkit_decode_ms, random_prompts
 
 
 @dataclass
@@ -32,7 +32,7 @@ class SweepPoint:
 
 def hf_decode_ms(model, batch_size: int, context: int, repeats: int) -> float:
     """Median time of one HF forward step with its own KV cache, after a prefill of ``context``."""
-    ids = _random_prompts(model, batch_size, context)
+    ids = random_prompts(model, batch_size, context)
     with torch.inference_mode():
         out = model.hf(ids.to(model.device), use_cache=True)
         past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
@@ -44,27 +44,6 @@ def hf_decode_ms(model, batch_size: int, context: int, repeats: int) -> float:
             times.append(time.perf_counter() - start)
             past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
     return 1e3 * statistics.median(times)
-
-
-def labkit_decode_ms(model, batch_size: int, context: int, repeats: int) -> float:
-    """Median duration of the engine's decode-only steps, as its own trace records them."""
-    from labkit.engine.llm import LLM
-
-    llm = LLM(
-        model,
-        max_num_seqs=batch_size,
-        max_model_len=context + repeats + 2,
-        num_blocks=batch_size * ((context + repeats + 2) // 16 + 2),
-        enable_chunked_prefill=False,
-    )
-    params = SamplingParams(max_tokens=repeats + 1, ignore_eos=True)
-    ids = _random_prompts(model, batch_size, context)
-    for row in ids.tolist():
-        llm.add_request(row, params, arrival_time=0.0)
-    while llm.has_unfinished():
-        llm.step()
-    decode_steps = [s.duration for s in llm.trace.steps if s.num_prefill_tokens == 0]
-    return 1e3 * statistics.median(decode_steps)
 
 
 def bound_ms(model, hardware, batch_size: int, context: int) -> float:
@@ -100,8 +79,3 @@ def format_sweep(points: list[SweepPoint]) -> str:
             f"{1e3 * p.batch_size / p.labkit_ms:>12.0f} {1e3 * p.batch_size / p.bound_ms:>11.0f}"
         )
     return "\n".join(lines)
-
-
-def _random_prompts(model, batch_size: int, context: int) -> torch.Tensor:
-    """The same seeded token ids for HF and labkit, drawn from the model's vocabulary."""
-    return torch.randint(0, model.config.vocab_size, (batch_size, context), generator=torch.Generator().manual_seed(0))

@@ -14,6 +14,11 @@ on the link, after its arithmetic, not overlapped with it. Left out: the few mic
 each all-reduce costs however small it is (it matters at small batches), kernels that
 overlap talk with arithmetic, and pipeline parallelism. :func:`labkit.capacity.plan` uses
 this split for ``tensor_parallel=N``; replicas are whole copies and need no talk at all.
+
+Two kinds of model split differently. A mixture of experts is cut like any model, every
+expert N ways (vLLM's default); :func:`expert_parallel_bytes_per_token_per_layer` counts what
+expert parallelism sends instead. Multi-head latent attention caches one latent per token that
+every head reads, so it cannot be shared out by heads: each GPU keeps the whole latent cache.
 """
 
 from __future__ import annotations
@@ -59,7 +64,9 @@ class TensorSplit:
 
 
 def hidden_size_of(model: ModelSpec) -> int:
-    """The hidden size of a preset's shape; other models must say theirs."""
+    """The model's own ``hidden_size``, else the hidden size of a preset's shape; other models must say theirs."""
+    if model.hidden_size is not None:
+        return model.hidden_size
     try:
         return HIDDEN_SIZES[(model.layers, model.kv_heads, model.head_dim)]
     except KeyError:
@@ -97,6 +104,7 @@ def tensor_split(hardware: Hardware, model: ModelSpec, ways: int, hidden_size: i
         model,
         name=f"{model.name}, 1/{ways} per GPU",
         parameters=model.parameters / ways,
+        active_parameters=None if model.active_parameters is None else model.active_parameters / ways,
         kv_heads=max(1, model.kv_heads // ways),
         query_heads=None if model.query_heads is None else max(1, model.query_heads // ways),
     )
@@ -105,14 +113,58 @@ def tensor_split(hardware: Hardware, model: ModelSpec, ways: int, hidden_size: i
     return TensorSplit(ways, shard, hidden, message_bytes, seconds)
 
 
+def kv_share_per_gpu(model: ModelSpec, ways: int) -> float:
+    """The share of each token's KV that one of ``ways`` GPUs holds: its KV heads, or all of an MLA latent."""
+    if model.kv_lora_rank is not None:
+        return 1.0
+    return max(1, model.kv_heads // ways) / model.kv_heads
+
+
+def tensor_parallel_bytes_per_token_per_layer(hidden_size: int, ways: int) -> float:
+    """Bytes all ``ways`` GPUs send, together, for one token in one layer under tensor parallelism.
+
+    Two ring all-reduces of the token's activations (hidden x 2 bytes), each GPU sending
+    2(N - 1)/N of it in each: 2 x N x 2(N - 1)/N x hidden x 2 = 4(N - 1) x hidden x 2 bytes.
+    Every layer pays it, whatever the model's experts.
+    """
+    _check_ways(ways)
+    return ALLREDUCES_PER_LAYER * ways * 2 * (ways - 1) / ways * hidden_size * ACTIVATION_BYTES
+
+
+def expert_parallel_bytes_per_token_per_layer(hidden_size: int, ways: int, experts_per_token: int) -> float:
+    """Bytes all ``ways`` GPUs send, together, for one token in one MoE layer under expert parallelism.
+
+    The experts are dealt out over N GPUs, each token's attention runs on the one GPU that holds
+    its sequence (data-parallel attention), and two all-to-alls move it: dispatch sends the
+    token's activations (hidden x 2 bytes) to each of its k experts, back comes each expert's
+    output (combine). An expert sits on another GPU with probability (N - 1)/N, so
+
+        2 x k x (N - 1)/N x hidden x 2 bytes.
+
+    Against tensor parallelism's 4(N - 1) x hidden x 2 the ratio is k / (2N): DeepSeek-V3's
+    top-8 over 8 GPUs sends half as much, Mixtral's top-2 an eighth. Left out: dispatchers
+    that send a token once per GPU (or node) however many of its experts sit there, which send
+    less, fp8 dispatch (DeepSeek-V3's), which halves the first half, and uneven routing, where the
+    GPU with the popular experts sets the pace.
+    """
+    _check_ways(ways)
+    if not (isinstance(experts_per_token, int) and experts_per_token >= 1):
+        raise ValueError(f"experts_per_token must be a whole number, 1 or more; got {experts_per_token!r}")
+    return 2 * experts_per_token * (ways - 1) / ways * hidden_size * ACTIVATION_BYTES
+
+
+def _check_ways(ways: int) -> None:
+    if not (isinstance(ways, int) and ways >= 1):
+        raise ValueError(f"ways must be a whole number of GPUs, 1 or more; got {ways!r}")
+
+
 def fewest_ways_that_fit(gpu_memory_bytes: float, memory_fraction: float, model: ModelSpec, tokens: int) -> int | None:
     """The smallest tensor-parallel size at which one conversation of ``tokens`` fits beside the weights."""
     usable = gpu_memory_bytes * memory_fraction
     for ways in range(1, GPUS_PER_NODE + 1):
         if model.kv_heads % ways and ways % model.kv_heads:
             continue
-        kv_per_gpu = model.kv_bytes_per_token * max(1, model.kv_heads // ways) / model.kv_heads
-        if usable - model.weight_bytes / ways >= tokens * kv_per_gpu:
+        if usable - model.weight_bytes / ways >= model.kv_bytes(tokens) * kv_share_per_gpu(model, ways):
             return ways
     return None
 

@@ -17,8 +17,10 @@ from dataclasses import asdict, dataclass, replace
 
 from labkit.capacity.parallel import LLAMA_3_1_70B, TensorSplit, does_not_fit, tensor_split
 from labkit.capacity.report import render_plan
+from labkit.capacity.served_models import SERVED_MODELS
 from labkit.sim.cost_model import MODELS, CostModel, ModelSpec, conversations_that_fit, get_model
 from labkit.sim.hardware import Hardware, get_hardware
+from labkit.sim.moe import expected_distinct_experts
 
 # Bytes per weight of each storage scheme, scales included: int8 keeps one fp16 scale per row
 # (negligible), 4-bit adds an fp16 scale and a zero per 128 weights (0.5 + 3/128, the sale lesson's
@@ -28,8 +30,8 @@ WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.52}
 KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 
 
-# The planner's models: the simulator's presets and the one that needs several GPUs.
-PLANNER_MODELS: dict[str, ModelSpec] = {**MODELS, "llama-3.1-70b": LLAMA_3_1_70B}
+# The planner's models: the simulator's presets, the one that needs several GPUs, and the models served now.
+PLANNER_MODELS: dict[str, ModelSpec] = {**MODELS, "llama-3.1-70b": LLAMA_3_1_70B, **SERVED_MODELS}
 
 
 def planner_model(name: str | ModelSpec) -> ModelSpec:
@@ -47,7 +49,8 @@ def planner_model(name: str | ModelSpec) -> ModelSpec:
 def with_precision(model: ModelSpec | str, weights: str | None = None, kv: str | None = None) -> ModelSpec:
     """``model`` with weights stored as ``weights`` (bf16, int8, int4) and its KV cache as ``kv`` (fp16, fp8)."""
     model = planner_model(model)
-    changes, labels = {}, []
+    changes: dict[str, float | None] = {}
+    labels = []
     for what, value, table, field_name in (
         ("weights", weights, WEIGHT_BYTES, "bytes_per_param"),
         ("kv", kv, KV_BYTES, "kv_bytes_per_value"),
@@ -58,9 +61,11 @@ def with_precision(model: ModelSpec | str, weights: str | None = None, kv: str |
             raise ValueError(f"unknown {what} precision {value!r}; use one of {sorted(table)}")
         changes[field_name] = table[value]
         labels.append(f"{what} {value}")
+    if weights is not None and model.expert_bytes_per_param is not None:
+        changes["expert_bytes_per_param"] = None  # every weight, the experts too, stored as ``weights``
     if not changes:
         return model
-    return replace(model, name=f"{model.name} ({', '.join(labels)})", **changes)
+    return replace(model, name=f"{model.name} ({', '.join(labels)})", **changes)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -84,12 +89,14 @@ class CapacityPlan:
     weight_bytes_per_gpu: float
     kv_bytes_per_token_per_gpu: float
     kv_budget_bytes: float  # memory x fraction - weights, per GPU
-    kv_bytes_per_conversation: float  # (prompt + answer) x KV bytes per token, per GPU
+    kv_bytes_per_conversation: float  # (prompt + answer) x KV bytes per token (windows capped), per GPU
     conversations: int  # per replica
     # Part 2: how fast, and how much
     single_stream_tokens_per_s: float  # bandwidth / weight bytes
     critical_batch: float  # tokens per pass where arithmetic time = weight-read time
     mean_context: float  # prompt + answer / 2: the average sequence in a full batch
+    decode_weight_read_bytes_per_gpu: float  # weights a full decode step reads: all, or a mixture's touched share
+    experts_touched: float | None  # expected distinct experts per MoE layer at a full batch; None: dense
     decode_memory_s: float
     decode_compute_s: float
     overhead_s: float
@@ -130,13 +137,13 @@ class CapacityPlan:
 
     @property
     def kv_read_bytes(self) -> float:
-        """KV cache a full decode step reads: conversations x mean context x KV bytes per token."""
-        return self.conversations * self.mean_context * self.model.kv_bytes_per_token
+        """KV cache a full decode step reads: conversations x mean context x KV bytes per token (windows capped)."""
+        return self.conversations * self.model.kv_bytes(self.mean_context)
 
     @property
     def kv_read_bytes_per_gpu(self) -> float:
         """The share of :attr:`kv_read_bytes` that each GPU of a replica reads."""
-        return self.conversations * self.mean_context * self.kv_bytes_per_token_per_gpu
+        return self.kv_read_bytes * self.kv_bytes_per_token_per_gpu / self.model.kv_bytes_per_token
 
     @property
     def gpus(self) -> int:
@@ -203,18 +210,24 @@ def load_within_promise(
     caps both by memory: if B exceeds the conversations that fit, memory binds first.)
     Split over GPUs, a step also spends a·B on all-reduces (a = ``allreduce_s_per_token``),
     after the maximum: it adds a to both m₁ and c₁.
+
+    A mixture of experts breaks the lines: m₀ grows with B as the batch touches more experts
+    (:meth:`CostModel.weight_bytes_read`). Its t(B) still grows with B, so the same equation
+    has one root, which :func:`_load_by_bisection` finds.
     """
     if not promise_s > 0:
         raise ValueError(f"promise_s must be positive, got {promise_s!r}; for 50 ms between tokens pass 0.050")
-    weight_read_s = cost.weight_bytes / cost.bandwidth
+    weight_read_s = cost.weight_bytes_read(1) / cost.bandwidth
     if promise_s <= weight_read_s + cost.overhead_s:
         raise ValueError(
             f"no load keeps a promise of {promise_s * 1e3:.1f} ms per token: a decode step already "
             f"takes {(weight_read_s + cost.overhead_s) * 1e3:.1f} ms to read the weights; promise "
             "more, or use more bandwidth or fewer bytes per parameter"
         )
-    kv_s_per_sequence = mean_context * cost.kv_bytes_per_token / cost.bandwidth + allreduce_s_per_token
+    kv_s_per_sequence = cost.sequence_kv_bytes(mean_context) / cost.bandwidth + allreduce_s_per_token
     compute_s_per_sequence = cost.flops_per_token / cost.flops + allreduce_s_per_token
+    if cost.experts:
+        return _load_by_bisection(cost, prefill_s, answer_len, kv_s_per_sequence, compute_s_per_sequence, promise_s)
     memory_bound = (promise_s - weight_read_s - cost.overhead_s) / (
         answer_len * promise_s * kv_s_per_sequence + promise_s * prefill_s
     )
@@ -223,6 +236,33 @@ def load_within_promise(
     )
     load = min(memory_bound, compute_bound)
     return load, load * answer_len * promise_s
+
+
+def _load_by_bisection(
+    cost: CostModel,
+    prefill_s: float,
+    answer_len: int,
+    kv_s_per_sequence: float,
+    compute_s_per_sequence: float,
+    promise_s: float,
+) -> tuple[float, float]:
+    """The load of :func:`load_within_promise` when no line describes the step: bisection on λ.
+
+    t(λ·L·T) − T·(1 − λ·p) grows with λ, is negative at 0 (the promise outlasts one weight read)
+    and positive at λ = 1/p (prefills take all the time), so it crosses zero once between.
+    """
+
+    def late(load: float) -> bool:
+        batch = load * answer_len * promise_s
+        memory = cost.weight_bytes_read(batch) / cost.bandwidth + batch * kv_s_per_sequence
+        step = max(memory, batch * compute_s_per_sequence) + cost.overhead_s
+        return step > promise_s * (1 - load * prefill_s)
+
+    low, high = 0.0, 1 / prefill_s
+    while high - low > 1e-12 * high:
+        middle = (low + high) / 2
+        low, high = (low, middle) if late(middle) else (middle, high)
+    return low, low * answer_len * promise_s
 
 
 def plan(
@@ -239,6 +279,7 @@ def plan(
     tensor_parallel: int = 1,
     replicas: int = 1,
     hidden_size: int | None = None,
+    compute: str = "bf16",
 ) -> CapacityPlan:
     """Plan GPUs serving conversations of ``prompt_len`` + ``answer_len`` tokens: one, or a fleet.
 
@@ -259,8 +300,15 @@ def plan(
     arithmetic N ways, plus the all-reduces of :mod:`labkit.capacity.parallel`, which need the
     card's ``interconnect_bandwidth`` and the model's ``hidden_size``); ``replicas=R`` runs R
     such copies behind a router, so the fleet serves R times one replica.
+
+    The models served now plan the same way (:mod:`labkit.capacity.served_models`): a mixture of
+    experts holds all its weights, computes with its active ones and reads, each decode step, the
+    experts its batch touches; multi-head latent attention caches its latent; sliding-window layers
+    cap their cache at the window. ``compute="fp8"`` doubles the arithmetic rate on a GPU with fp8
+    tensor cores (:meth:`~labkit.sim.hardware.Hardware.with_compute`).
     """
-    hardware, model = get_hardware(hardware).achievable(), planner_model(model)
+    hardware = get_hardware(hardware).achievable().with_compute(compute)
+    model = planner_model(model)
     for name, value in (("prompt_len", prompt_len), ("answer_len", answer_len)):
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"{name} must be a whole number of tokens, 1 or more; got {value!r}")
@@ -281,7 +329,8 @@ def plan(
     conversations = _conversations_that_fit(gpu_memory, memory_fraction, model, split, prompt_len + answer_len)
 
     mean_context = prompt_len + answer_len / 2
-    step = cost.pass_breakdown(conversations, conversations * mean_context)
+    windowed_context = mean_context if model.sliding_window is None else min(mean_context, model.sliding_window)
+    step = cost.pass_breakdown(conversations, conversations * mean_context, conversations * windowed_context)
     decode_allreduce_s = allreduce_s * conversations
     decode_step_s = step.total_s + decode_allreduce_s
     prefill_attention_s = _prefill_attention_s(shard, prompt_len, hardware.flops)
@@ -319,11 +368,15 @@ def plan(
         weight_bytes_per_gpu=shard.weight_bytes,
         kv_bytes_per_token_per_gpu=shard.kv_bytes_per_token,
         kv_budget_bytes=gpu_memory * memory_fraction - shard.weight_bytes,
-        kv_bytes_per_conversation=(prompt_len + answer_len) * shard.kv_bytes_per_token,
+        kv_bytes_per_conversation=shard.kv_bytes(prompt_len + answer_len),
         conversations=conversations,
         single_stream_tokens_per_s=cost.single_stream_bound,
         critical_batch=cost.critical_batch,
         mean_context=mean_context,
+        decode_weight_read_bytes_per_gpu=cost.weight_bytes_read(conversations),
+        experts_touched=(
+            expected_distinct_experts(conversations, model.experts, model.experts_per_token) if model.is_moe else None
+        ),
         decode_memory_s=step.memory_s,
         decode_compute_s=step.compute_s,
         overhead_s=overhead_s,

@@ -68,7 +68,6 @@ def _title(plan: CapacityPlan) -> list[str]:
 def _memory_rows(plan: CapacityPlan) -> list[str]:
     """Part 1, rows 1 to 5: memory less weights, divided by one conversation's KV cache."""
     m, n, per_gpu = plan.model, plan.tensor_parallel, _per_gpu(plan)
-    kv_heads = round(m.kv_heads * plan.kv_bytes_per_token_per_gpu / m.kv_bytes_per_token)  # on each GPU
     return [
         "Part 1: how many conversations fit",
         _row(
@@ -83,21 +82,32 @@ def _memory_rows(plan: CapacityPlan) -> list[str]:
             f"minus {plan.weight_bytes_per_gpu / GB:,.1f} GB of weights" + (f" (1/{n})" if n > 1 else ""),
             f"{plan.kv_budget_bytes / GB:,.1f} GB",
         ),
-        _row(
-            3,
-            "KV per token" + per_gpu,
-            f"2 x {m.layers} x {kv_heads} x {m.head_dim} x {m.kv_bytes_per_value:g} B"
-            + (f" ({kv_heads} of {m.kv_heads} heads)" if n > 1 else ""),
-            f"{plan.kv_bytes_per_token_per_gpu / 1024:,.0f} KiB",
-        ),
+        _row(3, "KV per token" + per_gpu, _kv_formula(plan), f"{plan.kv_bytes_per_token_per_gpu / 1024:,.0f} KiB"),
         _row(
             4,
             "KV per conversation" + per_gpu,
-            f"{plan.prompt_len + plan.answer_len:,} tokens",
+            f"{plan.prompt_len + plan.answer_len:,} tokens"
+            + (
+                ""
+                if m.sliding_window is None
+                else f", {m.sliding_layers} of {m.layers} layers hold {m.sliding_window:,} at most"
+            ),
             f"{plan.kv_bytes_per_conversation / 1e6:,.0f} MB",
         ),
         _row(5, "conversations that fit", "row 2 / row 4, rounded down", f"{plan.conversations:,}"),
     ]
+
+
+def _kv_formula(plan: CapacityPlan) -> str:
+    """Row 3's sum: keys and values per KV head, or the latent and RoPE key of multi-head latent attention."""
+    m, n = plan.model, plan.tensor_parallel
+    if m.kv_lora_rank is not None:
+        where = "latent on every GPU" if n > 1 else "MLA latent"
+        return f"{m.layers} x ({m.kv_lora_rank} + {m.qk_rope_head_dim}) x {m.kv_bytes_per_value:g} B, {where}"
+    kv_heads = round(m.kv_heads * plan.kv_bytes_per_token_per_gpu / m.kv_bytes_per_token)  # on each GPU
+    return f"2 x {m.layers} x {kv_heads} x {m.head_dim} x {m.kv_bytes_per_value:g} B" + (
+        f" ({kv_heads} of {m.kv_heads} heads)" if n > 1 else ""
+    )
 
 
 def _speed_rows(plan: CapacityPlan) -> list[str]:
@@ -110,17 +120,18 @@ def _decode_step_rows(plan: CapacityPlan) -> list[str]:
     m, n, per_gpu = plan.model, plan.tensor_parallel, _per_gpu(plan)
     return [
         _row(6, "decode step, all on board", f"mean context {plan.mean_context:,.0f} tokens", ""),
+        *_experts_rows(plan),
         _row(
             "",
             "  memory term" + per_gpu,
-            f"({plan.weight_bytes_per_gpu / GB:,.1f} + {plan.kv_read_bytes_per_gpu / GB:,.1f} GB KV) / "
+            f"({plan.decode_weight_read_bytes_per_gpu / GB:,.1f} + {plan.kv_read_bytes_per_gpu / GB:,.1f} GB KV) / "
             f"{plan.hardware.bandwidth / TB:.3g} TB/s",
             f"{plan.decode_memory_s * MS:.1f} ms",
         ),
         _row(
             "",
             "  arithmetic term" + per_gpu,
-            f"{plan.conversations:,} x 2 x {m.parameters / 1e9:.3g}e9"
+            f"{plan.conversations:,} x 2 x {m.active / 1e9:.3g}e9"
             + (f" / {n}" if n > 1 else "")
             + f" / {plan.hardware.flops / TFLOPS:.3g} TFLOP/s",
             f"{plan.decode_compute_s * MS:.1f} ms",
@@ -132,6 +143,21 @@ def _decode_step_rows(plan: CapacityPlan) -> list[str]:
             f"the larger + {plan.overhead_s * MS:.1f} ms overhead" + (" + all-reduce" if n > 1 else ""),
             f"{plan.decode_step_s * MS:.1f} ms",
         ),
+    ]
+
+
+def _experts_rows(plan: CapacityPlan) -> list[str]:
+    """A mixture's weights read in a full step: the experts its batch touches, of all of them; none when dense."""
+    m = plan.model
+    if plan.experts_touched is None:
+        return []
+    return [
+        _row(
+            "",
+            "  experts touched per layer",
+            f"{m.experts} x (1 - (1 - {m.experts_per_token}/{m.experts})^{plan.conversations:,})",
+            f"{plan.experts_touched:,.1f} of {m.experts}",
+        )
     ]
 
 
@@ -168,11 +194,18 @@ def _throughput_rows(plan: CapacityPlan) -> list[str]:
         _row(
             "",
             "single-stream bound",
-            "bandwidth / weight bytes" + _per_gpu(plan),
+            ("bandwidth / active weight bytes" if plan.model.is_moe else "bandwidth / weight bytes") + _per_gpu(plan),
             f"{plan.single_stream_tokens_per_s:,.1f} tok/s",
         ),
         _row("", "batching buys", "row 10 / single stream", f"{plan.speedup_over_single_stream:.1f}x"),
-        _row("", "critical batch", "flops / bandwidth x bytes per param / 2", f"{plan.critical_batch:,.0f} tokens"),
+        _row(
+            "",
+            "critical batch",
+            "arithmetic = the experts' weights read, solved"
+            if plan.model.is_moe
+            else "flops / bandwidth x bytes per param / 2",
+            f"{plan.critical_batch:,.0f} tokens",
+        ),
     ]
 
 

@@ -10,6 +10,7 @@ override any figure, for example::
     labkit plan --gpu h100-sxm --speculate 4 --acceptance 0.7   # speculative decoding's speed-up by batch size
     labkit plan --example sale-70b --tensor-parallel 8 --replicas 12   # each replica split over 8 GPUs
     labkit plan --example sale-70b --load 10x   # the fewest GPUs for ten times the usual traffic
+    labkit plan --gpu h200 --model deepseek-v3 --tensor-parallel 8 --compute fp8   # a mixture of experts with MLA
 
 ``--load`` takes requests/s (``58``) or a multiple of the sale's usual traffic (``10x``: the
 5.8 requests/s one card of the sale example carries within its promise), tries 1, 2, 4 and 8
@@ -67,6 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--weights", choices=sorted(WEIGHT_BYTES), help="weight storage: int8 or int4 as vLLM's --quantization serves"
     )
     parser.add_argument("--kv", choices=sorted(KV_BYTES), help="KV cache storage: fp8 as vLLM's --kv-cache-dtype fp8")
+    parser.add_argument(
+        "--compute",
+        choices=("bf16", "fp8"),
+        help="arithmetic precision: fp8 doubles the rate on GPUs with fp8 tensor cores (H100, H200, B200)",
+    )
     parser.add_argument("--layers", type=int)
     parser.add_argument("--kv-heads", type=int)
     parser.add_argument("--head-dim", type=int)
@@ -141,6 +147,7 @@ def _inputs(args: argparse.Namespace) -> dict:
         ("overhead_s", None if args.overhead_ms is None else args.overhead_ms / 1e3),
         ("promise_s", None if args.promise_ms is None else args.promise_ms / 1e3),
         ("hidden_size", args.hidden_size),
+        ("compute", args.compute),
     ):
         if value is not None:
             inputs[key] = value

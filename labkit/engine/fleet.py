@@ -82,8 +82,9 @@ class CacheAware:
     A replica more than ``max_imbalance`` requests busier than the least busy one is not chosen, whatever it
     holds: without the bound, a system prompt every request shares would send every request to one replica.
     Among the rest, the most cached tokens win; then the fewest unfinished requests; then the lowest index.
-    With nothing cached anywhere it is :class:`LeastLoaded`. SGLang's router and llm-d route the same way
-    (prefix match first, load as the bound). ``max_imbalance=math.inf`` is the cache alone, unbounded.
+    With nothing cached anywhere it is :class:`LeastLoaded`. SGLang's router routes the same way (prefix match
+    first, the least loaded once loads grow uneven); llm-d's scheduler adds weighted scores for cache and load
+    instead. ``max_imbalance=math.inf`` is the cache alone, unbounded.
     """
 
     name = "cache_aware"

@@ -201,8 +201,9 @@ class RequestView:
 
     Where the router runs decides which it has. The engines' and the simulator's fleets route requests already
     tokenized (``prompt_token_ids``; ``prompt_text`` too where the prompt came as text). ``labkit route`` reads
-    the HTTP body and does not tokenize: it has ``prompt_text`` only (a chat's messages flattened in order, see
-    :func:`labkit.serve.router_policies.prompt_text`), and ``prompt_token_ids`` is None.
+    the HTTP body: ``prompt_text`` always (a chat's messages flattened in order, see
+    :func:`labkit.serve.router_policies.prompt_text`), and ``prompt_token_ids`` where it tokenizes, as the replicas
+    do (with the fleet's tokenizer and chat template; ``cache_aware`` does, to know what is cached), else None.
     """
 
     request_id: str
@@ -214,10 +215,12 @@ class RequestView:
 class ReplicaView:
     """One replica as a router sees it when a request arrives: how busy it is and what it has cached for it.
 
-    In the engines' and the simulator's fleets both come from the replica itself (its unfinished requests, its
-    prefix cache's lookup, in tokens). ``labkit route`` cannot look inside its replicas: ``unfinished`` is the
-    requests it has in flight there, and ``cached_tokens`` its shadow index's guess of what it sent there, in
-    characters of the prompt's text, not tokens (see :class:`labkit.serve.router_policies.ShadowIndex`).
+    ``cached_tokens`` is in tokens everywhere. In the engines' and the simulator's fleets both fields come from the
+    replica itself (its unfinished requests, its prefix cache's lookup). ``labkit route`` sees its replicas from
+    outside: ``unfinished`` is the requests it has in flight there, and ``cached_tokens`` what the replica's own
+    KV events say it holds (exact when nothing else is in flight there), or, for a replica that publishes none,
+    its shadow index's guess from the prompts it sent there, blind to evictions (see
+    :mod:`labkit.serve.router_caches`); 0 where the router keeps no cache view (round_robin, least_loaded).
     """
 
     index: int

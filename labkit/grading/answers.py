@@ -22,28 +22,15 @@ Where the stub stands in, by identity with the reference:
 So an answer is declared only where labkit's code that runs inside `run` (the engine a check drives,
 the server it starts) does not call it or make one: the tests run the honest control of each.
 
-Covered (`tests/test_grading_answers.py` has a cheating submission per answer and one notebook per lab):
-- lab 1: causal_mask, attention; lab 7: block_hashes, cached_prefix, lru_free; lab 8: propose_ngram,
-  accept_greedy, rollback, accept_sampling; lab 10: int8, int4; lab 11: decode_bytes (their other
-  exercises, lab1.prefill, lab1.generate_without_cache, lab10.quality, lab10.fleet, lab11.paged_decode
-  and lab11.split_kv, declare none: not reviewed yet).
-- lab 2: kv_cache and generate_with_cache (`ContiguousKVCache`), kv_bytes_per_token
-  (`ModelConfig.kv_bytes_per_token`).
-- lab 3: left_pad (`labkit.labs.lab3.padded_layout`), padded_causal_mask (`course_padded_causal_mask`),
-  padding_waste (`labkit.viz.timeline.batch_spans`, the oracle's `_waste`).
-- lab 4: continuous_schedule and ten_replies (`ContinuousBatching`, and so `ChunkedPrefill`;
-  `schedule_running`), preemption (`labkit.engine.state.newest`), serving_metrics
-  (`labkit.metrics.summarize`, the oracle's `metrics_expected`).
-- lab 5: block_allocator (`FreeListBlockAllocator`, and so `PrefixCachingBlockAllocator`), slot_mapping
-  (the oracle's `_slots`), paged_attention (`labkit.kv.paged_attention.paged_attention`).
-- lab 6: chunked_schedule (`ChunkedPrefill` and lab 4's), choose_budget (`largest_budget`),
-  prefill_chunks (`chunks_oracle` and the chunked policy's).
-- lab 9: continuous_schedule (lab 4's), dashboard (`read_dashboard`), admit
-  (`labkit.serve.admission.retry_after`), highest_rate (`labkit.slo.highest_rate`, `course_highest_rate`).
-- lab 13: which_moved (`course_which_moved`), invariant_matmul (`course_invariant_matmul`,
-  `labkit.batch_invariant.tiled_linear`), split_kv (`course_split_kv_attention`).
+Which exercise declares which answers is not listed here by hand: `ledger(labs)` reads it from the registry,
+`tests/test_grading_answers.py` has a cheating submission per declared answer and one notebook per lab,
+and it fails while an exercise that declares none is missing from the list below.
 
 Not covered, and why:
+- lab1.prefill, lab1.generate_without_cache, lab10.quality, lab10.fleet: not reviewed yet (their checks
+  drive labkit code that may itself call a candidate answer).
+- lab11.paged_decode, lab11.split_kv: the exercise cell's source rule admits only Triton kernels, which
+  cannot call into labkit.
 - lab2.conversations_that_fit: labkit has no function of those arguments (`kv_pool_size` sizes a pool
   from the device's own memory); the arithmetic is the oracle's, inline.
 - lab3.generate_static_batch: no labkit function decodes a padded batch through the model the check
@@ -182,3 +169,10 @@ def answers_blocked(
                 delattr(cls, attribute)
             else:
                 setattr(cls, attribute, held)
+
+
+def ledger(labs: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Every exercise of ``labs`` (``["lab1", ...]``) and the answers it declares (empty: none), read from the registry."""
+    from labkit.grading.checks import exercises_for_lab
+
+    return {exercise.id: exercise.answers for lab in labs for exercise in exercises_for_lab(lab)}

@@ -215,6 +215,34 @@ def reference_decode(q, k_pool, v_pool, block_tables, context_lens) -> torch.Ten
     return out
 
 
+def _check_layout(q, k_pool, v_pool, block_tables, context_lens) -> None:
+    """Raise a ValueError naming the tensor and the fix where an input is not laid out as the kernels read it:
+    they compute offsets from the shapes alone, so a strided view or a float table would be read wrong, silently."""
+    if k_pool.shape != v_pool.shape or k_pool.dtype != v_pool.dtype:
+        raise ValueError(
+            f"the key and value pools differ ({tuple(k_pool.shape)} {k_pool.dtype} against {tuple(v_pool.shape)} "
+            f"{v_pool.dtype}): the kernels read both with one set of offsets"
+        )
+    if block_tables.dim() != 2 or context_lens.shape != (block_tables.shape[0],) or q.shape[0] != len(context_lens):
+        raise ValueError(
+            f"block_tables {tuple(block_tables.shape)} and context_lens {tuple(context_lens.shape)} should be "
+            f"[sequences, max_blocks_per_seq] and [sequences], with one sequence per query row ({q.shape[0]})"
+        )
+    for name, tensor in (
+        ("k_pool", k_pool),
+        ("v_pool", v_pool),
+        ("block_tables", block_tables),
+        ("context_lens", context_lens),
+    ):
+        if not tensor.is_contiguous():
+            raise ValueError(
+                f"{name} is a strided view: the kernels read it as one dense array; pass {name}.contiguous()"
+            )
+    for name, tensor in (("block_tables", block_tables), ("context_lens", context_lens)):
+        if tensor.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} holds {tensor.dtype}: the kernels read block numbers and lengths as integers")
+
+
 def _shapes(q: torch.Tensor, k_pool: torch.Tensor) -> tuple[int, int, int, int, int]:
     """(sequences, query heads, KV heads, block size, head_dim), checked to fit the kernels."""
     num_seqs, num_heads, head_dim = q.shape
@@ -240,20 +268,21 @@ def launch_paged_decode(
 ) -> torch.Tensor:
     """Run a paged decode kernel (labkit's or yours, with :func:`paged_decode_kernel`'s parameters) over the
     grid (sequences, KV heads); the attention output, shaped like ``q``."""
+    _check_layout(q, k_pool, v_pool, block_tables, context_lens)
     num_seqs, num_heads, num_kv_heads, block_size, head_dim = _shapes(q, k_pool)
     group = num_heads // num_kv_heads
     out, guard = _guarded(q.shape, UNWRITTEN, q.dtype, q.device)  # rows the kernel never writes show as such
     launch(
         kernel,
         (num_seqs, num_kv_heads),
-        out,
-        q.contiguous(),
-        k_pool,
-        v_pool,
-        block_tables,
-        context_lens,
-        1.0 / math.sqrt(head_dim),
-        block_tables.shape[1],
+        out_ptr=out,
+        q_ptr=q.contiguous(),
+        k_pool_ptr=k_pool,
+        v_pool_ptr=v_pool,
+        block_tables_ptr=block_tables,
+        context_lens_ptr=context_lens,
+        scale=1.0 / math.sqrt(head_dim),
+        max_blocks_per_seq=block_tables.shape[1],
         GROUP=group,
         GROUP_PAD=triton.next_power_of_2(group),
         NUM_KV_HEADS=num_kv_heads,
@@ -295,6 +324,7 @@ def launch_split_kv(
     results, then one program per (sequence, query head) merges them; the attention output, shaped like ``q``."""
     if num_splits < 1:
         raise ValueError(f"num_splits must be 1 or more, got {num_splits}")
+    _check_layout(q, k_pool, v_pool, block_tables, context_lens)
     num_seqs, num_heads, num_kv_heads, block_size, head_dim = _shapes(q, k_pool)
     group = num_heads // num_kv_heads
     blocks_per_split = -(-block_tables.shape[1] // num_splits)
@@ -306,17 +336,17 @@ def launch_split_kv(
     launch(
         split_kernel,
         (num_seqs, num_kv_heads, num_splits),
-        maxes,
-        sums,
-        accs,
-        q.contiguous(),
-        k_pool,
-        v_pool,
-        block_tables,
-        context_lens,
-        1.0 / math.sqrt(head_dim),
-        block_tables.shape[1],
-        blocks_per_split,
+        max_out_ptr=maxes,
+        sum_out_ptr=sums,
+        acc_out_ptr=accs,
+        q_ptr=q.contiguous(),
+        k_pool_ptr=k_pool,
+        v_pool_ptr=v_pool,
+        block_tables_ptr=block_tables,
+        context_lens_ptr=context_lens,
+        scale=1.0 / math.sqrt(head_dim),
+        max_blocks_per_seq=block_tables.shape[1],
+        blocks_per_split=blocks_per_split,
         NUM_SPLITS=num_splits,
         GROUP=group,
         GROUP_PAD=triton.next_power_of_2(group),
@@ -330,10 +360,10 @@ def launch_split_kv(
     launch(
         merge_kernel,
         (num_seqs * num_heads,),
-        out,
-        maxes,
-        sums,
-        accs,
+        out_ptr=out,
+        max_ptr=maxes,
+        sum_ptr=sums,
+        acc_ptr=accs,
         NUM_SPLITS=num_splits,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         HEAD_DIM=head_dim,

@@ -10,6 +10,7 @@ triton and NumPy combinations have returned zeros) is named as such instead of f
 
 from __future__ import annotations
 
+import inspect
 import os
 from types import ModuleType
 
@@ -53,21 +54,46 @@ def _add_one(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=inside) + 1.0, mask=inside)
 
 
-def launch(kernel, grid: tuple[int, ...], *args, **constants) -> None:
-    """``kernel[grid](*args, **constants)``, with an error raised by the kernel's own code reported as itself.
+def launch(kernel, grid: tuple[int, ...], **arguments) -> None:
+    """``kernel[grid](**arguments)``, every argument by its parameter's name, with an error raised by the
+    kernel's own code reported as itself.
 
     The interpreter wraps whatever a kernel raises (a blank's NotImplementedError, an IndexError) in its
     InterpreterError; unwrapped, it points at the line of the kernel that raised it. Only a ``@triton.jit``
     function with nothing hooked to its launch is launched: anything else could do its work in PyTorch.
+    Arguments go by name, so a kernel whose parameters are in another order fails by name instead of
+    reading one tensor as another.
     """
     _refuse_non_kernels(kernel)
+    _check_parameters(kernel, arguments)
     check_interpreter()
     try:
-        kernel[grid](*args, **constants)
+        kernel[grid](**arguments)
     except Exception as error:
         if type(error).__name__ == "InterpreterError" and error.__cause__ is not None:
             raise error.__cause__ from None
         raise
+
+
+def _check_parameters(kernel, arguments: dict[str, object]) -> None:
+    """Raise a TypeError naming the parameters a kernel lacks or adds, against what its launcher passes."""
+    parameters = inspect.signature(kernel.fn).parameters
+    missing = [name for name in arguments if name not in parameters]
+    unfilled = [name for name, p in parameters.items() if name not in arguments and p.default is p.empty]
+    if missing or unfilled:
+        raise TypeError(
+            f"{kernel.__name__}({', '.join(parameters)}) does not take the arguments its launcher passes by name "
+            f"({', '.join(arguments)}): "
+            + "; ".join(
+                part
+                for part in (
+                    f"it has no parameter {', '.join(missing)}" if missing else "",
+                    f"nothing fills {', '.join(unfilled)}" if unfilled else "",
+                )
+                if part
+            )
+            + ". Keep the parameter names of the exercise's starter cell."
+        )
 
 
 def _refuse_non_kernels(kernel) -> None:

@@ -22,6 +22,10 @@ is noted as a pending *spill* (its hash, its block), so the model runner copies 
 tokens overwrite it; and where a prompt's run in the pool ends, the chain goes on in the tier: the
 blocks the reload policy picks are taken fresh, named, and noted as pending *reloads* the runner copies
 in before the step's attention. Their tokens count as cached. The simulator attaches no tier.
+
+With a publisher attached (:meth:`publish_events`, off by default; :mod:`labkit.kv.kv_events`), every change to
+what the map can find is told as it happens, as vLLM's KV events: blocks named (stored), evicted (removed), and
+the whole cache reset (:meth:`reset_prefix_cache`, cleared). ``labkit serve`` publishes them for its router.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from labkit.kv.block_allocator import FreeListBlockAllocator, OutOfBlocksError
+from labkit.kv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from labkit.kv.tier_policy import reload_or_recompute
 
 # reload_policy(prompt_tokens, cached_tokens, tier_blocks, block_size) -> positions of the blocks to reload
@@ -127,6 +132,7 @@ class PrefixCachingBlockAllocator(FreeListBlockAllocator):
         self._reloads: dict[int, int] = {}  # block -> hash of the content to copy into it from the tier
         self._block_hashes, self._cached_prefix = block_hashes, cached_prefix
         self._release_block, self._pick_block = release_block, pick_block
+        self._publish: Callable[[KVEvent], None] | None = None  # told every stored, removed and cleared block
 
     # --- the four pieces, called through one method each ------------------------------------
     def hash_blocks(self, token_ids: Sequence[int]) -> list[int]:
@@ -158,6 +164,8 @@ class PrefixCachingBlockAllocator(FreeListBlockAllocator):
             del self._cached[evicted]
             self._hash_of[block] = self._content[block] = None
             self.num_evictions += 1
+            if self._publish is not None:
+                self._publish(BlockRemoved((evicted,)))
             # a block whose reload never ran holds nothing to keep (the tier still has it); any other goes to the tier
             if self._reloads.pop(block, None) is None and self.tier is not None:
                 self._spills[block] = evicted
@@ -241,6 +249,7 @@ class PrefixCachingBlockAllocator(FreeListBlockAllocator):
             self._content[block] = (parent, tuple(token_ids[index * size : (index + 1) * size]))
             self._reloads[block] = hashes[index]
             blocks.append(block)
+        self._stored(hashes, list(range(start, start + len(blocks))))
         return blocks
 
     def cached_tokens(self, token_ids: Sequence[int]) -> int:
@@ -270,6 +279,7 @@ class PrefixCachingBlockAllocator(FreeListBlockAllocator):
         if num_full <= len(chain):
             return
         hashes = self.hash_blocks(token_ids[: num_full * size])
+        named = []
         for index in range(len(chain), num_full):
             parent = hashes[index - 1] if index else NO_PARENT
             key, block = hashes[index], table[index]
@@ -278,6 +288,45 @@ class PrefixCachingBlockAllocator(FreeListBlockAllocator):
                 self._cached[key] = block
                 self._hash_of[block] = key
                 self._content[block] = (parent, tuple(token_ids[index * size : (index + 1) * size]))
+                named.append(index)
+        self._stored(hashes, named)
+
+    # --- events (vLLM's KV events) ---------------------------------------------------------
+    def publish_events(self, publish: Callable[[KVEvent], None]) -> None:
+        """Tell ``publish`` every change to what the cache can find from now on, after one ``BlockStored`` per block
+        it holds already (so a reader that starts here knows everything)."""
+        self._publish = publish
+        for key, block in self._cached.items():
+            parent = self._content[block][0]  # type: ignore[index]  # a named block has its content
+            publish(BlockStored((key,), None if parent == NO_PARENT else parent, self.block_size))
+
+    def _stored(self, hashes: list[int], positions: list[int]) -> None:
+        """Publish the blocks just named (their positions in the chain ``hashes``), one event per unbroken run."""
+        if self._publish is None:
+            return
+        runs: list[list[int]] = []
+        for index in positions:
+            if runs and runs[-1][-1] == index - 1:
+                runs[-1].append(index)
+            else:
+                runs.append([index])
+        for run in runs:
+            parent = hashes[run[0] - 1] if run[0] else None
+            self._publish(BlockStored(tuple(hashes[i] for i in run), parent, self.block_size))
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's ``reset_prefix_cache``); False, and nothing forgotten, while a sequence
+        holds blocks (their names are in use)."""
+        if self.num_used_blocks or self._held:
+            return False
+        for block in self._evictable:
+            self._hash_of[block] = self._content[block] = None
+            self._free.append(block)
+        self._evictable.clear()
+        self._cached.clear()
+        if self._publish is not None:
+            self._publish(AllBlocksCleared())
+        return True
 
     # --- sequences -------------------------------------------------------------------
     def allocate(self, seq_id: str, num_tokens: int) -> list[int]:

@@ -1,6 +1,6 @@
 """The course's labs: one package per lab, what they share, and the manifest that lists them.
 
-- ``lab1`` ... ``lab10``: one package per lab notebook. Its ``__init__`` holds the **exercise specs**
+- ``labN``: one package per lab notebook (the manifest below lists them). Its ``__init__`` holds the **exercise specs**
   (what each exercise asks for, the inputs a check builds from a seed, the oracle it compares with,
   the hints) and registers them with :mod:`labkit.grading`, which finds them by these names
   (``labkit.labs.lab5``); modules beside it hold the run helpers only that lab uses (lab 9's server

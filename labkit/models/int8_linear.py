@@ -18,7 +18,7 @@ with fp32 ``F.linear`` (on random rows, and on a row built to overflow the 16-bi
 sums some CPUs without VNNI use), and times the ones that match, once per machine: the timing is kept
 (:mod:`labkit.kept_measurements`) and every later start picks the same kernel from it, so two starts
 compute with the same kernel whatever the load. Quantized tensors are deprecated
-in PyTorch (issue 184982); when they go, the probe fails and the server says so and stays unquantized.
+in PyTorch (github.com/pytorch/pytorch/issues/184982); when they go, the probe fails and the server says so and stays unquantized.
 """
 
 from __future__ import annotations

@@ -52,6 +52,16 @@ def load_model(
     return LlamaModel(weights, config, _tokenizer(folder, progress), prepack=prepack, hf_loader=hf_loader)
 
 
+def load_tokenizer(name: str = "default", progress: bool = True):
+    """A model's tokenizer and chat template alone, without its weights (``name`` as :func:`load_model` takes it):
+    what a router that tokenizes for its replicas needs."""
+    folder = default_model.ensure_converted(progress) if name in DEFAULT_NAMES else _checkpoint_folder(name)
+    tokenizer = _tokenizer(folder, progress)
+    if tokenizer is None:
+        raise FileNotFoundError(f"{folder} has no tokenizer (tokenizer.json or tokenizer_config.json)")
+    return tokenizer
+
+
 def _transformers_model(folder: Path, dtype: torch.dtype, device: torch.device):
     """transformers' model of a checkpoint: built only where a check or test compares with it."""
     from transformers import AutoModelForCausalLM

@@ -12,8 +12,9 @@
 - :mod:`~labkit.serve.loadtest`: ``vllm bench serve``'s job with the ``openai`` client;
 - :mod:`~labkit.serve.background` and :mod:`~labkit.serve.watch`: a server, loads and scrapes from a notebook,
   with a live plot of the gauges while a load runs;
-- :mod:`~labkit.serve.router_policies` (what the router knows of a request before tokenizing: its text, and a
-  shadow index of prefixes; the policies are the engine's router registry), :mod:`~labkit.serve.router_app` (the
+- :mod:`~labkit.serve.router_policies` (what the router knows of a request: its text, its tokens; the policies
+  are the engine's router registry), :mod:`~labkit.serve.router_caches` (what it knows of each replica's prefix
+  cache: its KV events, else a shadow index), :mod:`~labkit.serve.router_app` (the
   router's routes: forward, retry before any answer byte), :mod:`~labkit.serve.router_health` (replicas ejected
   and readmitted), :mod:`~labkit.serve.router_relay` (one answer relayed as it comes),
   :mod:`~labkit.serve.router_metrics` (per replica), :mod:`~labkit.serve.router_server` (uvicorn, a thread) and
@@ -22,5 +23,6 @@
 - ``serve_cli``, ``route_cli`` and ``loadtest_cli``: the ``labkit serve``, ``labkit route`` and ``labkit loadtest``
   commands.
 
-Nothing is imported here, so the load tester and the router never load torch or the model code.
+Nothing is imported here, so the load tester and the router never load torch or the model code (but for
+``cache_aware``'s tokenizer: importing :mod:`labkit.models` brings torch).
 """

@@ -2,9 +2,13 @@
 
 ``POST /v1/chat/completions`` and ``POST /v1/completions`` answer whole or as server-sent
 events (one event per token, then ``data: [DONE]``); ``GET /v1/models`` names the one model;
-``GET /health`` says whether the engine loop runs; ``GET /metrics`` is for Prometheus. With an
-API key, the ``/v1`` routes want ``Authorization: Bearer KEY`` (health and metrics stay open,
-as in vLLM). A body over ``MAX_BODY_BYTES`` is refused with 413 before it is parsed, and one
+``GET /health`` says whether the engine loop runs; ``GET /metrics`` is for Prometheus;
+``GET /kv_events?since=N&epoch=E`` gives the prefix cache's block events after number N (or, for a
+reader of another run or one too far behind, the hashes held now; see :mod:`labkit.kv.kv_events`), which
+``labkit route`` reads to know what this replica holds; ``POST /reset_prefix_cache`` forgets the prefix
+cache (vLLM's, there a development endpoint) while no request holds blocks. With an
+API key, the ``/v1`` routes and the reset want ``Authorization: Bearer KEY`` (health, metrics and the
+events, which carry block hashes and no tokens, stay open, as vLLM's health and metrics do). A body over ``MAX_BODY_BYTES`` is refused with 413 before it is parsed, and one
 that is not ``Content-Type: application/json`` with 415, so a web page the learner visits cannot
 make a local server generate (a browser sends a cross-site form or ``text/plain`` body without
 asking). A body has ``read_timeout`` seconds to arrive (else 408), and a client that hangs up
@@ -37,6 +41,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from labkit.engine.request import RequestOutput
+from labkit.kv.kv_events import KVEventLog
 from labkit.models.tokens import encode_prompt
 from labkit.serve.body import answer_api_error, answer_http_error, read_json
 from labkit.serve.logprobs import Logprobs
@@ -74,6 +79,8 @@ def build_app(
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            Route("/kv_events", kv_events, methods=["GET"]),
+            Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
         ],
         exception_handlers=handlers,
         lifespan=_lifespan,
@@ -213,6 +220,42 @@ async def metrics(request: Request) -> Response:
     return Response(_served(request).worker.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
+def _event_log(served: Served) -> KVEventLog:
+    """The prefix cache's event log; 404 where this server has none (prefix caching off, or a pool without events)."""
+    if served.worker.kv_events is None:
+        raise APIError(
+            404,
+            "This server publishes no KV events: its prefix caching is off, or its block allocator has no "
+            "publish_events. Start it with prefix caching on and labkit's allocator.",
+            code="no_kv_events",
+        )
+    return served.worker.kv_events
+
+
+async def kv_events(request: Request) -> Response:
+    """``GET /kv_events?since=N&epoch=E``: the prefix cache's events after number ``N`` of log ``E``, or the hashes
+    held now (see :meth:`~labkit.kv.kv_events.KVEventLog.read`)."""
+    log = _event_log(_served(request))
+    try:
+        since = int(request.query_params.get("since", "0"))
+    except ValueError:
+        raise APIError(
+            400, "since must be an event number (an integer): the last reply's next.", param="since"
+        ) from None
+    return JSONResponse(log.read(since, request.query_params.get("epoch")))
+
+
+async def reset_prefix_cache(request: Request) -> Response:
+    """``POST /reset_prefix_cache``: forget every cached block (published as ``AllBlocksCleared``); 409 while a
+    request holds blocks."""
+    served = _served(request)
+    served.authorize(request)
+    _event_log(served)
+    if not await served.worker.reset_prefix_cache():
+        raise APIError(409, "Requests hold blocks of the prefix cache; reset it once they are done.", code="busy")
+    return Response(status_code=200)
+
+
 @asynccontextmanager
 async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     worker = app.state.served.worker
@@ -262,7 +305,7 @@ async def _whole(handle: Handle, reply: Reply, answer: Answer) -> dict:
         pieces.append(piece)
     reason = output.finish_reason  # the last output is the finished one
     assert reason is not None, "a finished output has its reason"
-    counts = usage(handle.prompt_len, len(output.token_ids))
+    counts = usage(handle.prompt_len, len(output.token_ids), handle.cached_tokens)
     return reply.full(
         "".join(pieces), reason, counts, answer.stop_reason(handle, output), answer.logprobs_of(output, 0)
     )
@@ -286,7 +329,7 @@ async def _events(
             yield sse_event(chunk)
             num_tokens = len(output.token_ids)
         if include_usage:
-            yield sse_event(reply.usage_chunk(usage(handle.prompt_len, num_tokens)))
+            yield sse_event(reply.usage_chunk(usage(handle.prompt_len, num_tokens, handle.cached_tokens)))
     except APIError as err:  # the stream has started, so the error goes in an event, as vLLM does
         yield sse_event(err.body())
     finally:

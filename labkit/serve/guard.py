@@ -5,8 +5,8 @@ often 256 or 1024 in a shell). So, as ``vllm serve`` does, the server first rais
 open-file limit to the hard one (:func:`raise_open_file_limit`), then keeps connections well
 below it: past ``max_connections`` the oldest idle connection (no request on it) is closed to make
 room for the new one, so idle sockets cannot hold a healthy replica's ``/health`` hostage; with
-none idle, a new connection may only ask for ``/health`` or ``/metrics`` (a few more are kept for
-those, so a balancer still sees a healthy replica while busy ones hold the rest), past those it
+none idle, a new connection may only ask for ``/health``, ``/metrics`` or ``/kv_events`` (a few more are kept
+for those, so a balancer still sees a healthy replica, and a router what it holds, while busy ones hold the rest), past those it
 gets a 503 and is closed at once, and one that has
 not sent its request's headers within ``header_timeout`` seconds (an idle or half-open one, or
 one trickling a byte at a time) is closed (:class:`GuardedH11Protocol`).
@@ -32,7 +32,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("uvicorn.error")  # where uvicorn's own warnings go, printed as WARNING:  ...
 OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)  # what asyncio's accept() logs
-ALWAYS_OPEN = ("/health", "/metrics")  # answered past the connection limit too, so a balancer sees the truth
+ALWAYS_OPEN = ("/health", "/metrics", "/kv_events")  # answered past the connection limit too
 HEADROOM = 8  # connections past the limit, for ALWAYS_OPEN requests only
 HEADROOM_HEADER_S = 2.0  # seconds such a connection has to send its request's headers
 FD_RESERVE = 64  # descriptors kept free beyond those already open (model files, pipes, threads), never for clients
@@ -108,7 +108,8 @@ def always_open_only(app: Callable[..., Awaitable[None]]) -> Callable[..., Await
         if scope["path"] in ALWAYS_OPEN:
             return await app(scope, receive, send)
         log.warning(
-            "Turned a request away: the connection limit is reached, and %s is not health or metrics", scope["path"]
+            "Turned a request away: the connection limit is reached, and %s is not health, metrics or KV events",
+            scope["path"],
         )
         headers = [(b"content-type", b"text/plain"), (b"connection", b"close")]
         await send({"type": "http.response.start", "status": 503, "headers": headers})

@@ -5,8 +5,11 @@
 
 Each request to /v1/completions or /v1/chat/completions (streams included) goes to the replica the policy
 picks: round_robin (each in turn), least_loaded (fewest requests in flight) or cache_aware (the replica
-believed to hold the longest prefix of this prompt, unless it is more than --max-imbalance requests busier than
-the least busy one). A replica that refuses a request before answering has it sent to another; none is served
+holding the longest prefix of this prompt, unless it is more than --max-imbalance requests busier than the least
+busy one). cache_aware tokenizes each prompt once with the fleet's tokenizer (--model's, or the --model after --)
+and knows what each replica holds from its KV events (labkit serve's /kv_events, read before each decision), or,
+for a replica that publishes none (or with --no-kv-events), from a shadow index of the prompts it sent there.
+A replica that refuses a request before answering has it sent to another; none is served
 twice. A replica that refuses, dies, drains or fails its health check is ejected at once and readmitted when its
 /health answers 200 again. /metrics counts per replica; /health is 200 while one replica is. With --start N the
 router starts N ``labkit serve`` replicas itself (the arguments after ``--`` go to each), starts one that exits
@@ -21,12 +24,8 @@ import sys
 import threading
 
 from labkit.serve.replica_procs import DEFAULT_MAX_RESTARTS
-from labkit.serve.router_policies import (
-    DEFAULT_CHUNK_CHARS,
-    DEFAULT_INDEX_BLOCKS,
-    DEFAULT_MAX_IMBALANCE,
-    POLICIES,
-)
+from labkit.serve.router_caches import DEFAULT_BLOCK_SIZE, DEFAULT_INDEX_BLOCKS
+from labkit.serve.router_policies import DEFAULT_MAX_IMBALANCE, POLICIES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,14 +39,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-imbalance",
         type=int,
         default=DEFAULT_MAX_IMBALANCE,
-        help=f"cache_aware's load bound: skip a replica this many requests busier than the least busy "
-        f"({DEFAULT_MAX_IMBALANCE})",
+        help=f"cache_aware's load bound: skip a replica more than this many requests busier than the least busy "
+        f"({DEFAULT_MAX_IMBALANCE}; 0: only the least busy)",
     )
     parser.add_argument(
-        "--chunk-chars",
+        "--model",
+        help="cache_aware: the fleet's model, whose tokenizer names the prompt's blocks (default: the --model "
+        "given to the replicas after --, else 'default')",
+    )
+    parser.add_argument(
+        "--no-kv-events",
+        action="store_true",
+        help="cache_aware: ignore the replicas' KV events and guess from the shadow index alone",
+    )
+    parser.add_argument(
+        "--block-size",
         type=int,
-        default=DEFAULT_CHUNK_CHARS,
-        help=f"cache_aware's shadow index: characters per block ({DEFAULT_CHUNK_CHARS})",
+        default=DEFAULT_BLOCK_SIZE,
+        help=f"cache_aware's shadow index: tokens per block, as the replicas' ({DEFAULT_BLOCK_SIZE})",
     )
     parser.add_argument(
         "--index-blocks",
@@ -70,14 +79,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def routing_for(urls: list[str], args: argparse.Namespace):
-    """The router's shared state for these replica URLs and the command line's policy."""
+    """The router's shared state for these replica URLs and the command line's policy (cache_aware: with what it
+    knows of the caches, and the fleet's tokenizer)."""
     from labkit.engine.fleet import make_router
+    from labkit.models.loading import load_tokenizer
     from labkit.serve.router_app import Routing
+    from labkit.serve.router_caches import FleetCaches, ShadowIndex
     from labkit.serve.router_metrics import RouterMetrics
-    from labkit.serve.router_policies import ShadowIndex
 
-    index = ShadowIndex(len(urls), args.chunk_chars, args.index_blocks) if args.policy == "cache_aware" else None
-    return Routing(urls, make_router(args.policy, args.max_imbalance), index, RouterMetrics(urls), args.timeout)
+    policy, metrics = make_router(args.policy, args.max_imbalance), RouterMetrics(urls)
+    if args.policy != "cache_aware":
+        return Routing(urls, policy, None, metrics, args.timeout)
+    shadow = ShadowIndex(len(urls), args.block_size, args.index_blocks)
+    caches = FleetCaches(urls, shadow, use_events=not args.no_kv_events)
+    return Routing(urls, policy, caches, metrics, args.timeout, tokenizer=load_tokenizer(fleet_model(args)))
+
+
+def fleet_model(args: argparse.Namespace) -> str:
+    """The model whose tokenizer the router uses: ``--model``, else the one its replicas are started with."""
+    started = None
+    for i, arg in enumerate(args.serve_args):
+        if arg == "--model" and i + 1 < len(args.serve_args):
+            started = args.serve_args[i + 1]
+        elif arg.startswith("--model="):
+            started = arg.split("=", 1)[1]
+    if args.model and started and args.model != started:
+        raise ValueError(f"--model {args.model} names another model than the replicas' --model {started}")
+    return args.model or started or "default"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"arguments for labkit serve ({' '.join(args.serve_args)}) need --start N")
     if args.max_restarts < 0:
         raise ValueError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
+    fleet_model(args)  # a --model that contradicts the replicas' is said before any replica starts
     started = ReplicaProcesses(args.start, args.serve_args) if args.start is not None else None
     stop_watching = threading.Event()
     # uvicorn re-raises the SIGTERM that stopped it once it has drained; as an exception (not the default

@@ -1,10 +1,13 @@
 """The ASGI app of ``labkit route``: the OpenAI endpoints of ``labkit serve``, each request forwarded to a replica.
 
-A completion or chat request is read once, its prompt's blocks looked up in the router's
-:class:`~labkit.serve.router_policies.ShadowIndex` (cache_aware only), and the policy picks one of the replicas in
-service from what it sees of each (requests in flight at the router, characters predicted cached). The request
-goes there as it came (same JSON, same ``Authorization``); the answer comes back as it went, a stream event by
-event.
+A completion or chat request is read once; where the router knows the caches (cache_aware), it is tokenized
+once with the fleet's tokenizer and its blocks looked up in what each replica holds
+(:mod:`~labkit.serve.router_caches`: the replica's KV events, read just before the decision, or the shadow index).
+The policy picks one of the replicas in service from what it sees of each (requests in flight at the router,
+tokens cached). The request goes there as it came (same JSON, same ``Authorization``); the answer comes back as
+it went, a stream event by event, with headers saying which replica served it, how many prompt tokens the router
+predicted cached there and from what (``kv_events`` or ``shadow``); the replica's own count is its usage's
+``prompt_tokens_details.cached_tokens``.
 
 Only replicas in service are offered to the policy (:mod:`~labkit.serve.router_health`): one that refuses a
 connection, closes it before answering, dies mid-answer, says it is draining or fails its health check is
@@ -42,54 +45,74 @@ from starlette.routing import Route
 
 from labkit.engine.interfaces import ReplicaView, RequestView, Router
 from labkit.serve.body import answer_api_error, answer_http_error, read_json
-from labkit.serve.protocol import APIError
+from labkit.serve.protocol import CHAT, COMPLETION, APIError
+from labkit.serve.router_caches import FleetCaches
 from labkit.serve.router_health import HEALTH_TIMEOUT_S, ReplicaHealth, is_draining
 from labkit.serve.router_metrics import RouterMetrics, replica_families
-from labkit.serve.router_policies import ShadowIndex, prompt_text
-from labkit.serve.router_relay import Relay
+from labkit.serve.router_policies import prompt_ids, prompt_text
+from labkit.serve.router_relay import CACHE_VIEW_HEADER, PREDICTED_HEADER, Relay
 
 
 @dataclass
 class Routing:
-    """What the routes share (``app.state.routing``): the replicas, the policy, its shadow index, the metrics,
-    which replicas are in service."""
+    """What the routes share (``app.state.routing``): the replicas, the policy, what it knows of their caches (and
+    the tokenizer that needs), the metrics, which replicas are in service."""
 
     urls: list[str]
     policy: Router
-    index: ShadowIndex | None  # None: the policy reads no cache, so none is kept
+    caches: FleetCaches | None  # None: the policy reads no cache, so none is kept and nothing tokenized
     metrics: RouterMetrics
     timeout_s: float  # how long a replica may take to start answering (and between two chunks of a stream)
     read_timeout: float = 10.0  # seconds a client's request body has to arrive
     in_flight: list[int] = field(init=False)
     health: ReplicaHealth | None = None  # None: ejected at once, probed with the default backoff
     client: httpx.AsyncClient | None = None  # made when the app starts, on its event loop
+    tokenizer: Any = None  # the fleet's model's tokenizer: needed, and only used, with caches
 
     def __post_init__(self) -> None:
         self.in_flight = [0] * len(self.urls)
         if self.health is None:
             self.health = ReplicaHealth(self.urls, self.metrics)
+        if self.caches is not None and self.tokenizer is None:
+            raise ValueError("a router that reads the replicas' caches needs the fleet's tokenizer to name blocks")
 
     @property
     def replicas(self) -> ReplicaHealth:
         assert self.health is not None, "made in __post_init__"
         return self.health
 
-    def cached(self, replica: int, chain: list[int]) -> int:
-        return self.index.cached(replica, chain) if self.index else 0
+    def cached(self, replica: int, token_ids: list[int] | None) -> int:
+        """Tokens of the prompt the replica holds, by what the router knows (0 where it knows nothing)."""
+        return self.caches.cached(replica, token_ids) if self.caches and token_ids else 0
 
-    def pick(self, request: RequestView, chain: list[int]) -> list[int]:
+    def pick(self, request: RequestView) -> tuple[list[int], dict[int, int]]:
         """The replicas in service, the policy's pick first, then the others least busy first (who gets the
-        request if the pick refuses). The policy sees only those in service, numbered 0 to n-1 among them."""
+        request if the pick refuses), and the cached tokens each was shown. The policy sees only those in
+        service, numbered 0 to n-1 among them."""
         live = self.replicas.live()
         if not live:
-            return []
-        views = [ReplicaView(n, self.in_flight[i], self.cached(i, chain)) for n, i in enumerate(live)]
+            return [], {}
+        ids = list(request.prompt_token_ids) if request.prompt_token_ids is not None else None
+        cached = {i: self.cached(i, ids) for i in live}
+        views = [ReplicaView(n, self.in_flight[i], cached[i]) for n, i in enumerate(live)]
         chosen = self.policy.route(request, views)
         if not (isinstance(chosen, int) and 0 <= chosen < len(live)):
             raise ValueError(f"router {self.policy.name!r} chose replica {chosen!r}; choose 0 to {len(live) - 1}")
         first = live[chosen]
         rest = sorted((i for i in live if i != first), key=lambda i: (self.in_flight[i], i))
-        return [first, *rest]
+        return [first, *rest], cached
+
+    async def view(self, body: dict, path: str) -> RequestView:
+        """The request as the policy sees it: its text, and its tokens where the router knows the caches (then
+        each replica's cache is brought up to date too, so the policy sees it as it is now)."""
+        text = prompt_text(body)
+        if self.caches is None:
+            return RequestView("", text)
+        kind = CHAT if path.endswith("chat/completions") else COMPLETION
+        ids = await asyncio.to_thread(prompt_ids, body, kind, self.tokenizer)  # a long chat template takes time
+        assert self.client is not None, "the app's lifespan opens the client"
+        await self.caches.refresh(self.client, self.replicas.live())
+        return RequestView("", text, None if ids is None else tuple(ids))
 
     def enter(self, replica: int) -> None:
         self.in_flight[replica] += 1
@@ -169,10 +192,9 @@ async def forward(request: Request, path: str) -> Response:
 async def _dispatch(routing: Routing, request: Request, path: str, body: dict, content: bytes) -> Response:
     """Send the request to the replica the policy picks, or to the next that takes it (see the module's doc)."""
     assert routing.client is not None
-    text = prompt_text(body)  # before tokenizing: what the router knows of the prompt
-    chain = routing.index.chain(text) if routing.index else []
+    view = await routing.view(body, path)
     failures: list[str] = []
-    tried = routing.pick(RequestView("", text), chain)
+    tried, cached = routing.pick(view)
     for replica in tried:
         url = routing.urls[replica]
         routing.enter(replica)
@@ -213,10 +235,13 @@ async def _dispatch(routing: Routing, request: Request, path: str, body: dict, c
                 routing.replicas.eject(replica, "draining")
             continue
         # committed: this replica answers, whatever happens next
-        routing.metrics.routed(replica, routing.cached(replica, chain))
-        if routing.index is not None and upstream.status_code < 400:
-            routing.index.record(replica, chain)
-        return await relay.response()
+        routing.metrics.routed(replica, cached[replica])
+        headers = {}
+        if routing.caches is not None and view.prompt_token_ids is not None:
+            headers = {PREDICTED_HEADER: str(cached[replica]), CACHE_VIEW_HEADER: routing.caches.source(replica)}
+            if upstream.status_code < 400:
+                routing.caches.record(replica, view.prompt_token_ids)
+        return await relay.response(headers)
     routing.metrics.errors.labels("no_replica_available").inc()
     out = [f"{routing.urls[i]} {routing.replicas.state(i)}" for i in routing.replicas.ejected if i not in tried]
     raise APIError(

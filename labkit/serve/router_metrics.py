@@ -10,11 +10,10 @@ as there. Counters show ``_total`` appended, as Prometheus counters do.
   answer not yet fully relayed): the load ``least_loaded`` and ``cache_aware`` read;
   sgl_router_running_requests.
 - ``labkit_router_cache_hits_total{worker}`` / ``labkit_router_cache_misses_total{worker}``: requests the
-  router sent there predicting a cached prefix of the prompt (from its shadow index), or none; the router's
-  belief, not the replica's count (that is the replica's own ``vllm:prefix_cache_hits``);
-  sgl_router_cache_hits_total / _misses_total (which SGLang counts over all workers).
-- ``labkit_router_predicted_cached_chars_total{worker}``: the characters of prompts predicted cached there
-  (labkit's own: the shadow index counts characters, not tokens).
+  router sent there predicting a cached prefix of the prompt (from the replica's KV events or the shadow index),
+  or none; the router's prediction, not the replica's count (that is the replica's own
+  ``vllm:prefix_cache_hits``); sgl_router_cache_hits_total / _misses_total (which SGLang counts over all workers).
+- ``labkit_router_predicted_cached_tokens_total{worker}``: the prompt tokens predicted cached there (labkit's own).
 - ``labkit_router_retries_total{worker}``: requests that replica refused before answering (no connection, a 5xx,
   a connection closed before any answer), each then sent on to the next replica not yet tried, if one is left;
   sgl_router_retries_total.
@@ -70,8 +69,8 @@ class RouterMetrics:
         )
         self.hits = counter("labkit_router_cache_hits", "Requests routed with a cached prefix predicted there.")
         self.misses = counter("labkit_router_cache_misses", "Requests routed with no cached prefix predicted there.")
-        self.cached_chars = counter(
-            "labkit_router_predicted_cached_chars", "Prompt characters predicted cached at the replica routed to."
+        self.cached_tokens = counter(
+            "labkit_router_predicted_cached_tokens", "Prompt tokens predicted cached at the replica routed to."
         )
         self.retries = counter(
             "labkit_router_retries", "Requests a replica refused before answering, sent on to the next if any."
@@ -83,18 +82,18 @@ class RouterMetrics:
             "labkit_router_request_errors", "Requests the router answered with an error itself.", ["reason"]
         )
         for url in urls:  # every series shows from the start, at 0
-            for metric in (self.processed, self.running, self.hits, self.misses, self.cached_chars, self.retries):
+            for metric in (self.processed, self.running, self.hits, self.misses, self.cached_tokens, self.retries):
                 metric.labels(url)
             for metric in (self.ejections, self.readmissions):
                 metric.labels(url)
             self.up.labels(url).set(1)
 
-    def routed(self, replica: int, cached_chars: int) -> None:
-        """A replica answered a request the router sent it, predicting ``cached_chars`` of its prompt cached."""
+    def routed(self, replica: int, cached_tokens: int) -> None:
+        """A replica answered a request the router sent it, predicting ``cached_tokens`` of its prompt cached."""
         url = self.urls[replica]
         self.processed.labels(url).inc()
-        (self.hits if cached_chars > 0 else self.misses).labels(url).inc()
-        self.cached_chars.labels(url).inc(cached_chars)
+        (self.hits if cached_tokens > 0 else self.misses).labels(url).inc()
+        self.cached_tokens.labels(url).inc(cached_tokens)
 
     def ejected(self, replica: int) -> None:
         self.ejections.labels(self.urls[replica]).inc()

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from labkit.serve.router_app import Routing
 
 REPLICA_HEADER = "x-labkit-replica"  # on every forwarded answer: which replica served it (its URL)
+PREDICTED_HEADER = "x-labkit-predicted-cached-tokens"  # with cache_aware: prompt tokens predicted cached there ...
+CACHE_VIEW_HEADER = "x-labkit-cache-view"  # ... and from what: the replica's KV events or the shadow index
 
 
 class Relay:
@@ -52,9 +54,10 @@ class Relay:
         finally:
             await self.close()
 
-    async def response(self) -> Response:
-        """The replica's answer, passed on: a stream chunk by chunk as it arrives, a whole answer at once."""
-        headers = {REPLICA_HEADER: self.url}
+    async def response(self, extra_headers: dict[str, str]) -> Response:
+        """The replica's answer, passed on (with ``extra_headers``): a stream chunk by chunk as it arrives, a whole
+        answer at once."""
+        headers = {REPLICA_HEADER: self.url, **extra_headers}
         if "retry-after" in self.upstream.headers:
             headers["retry-after"] = self.upstream.headers["retry-after"]
         media_type = self.upstream.headers.get("content-type", "application/json")

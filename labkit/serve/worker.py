@@ -19,6 +19,11 @@ so a stop string ends the request right there, before another step runs, and the
 count exactly the tokens the client is sent (as vLLM's output processor does), and the
 decoding stays off the event loop.
 
+With prefix caching on, the worker publishes the prefix cache's block events (:mod:`labkit.kv.kv_events`: stored,
+removed, cleared) to a :class:`~labkit.kv.kv_events.KVEventLog` that ``GET /kv_events`` reads, and notes how
+many of each request's prompt tokens its prefix cache held when the request started (its ``usage``'s
+``prompt_tokens_details.cached_tokens``, as OpenAI's API reports it).
+
 The loop also feeds :class:`~labkit.serve.metrics.ServerMetrics` from each step's record
 (``llm.last_step``), so the counters stay whole however little of the run the engine's trace
 keeps: a long-running server bounds its trace with the engine's ``trace_window`` setting
@@ -28,6 +33,7 @@ keeps: a long-running server bounds its trace with the engine's ``trace_window``
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import numbers
 import queue
@@ -41,6 +47,7 @@ from functools import partial
 from typing import cast
 
 from labkit.engine.request import RequestOutput
+from labkit.kv.kv_events import KVEventLog
 from labkit.sampling_params import SamplingParams
 from labkit.serve.admission import AdmissionHook, QueueSnapshot
 from labkit.serve.metrics import FINISH_REASONS, ServerMetrics
@@ -71,6 +78,7 @@ class Handle:
         self.worker = worker
         self.request_id = request_id
         self.prompt_len = prompt_len
+        self.cached_tokens = 0  # prompt tokens its prefix cache held when it started (set by the loop thread)
         self.text = text  # updated by the loop thread only, before it pushes each output
         self._done = False  # the engine finished it, or it was closed
         self._loop = asyncio.get_running_loop()
@@ -147,6 +155,7 @@ class EngineWorker:
         self.vocab_size = llm.model.config.vocab_size
         self.error: str | None = None  # why the loop died, if it did
         self.draining = False  # set when the server stops: new requests are refused
+        self.kv_events = _kv_event_log(llm)  # None: its pool publishes no prefix-cache events
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}  # touched by the loop thread only
         self._outbox: list[tuple[Handle, tuple[RequestOutput, str] | APIError]] = []  # loop thread only
@@ -256,6 +265,20 @@ class EngineWorker:
         """End every request in the engine with ``error``, which each client is sent (its blocks are freed)."""
         self._commands.put(partial(self._end_all, error))
 
+    async def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache (in the loop's thread, between steps); False while a request holds blocks."""
+        done: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        blocks = self.llm.state.blocks
+
+        def reset() -> None:
+            try:
+                done.set_result(blocks.reset_prefix_cache())
+            except Exception as err:  # an allocator of your own that cannot: the caller is told, the loop goes on
+                done.set_exception(err)
+
+        self._commands.put(reset)
+        return await asyncio.wrap_future(done)
+
     def stop(self, timeout: float = 10.0) -> None:
         """End the loop: every request still in the engine is aborted and its client told why."""
         self._commands.put(_STOP)
@@ -335,10 +358,11 @@ class EngineWorker:
         now = self.llm.now()
         if record is not None:
             now = record.end  # the time the engine stamped on this step's tokens
-            for request_id in record.scheduled:
+            for request_id, num_new in record.scheduled.items():
                 live = self._live.get(request_id)
                 if live is not None and live.scheduled_at is None:
                     live.scheduled_at = record.start
+                    live.handle.cached_tokens = self._computed(request_id, live) - num_new
                     self._start(live)
             self.metrics.on_step(record)
         for output in outputs:
@@ -374,6 +398,12 @@ class EngineWorker:
                 )
         live.handle.push((output, piece))
 
+    def _computed(self, request_id: str, live: _Live) -> int:
+        """Tokens of a request computed after the step that started it: those it found cached, then the step's.
+        One that finished in that step had its whole prompt computed (its first token came from the last one)."""
+        request = self.llm.state.requests.get(request_id)
+        return request.num_computed_tokens if request is not None else len(live.prompt_ids)
+
     def _start(self, live: _Live) -> None:
         """Its first step: it leaves the queue and takes a seat."""
         if live.state == "queued":
@@ -408,6 +438,17 @@ class EngineWorker:
         self._live.clear()
         self.metrics.on_idle()
         self._flush()
+
+
+def _kv_event_log(llm) -> KVEventLog | None:
+    """A log of the engine's prefix-cache events, or None where prefix caching is off or its pool publishes none
+    (an allocator of your own without ``publish_events``)."""
+    blocks = llm.state.blocks
+    if not llm.state.enable_prefix_caching or not callable(getattr(blocks, "publish_events", None)):
+        return None
+    log = KVEventLog(blocks.block_size)
+    blocks.publish_events(log.publish)
+    return log
 
 
 def _hand_over(batch: list[tuple[Handle, tuple[RequestOutput, str] | APIError]]) -> None:

@@ -60,7 +60,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -286,7 +286,7 @@ class Calibration:
     device: str
     model: str
     dtype: str
-    cost: dict[str, float]  # CostModel's fields
+    cost: dict[str, Any]  # CostModel's fields
     num_steps: int
     median_step_error_pct: float  # median |predicted - measured| / measured over the timed steps
     bandwidth_source: str = "fitted"  # or "probed": no step was memory-bound, a copy probe measured it

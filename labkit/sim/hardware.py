@@ -39,6 +39,9 @@ class Hardware:
     source: str = ""
     interconnect_bandwidth: float = 0.0  # bytes/s each way to the other GPUs of a node (NVLink); 0: none known
     flops_achievable: bool = False  # True: ``flops`` is a rate kernels reach (measured or so quoted), not a peak
+    fp8_tensor_cores: bool = (
+        False  # True: its matrix units multiply fp8 at twice the 16-bit rate (Hopper, Ada, Blackwell)
+    )
 
     def __post_init__(self) -> None:
         for field_name in ("memory_bytes", "bandwidth", "flops"):
@@ -62,6 +65,26 @@ class Hardware:
             return self
         return replace(self, flops=self.achievable_flops, flops_achievable=True)
 
+    def with_compute(self, precision: str) -> Hardware:
+        """This part computing in ``precision``: ``"bf16"`` as it is, ``"fp8"`` at twice the rate where it can.
+
+        fp8 arithmetic (weights and activations both in 8 bits, vLLM's ``--quantization fp8`` on a
+        Hopper GPU) runs the tensor cores at double their 16-bit rate: the H100's 1,979 dense
+        TFLOP/s against 989. A part without fp8 tensor cores (the A100) is refused: there fp8
+        weights are widened to 16 bits before they are multiplied, which saves bytes, not arithmetic.
+        """
+        if precision in ("bf16", "fp16"):
+            return self
+        if precision != "fp8":
+            raise ValueError(f"unknown compute precision {precision!r}; use bf16 or fp8")
+        if not self.fp8_tensor_cores:
+            raise ValueError(
+                f"{self.name} has no fp8 tensor cores, so fp8 arithmetic runs no faster there: store the "
+                "weights in 8 bits (--weights int8) for the bandwidth, or plan a GPU that has them (h100-sxm, "
+                "h200, b200, rtx-4090, mi355x)"
+            )
+        return replace(self, name=f"{self.name}, fp8 arithmetic", flops=2 * self.flops)
+
     def __str__(self) -> str:
         return (
             f"{self.name}: {self.memory_bytes / GB:.0f} GB, {self.bandwidth / GB:,.4g} GB/s, "
@@ -75,6 +98,9 @@ _PEAK = "published peak, dense BF16 tensor rate without sparsity"
 # (A100 datasheet), H100/H200 SXM NVLink 4 900 GB/s (H100 and H200 datasheets), B200 NVLink 5
 # 1.8 TB/s (HGX B200 datasheet); the RTX 4090 has no NVLink: PCIe 4.0 x16, 64 GB/s both ways.
 # MI355X: AMD quotes Infinity Fabric links without one per-GPU total, so none is assumed.
+# fp8: each datasheet's dense fp8 figure is twice its bf16 one (H100 and H200 SXM 3,958 TFLOP/s with
+# sparsity, 1,979 without; HGX B200 4.5 PFLOP/s dense per GPU; RTX 4090 330 TFLOP/s with fp32
+# accumulate, Ada whitepaper; MI355X 5.0 PFLOP/s dense); the A100 has no fp8 tensor cores.
 
 PRESETS: dict[str, Hardware] = {
     "a100-80gb": Hardware(
@@ -92,6 +118,7 @@ PRESETS: dict[str, Hardware] = {
         989 * TFLOPS,
         f"NVIDIA H100 Tensor Core GPU datasheet (1,979 with sparsity); {_PEAK}",
         interconnect_bandwidth=450 * GB,
+        fp8_tensor_cores=True,
     ),
     "h200": Hardware(
         "NVIDIA H200 SXM",
@@ -100,6 +127,7 @@ PRESETS: dict[str, Hardware] = {
         989 * TFLOPS,
         f"NVIDIA H200 Tensor Core GPU datasheet (1,979 with sparsity); {_PEAK}",
         interconnect_bandwidth=450 * GB,
+        fp8_tensor_cores=True,
     ),
     "b200": Hardware(
         "NVIDIA B200 (HGX)",
@@ -108,6 +136,7 @@ PRESETS: dict[str, Hardware] = {
         2250 * TFLOPS,
         f"NVIDIA HGX B200 datasheet, per GPU (4.5 PFLOPS with sparsity); {_PEAK}",
         interconnect_bandwidth=900 * GB,
+        fp8_tensor_cores=True,
     ),
     "rtx-4090": Hardware(
         "NVIDIA GeForce RTX 4090",
@@ -116,6 +145,7 @@ PRESETS: dict[str, Hardware] = {
         165.2 * TFLOPS,
         f"NVIDIA Ada Lovelace architecture whitepaper (BF16 with FP32 accumulate); {_PEAK}",
         interconnect_bandwidth=32 * GB,
+        fp8_tensor_cores=True,
     ),
     "mi355x": Hardware(
         "AMD Instinct MI355X",
@@ -123,6 +153,7 @@ PRESETS: dict[str, Hardware] = {
         8.0 * TB,
         2500 * TFLOPS,
         f"AMD Instinct MI355X datasheet (5.0 PFLOPS with sparsity); {_PEAK}",
+        fp8_tensor_cores=True,
     ),
 }
 

@@ -131,7 +131,8 @@ def simulated_core(
 
     def execute(batch: Batch, start: float) -> tuple[dict[str, int | list[int]], float]:
         """The cost-model executor: no tokens computed, only the pass's duration (and drawn acceptances)."""
-        end = start + cost.pass_time(batch.num_tokens, batch.context_tokens) + allreduce_s_per_token * batch.num_tokens
+        work = [(new, request.num_computed_tokens) for request, new in batch.work]  # per sequence: windows cap each
+        end = start + cost.step_time(work) + allreduce_s_per_token * batch.num_tokens
         if proposer is None:
             return dict.fromkeys(batch.samplers, PLACEHOLDER_TOKEN), end
         end += proposer.drafting_time(batch)

@@ -24,7 +24,9 @@ from bokeh.layouts import column, row
 from bokeh.models import (
     ColumnDataSource,
     CustomJS,
+    CustomJSTickFormatter,
     Div,
+    FixedTicker,
     InlineStyleSheet,
     Plot,
     Range1d,
@@ -384,7 +386,7 @@ def batching_figure():
     )
     answer = Div(text="", name="answer", styles=ANSWER_STYLE)
     steps = Range1d(0, 90)
-    plots, sources = [], []
+    plots, sources, seat_ticks = [], [], []
     for policy in ("static", "continuous"):
         source = ColumnDataSource(data=dict(left=[], right=[], bottom=[], top=[], color=[], hatch=[]))
         plot = figure(
@@ -408,9 +410,14 @@ def batching_figure():
             hatch_color="grey",
         )
         plot.yaxis.axis_label = "seat"
-        plot.yaxis.minor_tick_line_color = None
+        # Seat s is drawn from s to s + 1: one tick in its middle, named by its number (1 to 5, never 2.5).
+        ticks = FixedTicker(ticks=[seat + 0.5 for seat in range(int(seats.value))], minor_ticks=[])
+        plot.yaxis.ticker = ticks
+        plot.yaxis.formatter = CustomJSTickFormatter(code="return String(tick + 0.5);")
+        plot.ygrid.grid_line_color = None  # a grid line would run through the middle of every seat's row
         plots.append(plot)
         sources.append(source)
+        seat_ticks.append(ticks)
     plots[1].xaxis.axis_label = "decode step"
     body = """
     const words = replies.value.split(/[\\s,]+/).filter(s => s);
@@ -437,6 +444,7 @@ def batching_figure():
       }
       sources[i].data = d;
       plots[i].y_range.end = seats.value;
+      seatTicks[i].ticks = Array.from({length: seats.value}, (_, seat) => seat + 0.5);
     });
     steps.end = Math.max(runs[0].steps, runs[1].steps) + 2;
     answer.text = 'Static: ' + shown(runs[0].steps, runs[0].steps, 'static-steps') + ' steps, '
@@ -444,7 +452,9 @@ def batching_figure():
       + shown(runs[1].steps, runs[1].steps, 'continuous-steps') + ' steps, '
       + shown(runs[1].padded, runs[1].padded, 'continuous-padded') + ' padded.';
     """
-    args = dict(seats=seats, replies=replies, answer=answer, steps=steps, plots=plots, sources=sources)
+    args = dict(
+        seats=seats, replies=replies, answer=answer, steps=steps, plots=plots, sources=sources, seatTicks=seat_ticks
+    )
     layout = column(_controls(seats, replies), answer, *plots, sizing_mode="stretch_width")
     return _wire(layout, [seats, replies], args, body)
 

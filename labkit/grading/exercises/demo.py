@@ -3,7 +3,7 @@
 Each spec names the learner's function, builds inputs from a seed, computes the
 expected answer itself (the oracle) and compares with a helper that reports the
 first difference. The grader's tests use these exercises; the course's labs follow
-the same pattern in `labkit/labs/labN.py`.
+the same pattern in `labkit/labs/labN/`.
 """
 
 from __future__ import annotations

@@ -95,6 +95,12 @@ def torch_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed % 2**63)
 
 
+def check_generator(seed: int) -> torch.Generator:
+    """A seeded generator on :func:`check_device`, for learner code that draws random numbers for tensors there
+    (CUDA draws a cuda tensor's numbers from a cuda generator only, as the engine's sampling does)."""
+    return torch.Generator(device=check_device()).manual_seed(seed % 2**63)
+
+
 def prompt_and_steps(seed: int) -> tuple[LlamaModel, list[int], int]:
     """Inputs of the generation checks: the course model, one seeded prompt, three new tokens."""
     return course_model(), pick_prompts(seed, 1)[0], 3

@@ -31,7 +31,7 @@ from labkit.kernels.contract import UNWRITTEN
 from labkit.kernels.traffic import DecodeShape, decode_bytes
 from labkit.labs.common.diagnose import diagnosed
 from labkit.labs.common.engine_runs import random_requests, serve
-from labkit.labs.common.shared import rng, torch_generator
+from labkit.labs.common.shared import on_check_device, rng, torch_generator
 from labkit.labs.common.solo import compare_with_solo, run_failure, solo_oracle
 from labkit.labs.hints import register_hints
 from labkit.labs.lab11.compiled import kernel_rule
@@ -134,16 +134,18 @@ def _mid_block(r, low: int, high: int) -> int:
 
 def decode_cases(seed: int) -> dict[str, dict[str, Any]]:
     """One query head per KV head, three, two with scores large enough to overflow exp, a first block far above
-    the rest, and bf16 pools."""
+    the rest, and bf16 pools; drawn on the CPU, handed over on the check's device, where the kernel runs."""
     r = rng(seed)
     lengths = [_mid_block(r, 1, 15), _mid_block(r, 17, 47), _mid_block(r, 49, 63)]
-    return {
-        "one query head per KV head": _case(seed, 2, 2, lengths),
-        "three query heads per KV head": _case(seed + 1, 6, 2, lengths[::-1]),
-        "large scores (q x 60)": _case(seed + 2, 4, 2, lengths[1:], q_scale=60.0),
-        "a first block scoring far above the rest": _loud_first_block(seed + 3, lengths),
-        "bf16 pools": _case(seed + 4, 6, 2, lengths, dtype=torch.bfloat16),
-    }
+    return on_check_device(
+        {
+            "one query head per KV head": _case(seed, 2, 2, lengths),
+            "three query heads per KV head": _case(seed + 1, 6, 2, lengths[::-1]),
+            "large scores (q x 60)": _case(seed + 2, 4, 2, lengths[1:], q_scale=60.0),
+            "a first block scoring far above the rest": _loud_first_block(seed + 3, lengths),
+            "bf16 pools": _case(seed + 4, 6, 2, lengths, dtype=torch.bfloat16),
+        }
+    )
 
 
 def split_cases(seed: int) -> dict[str, dict[str, Any]]:
@@ -157,7 +159,7 @@ def split_cases(seed: int) -> dict[str, dict[str, Any]]:
     }
     cases["large scores (q x 60), 3 splits"] = {**_case(seed + 7, 6, 2, lengths, q_scale=60.0), "num_splits": 3}
     cases["bf16 pools, 3 splits"] = {**_case(seed + 8, 6, 2, lengths, dtype=torch.bfloat16), "num_splits": 3}
-    return cases
+    return on_check_device(cases)
 
 
 def _max_score(case: dict[str, Any]) -> float:
@@ -169,16 +171,17 @@ def _max_score(case: dict[str, Any]) -> float:
 
 
 def _expected(cases: dict[str, dict[str, Any]], mistakes: tuple[str, ...]) -> dict[str, Any]:
-    """Each case's right output, what each typical mistake would give, and how large its scores get."""
+    """Each case's right output, what each typical mistake would give, and how large its scores get: computed on
+    the CPU, a value at a time (as many small steps would crawl on a GPU)."""
     tensors = ("q", "k_pool", "v_pool", "block_tables", "context_lens")
     expected = {}
     for name, case in cases.items():
-        args = [case[key] for key in tensors]
+        args = [case[key].cpu() for key in tensors]
         splits = case.get("num_splits", 1)
         expected[name] = {
             "out": simulate(*args, num_splits=splits),
             "wrong": {key: simulate(*args, num_splits=splits, **MISTAKES[key][0]) for key in mistakes},
-            "max_score": _max_score(case),
+            "max_score": _max_score(dict(zip(tensors, args))),
             "hint": BF16_HINT if case["k_pool"].dtype == torch.bfloat16 else None,
         }
     return expected

@@ -31,7 +31,7 @@ from labkit.labs.common.diagnose import diagnosed, raised_mismatch
 from labkit.labs.common.engine_runs import CheckRequest
 from labkit.labs.common.learner_errors import capture, raised_in
 from labkit.labs.common.mistakes import named_mistake
-from labkit.labs.common.shared import rng, torch_generator
+from labkit.labs.common.shared import check_generator, on_check_device, rng, torch_generator
 from labkit.labs.common.solo import compare_with_solo, run_failure
 from labkit.labs.hints import register_hints
 from labkit.labs.lab8.runs import repetitive_requests, serve_speculating, solo_course_runs
@@ -436,7 +436,8 @@ REPEATS = 50  # calls made twice, with generators seeded alike, to see that the 
 
 def sampling_cases(seed: int) -> dict[str, Any]:
     """Small vocabularies where every wrong rule is far from p: a peaked draft, a flat one, a one-hot one;
-    then a perfect draft (q = p), which the rule must always accept."""
+    then a perfect draft (q = p), which the rule must always accept. Drawn on the CPU, handed over on the
+    check's device, where the engine hands the learner's rule its probabilities and generator."""
     generator = torch_generator(seed)
     cases = []
     for k, one_hot in ((1, False), (2, False), (3, True)):
@@ -448,17 +449,17 @@ def sampling_cases(seed: int) -> dict[str, Any]:
         cases.append({"p": p, "q": q, "seed": seed + len(cases)})
     p = torch.softmax(2.0 * torch.randn(3, 6, generator=generator, dtype=torch.float64), dim=-1)
     cases.append({"p": p, "q": p[:2].clone(), "seed": seed + len(cases), "perfect": True})
-    return {"cases": cases}
+    return on_check_device({"cases": cases})
 
 
 def _sampled_rows(accept, case) -> torch.Tensor:
     """One row per draw: the k draft tokens (drawn from q here), how many tokens the rule returned, and those
     tokens (at most k + 1 kept, -1 after them). A tensor, so 3,000 draws stay one compact value."""
-    generator = torch_generator(case["seed"] + 10_000)
+    generator = check_generator(case["seed"] + 10_000)
     p, q = case["p"], case["q"]
     k = q.shape[0]
-    # every draft at once: draft token i of each trial drawn from q[i] (one call, not one per token)
-    drafts = torch.multinomial(q, TRIALS, replacement=True, generator=torch_generator(case["seed"])).T.tolist()
+    # every draft at once, on the CPU (the same drafts on every device): draft token i of each trial from q[i]
+    drafts = torch.multinomial(q.cpu(), TRIALS, replacement=True, generator=torch_generator(case["seed"])).T.tolist()
     rows = []
     for draft in drafts:
         out = [int(t) for t in accept(list(draft), q.clone(), p.clone(), generator)]
@@ -473,7 +474,7 @@ def _repeated(accept, case) -> dict[str, Any]:
     torch's global generator. The global generators are put back as they were."""
     p, q = case["p"], case["q"]
     draw = torch_generator(case["seed"] + 20_000)
-    drafts = [[int(torch.multinomial(row, 1, generator=draw)) for row in q] for _ in range(REPEATS)]
+    drafts = [[int(torch.multinomial(row, 1, generator=draw)) for row in q.cpu()] for _ in range(REPEATS)]
     saved = torch.get_rng_state(), random.getstate(), np.random.get_state()
     rounds, moved = [], False
     try:
@@ -482,7 +483,7 @@ def _repeated(accept, case) -> dict[str, Any]:
             random.seed(global_seed)
             np.random.seed(global_seed)
             before = torch.get_rng_state()
-            generator = torch_generator(case["seed"] + 30_000)
+            generator = check_generator(case["seed"] + 30_000)
             rounds.append([[int(t) for t in accept(list(d), q.clone(), p.clone(), generator)] for d in drafts])
             moved = moved or not torch.equal(before, torch.get_rng_state())
     finally:
@@ -573,18 +574,30 @@ def _compare_sampled_case(index, case, rows) -> Mismatch | None:
     return None
 
 
+def _device_hint(record: dict[str, Any]) -> str | None:
+    """What to change when the rule drew with a generator on another device than its numbers (a GPU raises)."""
+    if "generator" not in record["message"] or "device" not in record["message"]:
+        return None
+    return (
+        "Draw on the probabilities' device: torch.rand((), generator=generator, device=target_probs.device). On a "
+        "GPU the check, like the engine, hands you tensors and a generator on the GPU, and torch.rand without a "
+        "device draws on the CPU, which a CUDA generator cannot."
+    )
+
+
 def _compare_sampling(expected, got) -> Mismatch | None:
     for index, (case, rows) in enumerate(zip(expected["cases"], got["rows"])):
         record = raised_in(rows)
-        mismatch = raised_mismatch(record, None) if record else _compare_sampled_case(index, case, rows)
+        mismatch = raised_mismatch(record, _device_hint(record)) if record else _compare_sampled_case(index, case, rows)
         if mismatch is not None:
             return mismatch
     record = raised_in(got["repeated"])
     if record:
-        return raised_mismatch(record, None)
+        return raised_mismatch(record, _device_hint(record))
     rounds, moved = got["repeated"]["rounds"], got["repeated"]["moved_global"]
     draw_from = (
-        "Draw every random number from the generator passed in: torch.rand((), generator=generator) and "
+        "Draw every random number from the generator passed in: torch.rand((), generator=generator, "
+        "device=target_probs.device) and "
         "torch.multinomial(..., generator=generator). Then a run can be repeated with the same seed, and "
         "requests with their own seeds do not disturb each other."
     )
@@ -654,7 +667,7 @@ register_hints(
     "Go through the drafts in order. r = a uniform number from the generator. If r < p[i, x] / q[i, x], keep x and "
     "go on. Else draw from max(0, p[i] - q[i]) normalised and return what you kept plus that token. After the loop, "
     "draw the bonus token from p[k].",
-    "torch.rand((), generator=generator); residual = torch.clamp(target_probs[i] - draft_probs[i], min=0); "
+    "torch.rand((), generator=generator, device=target_probs.device); residual = torch.clamp(target_probs[i] - draft_probs[i], min=0); "
     "int(torch.multinomial(residual / residual.sum(), 1, generator=generator))",
 )
 register_hints(

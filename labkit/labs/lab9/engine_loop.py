@@ -130,10 +130,6 @@ def drive(engine_turn, clients: list[dict[str, Any]], model=None) -> dict[str, A
     return {"turns": turns, "sent": sent}
 
 
-def loop_oracle_inputs(seed: int) -> dict[str, Any]:
-    return {"clients": client_script(seed)}
-
-
 CLIENTS = (
     ("The capital of France is", 10),
     ("Once upon a time,", 16),
