@@ -196,6 +196,9 @@ ADAPTERS = {
     "labkit.engine.scheduler.base.schedule_running": continuous_with,
     "labkit.metrics.summarize": expected_metrics,
     "labkit.kv.paged_attention.paged_attention": one_sequence,
+    "labkit.batch_invariant.tiled_linear": lambda f: (
+        lambda x, weight, matmul, tile_rows: f(lambda rows: matmul(rows, weight), tile_rows)(x)
+    ),
     "labkit.slo.highest_rate": lambda f: (
         lambda measure, rates, promise: f(
             {rate: from_requests(measure(rate)) for rate in rates}, Promise.from_limits(promise)

@@ -22,7 +22,7 @@ GRADER_ONLY = (
     "labkit.labs.common.mistakes",
     "labkit.labs.common.pieces",
     "labkit.labs.common.solo",
-    *(f"labkit.labs.lab{number}" for number in range(1, 13)),
+    *(f"labkit.labs.lab{number}" for number in range(1, 14)),
     "labkit.labs.lab8.runs",
     "labkit.labs.lab8.sampling",
     "labkit.labs.lab9.admission",
@@ -35,6 +35,8 @@ GRADER_ONLY = (
     "labkit.labs.lab11.variants",
     "labkit.labs.lab12.handoff",
     "labkit.labs.lab12.tier",
+    "labkit.labs.lab13.matmul",
+    "labkit.labs.lab13.split_kv",
 )
 
 # What notebooks and kernel-side runs import from labkit.labs: labkit.labs.api's surface and what it needs.
@@ -59,6 +61,8 @@ VISIBLE_LABS = (
     "labkit.labs.lab10.runs",
     "labkit.labs.lab12.replay",
     "labkit.labs.lab12.runs",
+    "labkit.labs.lab13.kernels",
+    "labkit.labs.lab13.runs",
 )
 
 # The text each grader-only file reads as inside the sandbox: a package's stays a package, so that its

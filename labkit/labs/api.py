@@ -49,6 +49,12 @@ _WHERE = {
     "measure_tier_costs": "labkit.labs.lab12.runs",
     "tier_off_and_on": "labkit.labs.lab12.runs",
     "apart_and_together": "labkit.labs.lab12.runs",
+    # lab 13: this machine's kernels probed row by row, one query in four places, the engine alone and in a crowd
+    "this_machines_operations": "labkit.labs.lab13.runs",
+    "split_partial": "labkit.labs.lab13.kernels",
+    "one_query_in_four_places": "labkit.labs.lab13.runs",
+    "alone_and_in_a_crowd": "labkit.labs.lab13.runs",
+    "cost_of_determinism": "labkit.labs.lab13.runs",
 }
 
 __all__ = sorted(_WHERE)
