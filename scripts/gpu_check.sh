@@ -50,16 +50,18 @@ mkdir -p "$out"
 
 names=()
 verdicts=()
-# step NAME LOG COMMAND...: run COMMAND, show its output and keep it in $out/LOG, record whether it passed
+# step NAME LOG COMMAND...: run COMMAND, show its output and keep it in $out/LOG, record whether it passed and
+# how long it took
 step() {
   local name="$1" log="$out/$2"
   shift 2
   echo
   echo "=== step $((${#names[@]} + 1)): $name"
+  local started="$SECONDS"
   "$@" 2>&1 | tee "$log"
-  local status="${PIPESTATUS[0]}"
+  local status="${PIPESTATUS[0]}" took="$((SECONDS - started)) s"
   names+=("$name")
-  if [ "$status" = 0 ]; then verdicts+=("passed"); else verdicts+=("FAILED (exit $status; $log)"); fi
+  if [ "$status" = 0 ]; then verdicts+=("passed ($took)"); else verdicts+=("FAILED (exit $status; $log; $took)"); fi
 }
 # skip NAME WHY: a step that cannot run here, recorded as such
 skip() {
@@ -88,13 +90,15 @@ print('CUDA device:', torch.cuda.get_device_name() if torch.cuda.is_available() 
 if [ "$dry" = 1 ]; then
   # small: each step's command as on the GPU, on a test or a size that takes seconds (`make test` runs them all)
   correctness=(-k "default_model_shape_is_smollm2")
-  lab11=(tests/test_lab11_checks.py -k "pass_the_kernel_checks")
+  lab11=(tests/test_lab11_checks.py -k "pass_the_kernel_checks and paged_decode")
+  device=(-k "cpu_features or threads_leave_one_core")
   kernel_args=(--quick)
   bench_args=(--num-prompts 1 --max-prompt-tokens 48 --max-output-tokens 2)
   quant_args=(--batches 1 --context 16 --repeats 1 --rounds 1 --prompts 0 --no-bf16)
 else
   correctness=()
   lab11=(tests)
+  device=()
   kernel_args=()
   bench_args=(--dtype bfloat16 --num-prompts 64 --sweep)
   quant_args=()
@@ -110,7 +114,8 @@ shopt -s nullglob
 device_tests=(tests/test_device*.py)
 shopt -u nullglob
 if [ "${#device_tests[@]}" -gt 0 ]; then
-  step "device walk (${device_tests[*]})" device.txt "$PY" -m pytest -q -p no:cacheprovider "${device_tests[@]}"
+  step "device walk (${device_tests[*]})" device.txt "$PY" -m pytest -q -p no:cacheprovider "${device_tests[@]}" \
+    "${device[@]}"
 else
   skip "device walk" "no tests/test_device*.py in this checkout"
 fi

@@ -250,7 +250,7 @@ class _Operations(TorchDispatchMode):
         on_cuda = asked_cuda if asked else given_cuda
         hosts: dict[int, OnCuda] = {}
         out = func(*_unwrap(args, hosts), **{key: _unwrap(value, hosts) for key, value in kwargs.items()})
-        if func in _INPLACE_VIEWS:
+        if func in _INPLACE_VIEWS and given_cuda:  # on CPU tensors alone, torch reshapes them as it likes
             raise StandInLimitError(f"the stand-in device cannot follow {func}, which reshapes a tensor in place")
         given = {id(value) for value in leaves if type(value) is torch.Tensor}
         if isinstance(out, (list, tuple)):
@@ -310,13 +310,15 @@ _THREAD_START = threading.Thread.start
 
 
 def _start_on_stand_in(seen: StandInCuda):
-    """``Thread.start`` for threads started inside the stand-in: torch's modes hold in the thread that entered
-    them only, so each new thread enters the stand-in's own (a mode object is entered by one thread)."""
+    """``Thread.start`` for threads started inside the stand-in: torch's modes (and how it makes a tensor from
+    data) hold in the thread that set them only, so each new thread sets its own (a mode object is entered by
+    one thread)."""
 
     def start(thread: threading.Thread) -> None:
         run = thread.run
 
         def run_on_stand_in() -> None:
+            torch._C._set_only_lift_cpu_tensors(True)  # thread-local too: see stand_in_cuda
             with _Operations(seen), _Generators(seen):
                 run()
 

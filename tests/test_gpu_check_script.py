@@ -5,6 +5,7 @@ steps after it still run. So the first GPU session finds no mistake of the scrip
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,7 @@ def test_the_dry_run_takes_every_step_on_the_cpu_and_sums_them_up(tmp_path):
     summary = summary_of(result)
     assert result.returncode == 0, summary + result.stderr[-3000:]
     assert "dry run on the CPU" in summary and "FAILED" not in summary
+    assert re.search(r"environment +passed \(\d+ s\)", summary), summary  # each step's time, beside its verdict
     for step in STEPS:
         assert step in summary, f"no {step!r} in the summary:\n{summary}"
     assert "kernel: CPU, interpreter: correctness only, not speed (no share of a peak)" in summary
