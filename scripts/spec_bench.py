@@ -55,7 +55,8 @@ def chat_prompts() -> list[list[dict]]:
 
 def engine(model, k: int, max_num_seqs: int) -> LLM:
     config = None if k == 0 else {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4}
-    llm = LLM(model, max_model_len=1024, max_num_seqs=max_num_seqs, speculative_config=config)
+    blocks = max_num_seqs * (1024 // 16 + 1)  # every request whole: no pool sized to free memory, zero-filled
+    llm = LLM(model, max_model_len=1024, max_num_seqs=max_num_seqs, num_blocks=blocks, speculative_config=config)
     llm.generate([[{"role": "user", "content": "Say hi."}]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm up
     return llm
 

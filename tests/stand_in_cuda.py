@@ -333,13 +333,13 @@ def _launch_on_stand_in(seen: StandInCuda, launch):
     cannot read host memory); the kernel then runs in Triton's interpreter on the cuda:0 tensors' CPU data,
     outside the stand-in's modes, and what it stores is what their stand-ins hold."""
 
-    def launch_on_stand_in(kernel, grid, *args, **constants) -> None:
-        cpu = [arg for arg in args if isinstance(arg, torch.Tensor) and not isinstance(arg, OnCuda)]
+    def launch_on_stand_in(kernel, grid, **arguments) -> None:
+        cpu = [arg for arg in arguments.values() if isinstance(arg, torch.Tensor) and not isinstance(arg, OnCuda)]
         if cpu:
             seen.refuse(f"the Triton kernel {getattr(kernel, '__name__', kernel)}", cpu)
-        hosts = [arg.host if isinstance(arg, OnCuda) else arg for arg in args]
+        hosts = {name: arg.host if isinstance(arg, OnCuda) else arg for name, arg in arguments.items()}
         with _disable_current_modes():
-            launch(kernel, grid, *hosts, **constants)
+            launch(kernel, grid, **hosts)
 
     return launch_on_stand_in
 
