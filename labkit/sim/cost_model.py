@@ -38,8 +38,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 
+from labkit.sim import moe
 from labkit.sim.hardware import GB, Hardware
-from labkit.sim.moe import expected_distinct_experts
 
 
 @dataclass(frozen=True)
@@ -178,10 +178,8 @@ class ModelSpec:
         :func:`labkit.sim.moe.expected_distinct_experts`: the active parameters at one token, all of
         them once the batch covers every expert.
         """
-        if not self.is_moe:
-            return self.weight_bytes
-        touched = expected_distinct_experts(max(tokens, 1), self.experts, self.experts_per_token)
-        return self.weight_bytes - (self.experts - touched) * self.expert_bytes
+        experts = self.experts if self.is_moe else 0
+        return moe.weight_bytes_read(self.weight_bytes, experts, self.experts_per_token, self.expert_bytes, tokens)
 
     def prefill_attention_flops(self, prompt_len: int) -> float:
         """Attention's own arithmetic (scores and weighted sum) over a whole prompt, causal, in FLOPs.
@@ -366,10 +364,7 @@ class CostModel:
         weight bytes - (E - D(tokens)) x expert bytes, D from :func:`labkit.sim.moe.expected_distinct_experts`;
         a dense model reads all its weights whatever the batch.
         """
-        if not self.experts:
-            return self.weight_bytes
-        touched = expected_distinct_experts(max(tokens, 1), self.experts, self.experts_per_token)
-        return self.weight_bytes - (self.experts - touched) * self.expert_bytes
+        return moe.weight_bytes_read(self.weight_bytes, self.experts, self.experts_per_token, self.expert_bytes, tokens)
 
     def sequence_kv_bytes(self, context_len: float) -> float:
         """KV bytes a pass reads for one sequence of ``context_len`` tokens: windowed layers read at most the window."""

@@ -32,6 +32,15 @@ def expected_distinct_experts(tokens: float, experts: int, top_k: int) -> float:
     return experts * (1 - (1 - top_k / experts) ** tokens)
 
 
+def weight_bytes_read(weight_bytes: float, experts: int, top_k: int, expert_bytes: float, tokens: float) -> float:
+    """Weight bytes a pass of ``tokens`` tokens reads: all of a dense model (``experts`` 0); for a mixture, all of
+    them less the experts no token chose, weight bytes - (E - D(tokens)) x expert bytes, so the active parameters
+    at one token and every weight once the batch covers every expert."""
+    if not experts:
+        return weight_bytes
+    return weight_bytes - (experts - expected_distinct_experts(max(tokens, 1), experts, top_k)) * expert_bytes
+
+
 def simulated_distinct_experts(tokens: int, experts: int, top_k: int, trials: int = 200, seed: int = 0) -> float:
     """Mean distinct experts over ``trials`` seeded draws: each token picks ``top_k`` different experts at random."""
     _check_routing(experts, top_k)
