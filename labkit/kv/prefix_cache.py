@@ -278,7 +278,7 @@ class PrefixCachingBlockAllocator(FreeListBlockAllocator):
         num_full = min(len(token_ids) // size, len(table))
         if num_full <= len(chain):
             return
-        hashes = self.hash_blocks(token_ids[: num_full * size])
+        hashes = chain + self._hashes_after(chain, token_ids[: num_full * size])
         named = []
         for index in range(len(chain), num_full):
             parent = hashes[index - 1] if index else NO_PARENT
@@ -290,6 +290,16 @@ class PrefixCachingBlockAllocator(FreeListBlockAllocator):
                 self._content[block] = (parent, tuple(token_ids[index * size : (index + 1) * size]))
                 named.append(index)
         self._stored(hashes, named)
+
+    def _hashes_after(self, chain: list[int], token_ids: Sequence[int]) -> list[int]:
+        """The hashes of the full blocks of ``token_ids`` past the ``chain`` already named: labkit's hash function
+        continues the chain from its last link (a decode names one block, not the whole prefix again); a learner's,
+        which takes no parent, hashes from the start."""
+        if self._block_hashes is block_hashes:
+            return block_hashes(
+                token_ids[len(chain) * self.block_size :], self.block_size, chain[-1] if chain else NO_PARENT
+            )
+        return self.hash_blocks(token_ids)[len(chain) :]
 
     # --- events (vLLM's KV events) ---------------------------------------------------------
     def publish_events(self, publish: Callable[[KVEvent], None]) -> None:
