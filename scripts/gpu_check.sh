@@ -93,6 +93,7 @@ if [ "$dry" = 1 ]; then
   lab11=(tests/test_lab11_checks.py -k "pass_the_kernel_checks and paged_decode")
   device=(-k "cpu_features or threads_leave_one_core")
   kernel_args=(--quick)
+  compile_args=(--quick) # labkit's kernels for one target: the whole table is tests/test_compile_kernels_script.py's
   bench_args=(--num-prompts 1 --max-prompt-tokens 48 --max-output-tokens 2)
   quant_args=(--batches 1 --context 16 --repeats 1 --rounds 1 --prompts 0 --no-bf16)
 else
@@ -100,6 +101,7 @@ else
   lab11=(tests)
   device=()
   kernel_args=()
+  compile_args=()
   bench_args=(--dtype bfloat16 --num-prompts 64 --sweep)
   quant_args=()
 fi
@@ -120,7 +122,8 @@ else
   skip "device walk" "no tests/test_device*.py in this checkout"
 fi
 if [ -f scripts/compile_kernels.py ]; then
-  step "kernels compiled (scripts/compile_kernels.py)" compile_kernels.txt "$PY" scripts/compile_kernels.py
+  step "kernels compiled (scripts/compile_kernels.py)" compile_kernels.txt "$PY" scripts/compile_kernels.py \
+    "${compile_args[@]}"
 else
   skip "kernels compiled" "no scripts/compile_kernels.py in this checkout"
 fi
