@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from labkit.engine.fleet import serve_engines
 from labkit.engine.llm import LLM
-from labkit.engine.request import RequestOutput
+from labkit.engine.request import Request, RequestOutput
 from labkit.models.tokens import Prompt
 from labkit.sampling_params import SamplingParams
 
@@ -23,9 +24,10 @@ def serve_disaggregated(
 ) -> list[RequestOutput]:
     """Serve ``prompts`` with ``prefill`` computing every prompt and ``decode`` every token after the first:
     each request is handed over (:meth:`~labkit.engine.LLM.export_request`, then
-    :meth:`~labkit.engine.LLM.import_request`) as soon as its first token is out. Both engines share this
-    process and take turns; the outputs come back in the order given (a request whose first token ends it is
-    answered by the prefill engine alone).
+    :meth:`~labkit.engine.LLM.import_request`) as soon as its first token is out. The two engines are a fleet
+    (:meth:`~labkit.engine.fleet.Fleet.serve`, every prompt arriving at time 0 and routed to ``prefill``) in this
+    process, taking turns; the outputs come back in the order given (a request whose first token ends it is answered by the
+    prefill engine alone).
 
     A request the decode engine cannot take yet (no free seat or blocks) stays on the prefill engine, which
     keeps decoding it meanwhile; it is handed over, with its longer KV, once the decode engine has room.
@@ -33,15 +35,16 @@ def serve_disaggregated(
     all_params = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
     if len(all_params) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts need as many sampling params, got {len(all_params)}")
-    prefill.start_run()
-    decode.start_run()
-    ids = [prefill.add_request(p, sp, request_id=str(i)) for i, (p, sp) in enumerate(zip(prompts, all_params))]
-    finished: dict[str, RequestOutput] = {}
-    while prefill.has_unfinished() or decode.has_unfinished():
-        for engine in (prefill, decode):
-            if engine.has_unfinished():
-                finished.update((out.request_id, out) for out in engine.step() if out.finished)
+    if any(sp.n > 1 for sp in all_params):
+        raise ValueError("serve_disaggregated answers each prompt once: give SamplingParams with n=1")
+
+    def hand_over() -> None:
         for request in prefill.core.ready_to_hand_over():
             if decode.can_import(request.num_computed_tokens):
                 decode.import_request(prefill.export_request(request.request_id))
-    return [finished[request_id] for request_id in ids]
+
+    def make(index: int) -> Request:
+        return prefill.request(prompts[index], all_params[index], request_id=str(index), arrival_time=0.0)
+
+    _, finished = serve_engines([prefill, decode], None, [0.0] * len(prompts), make, after_step=hand_over)
+    return [finished[str(index)] for index in range(len(prompts))]

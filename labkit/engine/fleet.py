@@ -1,18 +1,17 @@
-"""Replicas behind a router: the fleet's loop, which both clocks drive, as :class:`EngineCore` is one engine's.
+"""Replicas behind a router: the one event loop of every run, simulated or real, one engine or many.
 
-Each replica is an engine core and the executor that runs its steps (the cost model on the simulator's
-clock, the model on the wall clock). A request is routed the moment it arrives: the router
-(:class:`~labkit.engine.interfaces.Router`) sees the request (a :class:`~labkit.engine.interfaces.RequestView`,
-tokenized) and, for every replica, how many requests it has
-unfinished and how many tokens of this request's prompt its prefix cache holds, and picks one. Then
-every replica whose step in flight has ended takes its next step. The clock belongs to the caller:
-:func:`labkit.sim.fleet.simulate_fleet` moves it event by event, :func:`generate_on_fleet` reads the wall
-clock. With one replica the fleet is exactly that replica's engine.
+Why one loop: every run is the same events (a request arrives, a replica's step ends, a KV transfer lands), so
+:meth:`Fleet.serve` moves one clock from event to event for all, whose executors (the cost model's step times, or
+the model's passes) are all that differs. A request is routed the moment it arrives: the router
+(:class:`~labkit.engine.interfaces.Router`) sees it (a :class:`~labkit.engine.interfaces.RequestView`) and, for
+every replica, its unfinished requests and how much of this prompt its prefix cache holds. Then every replica whose
+step has ended steps. :func:`labkit.sim.simulator.simulate` is a fleet of one, :func:`generate_on_fleet` real engines
+with every arrival at time 0, :func:`labkit.sim.disagg.simulate_disaggregated` a prefill fleet with the KV transfers
+as one more :class:`EventSource`.
 
 Routers here are a few lines each over that view: :class:`RoundRobin`, :class:`LeastLoaded` and
 :class:`CacheAware` (the longest cached prefix within a load bound; ``labkit route`` runs the same object over
 HTTP), or a function ``(loads, n) -> replica index`` of your own (wrapped as a :class:`FunctionRouter`).
-:func:`serve_workload_on_fleet` replays a workload on real engines, each timed as if on a machine of its own.
 """
 
 from __future__ import annotations
@@ -131,17 +130,33 @@ def request_view(request: Request) -> RequestView:
     return RequestView(request.request_id, text, tuple(request.prompt_token_ids))
 
 
-class ArrivalQueue(Protocol):
-    """Requests in order of arrival, as :meth:`Fleet.serve` takes them."""
+class Arrivals:
+    """Requests in order of arrival, each made (``make(index)``) only when the clock reaches its time: a
+    100,000-request run holds only the live ones."""
+
+    def __init__(self, times: Sequence[float], make: Callable[[int], Request]):
+        self.times, self.make, self.position = times, make, 0
 
     @property
     def next_time(self) -> float | None:
         """When the next request arrives; None once every request has."""
-        ...
+        return self.times[self.position] if self.position < len(self.times) else None
 
     def due(self, now: float) -> Iterator[Request]:
         """The requests arriving at or before ``now``, in order."""
-        ...
+        while (arrival := self.next_time) is not None and arrival <= now:
+            self.position += 1
+            yield self.make(self.position - 1)
+
+
+class EventSource(Protocol):
+    """One more thing the fleet's clock stops for (a disaggregated run's KV transfers): it needs the clock next at
+    ``next_time`` (None once it has nothing left), and ``advance(now)`` does what is due, before the replicas step."""
+
+    @property
+    def next_time(self) -> float | None: ...
+
+    def advance(self, now: float) -> None: ...
 
 
 @dataclass
@@ -155,9 +170,10 @@ class Replica:
 
 
 class Fleet:
-    """Engines behind one router, on whatever clock the caller moves."""
+    """Engines behind one router, on whatever clock their executors move. ``router=None`` sends every request to
+    the first replica (a fleet of one, or a prefill engine beside its decode engine)."""
 
-    def __init__(self, engines: Sequence[tuple[EngineCore, Executor]], router: Router):
+    def __init__(self, engines: Sequence[tuple[EngineCore, Executor]], router: Router | None = None):
         if not engines:
             raise ValueError("a fleet needs at least one replica")
         self.replicas = [Replica(core, execute) for core, execute in engines]
@@ -175,11 +191,10 @@ class Fleet:
 
     def route(self, request: Request, now: float) -> int:
         """Send ``request`` (arriving at ``now``) to the replica the router picks; return its index."""
-        index = self.router.route(request_view(request), self.views(request, now))
+        index = 0 if self.router is None else self.router.route(request_view(request), self.views(request, now))
         if not (isinstance(index, int) and 0 <= index < len(self.replicas)):
-            raise ValueError(
-                f"router {self.router.name!r} chose replica {index!r}; choose 0 to {len(self.replicas) - 1}"
-            )
+            name = getattr(self.router, "name", None)
+            raise ValueError(f"router {name!r} chose replica {index!r}; choose 0 to {len(self.replicas) - 1}")
         replica = self.replicas[index]
         replica.core.add(request)
         replica.live.append(request.record)
@@ -194,14 +209,24 @@ class Fleet:
         ends = [replica.step_end for replica in self.replicas if replica.core.has_unfinished()]
         return min(ends) if ends else None
 
-    def serve(self, arrivals: ArrivalQueue, on_step: Callable[[int, StepOutcome], object] | None = None) -> None:
-        """Run until every request has arrived and finished, moving the clock event by event: to the next arrival
-        or to the earliest end of a replica's step, whichever comes first (the simulator's clock, and
-        :func:`serve_workload_on_fleet`'s). ``on_step(replica index, outcome)`` follows every step."""
-        while arrivals.next_time is not None or self.has_unfinished():
-            now = min(time for time in (self.next_step_end(), arrivals.next_time) if time is not None)
+    def serve(
+        self,
+        arrivals: Arrivals,
+        on_step: Callable[[int, StepOutcome], object] | None = None,
+        beside: EventSource | None = None,
+    ) -> None:
+        """Run until every request has arrived and finished, moving the clock event by event: to the next arrival,
+        the earliest end of a replica's step, or what ``beside`` waits for, whichever comes first (the clock of the
+        simulator and of every real fleet here). ``on_step(replica index, outcome)`` follows every step."""
+        while True:
+            events = (self.next_step_end(), arrivals.next_time, None if beside is None else beside.next_time)
+            if all(time is None for time in events):
+                return  # every request has arrived and finished, and nothing else is due
+            now = min(time for time in events if time is not None)
             for request in arrivals.due(now):
                 self.route(request, now)
+            if beside is not None:
+                beside.advance(now)
             for index, outcome in self.step(now):
                 if on_step is not None:
                     on_step(index, outcome)
@@ -223,44 +248,20 @@ def generate_on_fleet(
     sampling_params: SamplingParams | None = None,
     router: str | Router | Callable[[Sequence[int], int], int] = "round_robin",
 ) -> tuple[list[RequestOutput], list[int]]:
-    """Serve ``prompts``, all arriving now, on real engines (replicas of one model) behind ``router``, on the wall
+    """Serve ``prompts``, all arriving at time 0, on real engines (replicas of one model) behind ``router``, on the wall
     clock: every prompt's output in the order given, and the replica that served it.
 
     The replicas share this process and take turns on its cores (a step starts when the fleet offers the
     replica its turn), so this shows where requests go and what each replica's cache holds, not the speed
     of separate machines; ``labkit serve`` replicas behind a router are that.
     """
-    fleet = Fleet([llm.as_replica() for llm in llms], make_router(router))
-    for llm in llms:
-        llm.start_run()
-    clock = llms[0]
-    for index, prompt in enumerate(prompts):
-        fleet.route(clock.request(prompt, sampling_params, request_id=str(index), arrival_time=0.0), clock.now())
-    finished: dict[str, RequestOutput] = {}
-    while fleet.has_unfinished():
-        for index, outcome in fleet.step(clock.now()):
-            finished.update((out.request_id, out) for out in llms[index].collect(outcome) if out.finished)
+
+    def make(index: int) -> Request:
+        return llms[0].request(prompts[index], sampling_params, request_id=str(index), arrival_time=0.0)
+
+    fleet, finished = serve_engines(llms, make_router(router), [0.0] * len(prompts), make)
     ids = [str(index) for index in range(len(prompts))]
     return [finished[request_id] for request_id in ids], [fleet.replica_of[request_id] for request_id in ids]
-
-
-class _Arrivals:
-    """A workload's requests as the fleet's event loop takes them, made into engine requests (tokenized) only as
-    they arrive."""
-
-    def __init__(self, llm: LLM, workload: Workload):
-        self.llm, self.workload, self.position = llm, workload, 0
-
-    @property
-    def next_time(self) -> float | None:
-        return self.workload[self.position].arrival_time if self.position < len(self.workload) else None
-
-    def due(self, now: float) -> Iterator[Request]:
-        while (arrival := self.next_time) is not None and arrival <= now:
-            spec = self.workload[self.position]
-            self.position += 1
-            params = SamplingParams(max_tokens=int(spec.output_len), ignore_eos=True)
-            yield self.llm.request(spec.prompt, params, request_id=spec.request_id, arrival_time=arrival)
 
 
 def serve_workload_on_fleet(
@@ -277,8 +278,37 @@ def serve_workload_on_fleet(
     same :class:`FleetRun` as :func:`labkit.sim.fleet.simulate_fleet`; each replica's trace is also its
     ``llm.trace``.
     """
-    fleet = Fleet([llm.as_timed_replica() for llm in llms], make_router(router))
+
+    def make(index: int) -> Request:
+        spec = workload[index]
+        params = SamplingParams(max_tokens=int(spec.output_len), ignore_eos=True)
+        return llms[0].request(spec.prompt, params, request_id=spec.request_id, arrival_time=spec.arrival_time)
+
+    chosen = make_router(router)
+    fleet, _ = serve_engines(llms, chosen, [spec.arrival_time for spec in workload], make, timed=True)
+    return FleetRun([llm.trace for llm in llms], fleet.replica_of, chosen.name)
+
+
+def serve_engines(
+    llms: Sequence[LLM],
+    router: Router | None,
+    times: Sequence[float],
+    make: Callable[[int], Request],
+    timed: bool = False,
+    after_step: Callable[[], object] | None = None,
+) -> tuple[Fleet, dict[str, RequestOutput]]:
+    """Real engines' runs, started afresh: serve the requests arriving at ``times`` (``make(index)`` makes each;
+    ``timed``: each as if on a machine of its own), calling ``after_step()`` after every step; return the fleet
+    and every finished output by request id."""
+    fleet = Fleet([llm.as_timed_replica() if timed else llm.as_replica() for llm in llms], router)
     for llm in llms:
         llm.start_run()
-    fleet.serve(_Arrivals(llms[0], workload), lambda index, outcome: llms[index].collect(outcome))
-    return FleetRun([llm.trace for llm in llms], fleet.replica_of, fleet.router.name)
+    finished: dict[str, RequestOutput] = {}
+
+    def collect(index: int, outcome: StepOutcome) -> None:
+        finished.update((out.request_id, out) for out in llms[index].collect(outcome) if out.finished)
+        if after_step is not None:
+            after_step()
+
+    fleet.serve(Arrivals(times, make), collect)
+    return fleet, finished

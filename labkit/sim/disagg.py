@@ -8,8 +8,9 @@ decode steps carry no chunks; the price is a KV transfer per request and GPUs sp
 phase is not needed. vLLM's documentation says it plainly: disaggregated prefill does not improve throughput; it
 controls tail latency. The table of :func:`disaggregation_table` shows both.
 
-The pools are the simulator's own engines (:func:`~labkit.sim.simulator.simulated_core`) stepped by the engine's
-fleet loop (:class:`~labkit.engine.fleet.Fleet`): arrivals are routed to the prefill pool; a request whose first token
+The pools are the simulator's own engines (:func:`~labkit.sim.simulator.simulated_core`) in the engine's one event
+loop (:meth:`~labkit.engine.fleet.Fleet.serve` of the prefill pool, with the decode pool and the KV on its way there
+as one more event source): arrivals are routed to the prefill pool; a request whose first token
 is out is handed over (:meth:`~labkit.engine.core.EngineCore.hand_over`, the real engine's call), crosses its prefill
 GPU's link (one transfer at a time per GPU: latency plus KV bytes over bandwidth, KV bytes from the model's bytes per
 token) and joins the decode GPU with the fewest running requests that has a seat and blocks for it
@@ -27,12 +28,12 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-from labkit.engine.core import EngineCore
+from labkit.engine.core import StepOutcome
 from labkit.engine.fleet import Fleet, make_router
 from labkit.engine.request import Request
 from labkit.sim.cost_model import CostModel
 from labkit.sim.fleet import FleetRun, simulate_fleet
-from labkit.sim.simulator import Arrivals, simulated_core
+from labkit.sim.simulator import simulated_core, workload_arrivals
 from labkit.workloads import Workload, sale_workload
 
 GB = 1e9
@@ -84,11 +85,12 @@ def lesson_sale(num_requests: int = 600, rate: float = 16.0, seed: int = 0) -> W
     return replace(sale, requests=tuple(requests), name="sale, 1,000-token prompts")
 
 
-class _Transfers:
-    """KV in flight from the prefill GPUs, each GPU's link sending one request at a time, then waiting to land."""
+class _DecodePool:
+    """The decode GPUs and the KV on its way to them, as one more event source of the prefill fleet's loop: each
+    prefill GPU's link sends one request at a time; a landed request waits, first come first served, for a seat."""
 
-    def __init__(self, link: Link, kv_bytes_per_token: float, num_links: int):
-        self.link, self.kv_bytes_per_token = link, kv_bytes_per_token
+    def __init__(self, fleet: Fleet, link: Link, kv_bytes_per_token: float, num_links: int):
+        self.fleet, self.link, self.kv_bytes_per_token = fleet, link, kv_bytes_per_token
         self.link_free = [0.0] * num_links
         self.in_flight: list[tuple[float, int, Request]] = []  # (lands at, order, request)
         self.landed: deque[Request] = deque()  # arrived at the decode pool, waiting for a seat or blocks
@@ -100,37 +102,35 @@ class _Transfers:
         heapq.heappush(self.in_flight, (self.link_free[link] + self.link.latency_s, next(self._order), request))
 
     @property
-    def next_landing(self) -> float | None:
-        return self.in_flight[0][0] if self.in_flight else None
+    def next_time(self) -> float | None:
+        landing = self.in_flight[0][0] if self.in_flight else None
+        return min((time for time in (self.fleet.next_step_end(), landing) if time is not None), default=None)
 
-    def land(self, now: float) -> None:
+    def advance(self, now: float) -> None:
         while self.in_flight and self.in_flight[0][0] <= now:
             self.landed.append(heapq.heappop(self.in_flight)[2])
+        self._adopt_landed(now)
+        self.fleet.step(now)
 
-    def __bool__(self) -> bool:
-        return bool(self.in_flight or self.landed)
-
-
-def _adopt_landed(transfers: _Transfers, decode: Fleet, now: float) -> None:
-    """Seat each landed request, first come first served, on the decode GPU with the fewest running requests that has
-    room for it; its first token reaches the user now."""
-    while transfers.landed:
-        request = transfers.landed[0]
-        cores = [(len(r.core.state.running), i, r.core) for i, r in enumerate(decode.replicas)]
-        fits = [(load, i, core) for load, i, core in cores if core.can_adopt(request.num_computed_tokens)]
-        if not fits:
-            if not any(core.has_unfinished() for _, _, core in cores):
+    def _adopt_landed(self, now: float) -> None:
+        """Seat each landed request, first come first served, on the decode GPU with the fewest running requests
+        that has room for it; its first token reaches the user now."""
+        while self.landed:
+            request, replicas = self.landed[0], self.fleet.replicas
+            tokens = request.num_computed_tokens
+            fits = [(len(r.core.state.running), i) for i, r in enumerate(replicas) if r.core.can_adopt(tokens)]
+            if not fits and not self.fleet.has_unfinished():
                 raise ValueError(
-                    f"request {request.request_id!r} needs blocks for {request.num_computed_tokens} tokens, more "
-                    "than an empty decode GPU has: give the decode pool more num_blocks"
+                    f"request {request.request_id!r} needs blocks for {tokens} tokens, more than an empty decode GPU "
+                    "has: give the decode pool more num_blocks"
                 )
-            return
-        _, index, core = min(fits, key=lambda fit: fit[:2])
-        transfers.landed.popleft()
-        core.adopt(request)
-        request.record.token_times[0] = now  # the stream comes from the decode side
-        replica = decode.replicas[index]
-        replica.step_end = max(replica.step_end, now)
+            if not fits:
+                return
+            replica = replicas[min(fits)[1]]
+            self.landed.popleft()
+            replica.core.adopt(request)
+            request.record.token_times[0] = now  # the stream comes from the decode side
+            replica.step_end = max(replica.step_end, now)
 
 
 def simulate_disaggregated(
@@ -153,26 +153,17 @@ def simulate_disaggregated(
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"{name} must be a whole number, 1 or more; got {count!r}")
 
-    def pool(size: int) -> list[tuple[EngineCore, Any]]:
-        return [simulated_core(workload, cost, policy, **settings) for _ in range(size)]
+    cores = [simulated_core(workload, cost, policy, **settings) for _ in range(prefill_gpus + decode_gpus)]
+    prefill = Fleet(cores[:prefill_gpus], make_router(router))
+    decode = _DecodePool(Fleet(cores[prefill_gpus:]), link, cost.kv_bytes_per_token, prefill_gpus)  # seats by load
 
-    prefill, decode = Fleet(pool(prefill_gpus), make_router(router)), Fleet(pool(decode_gpus), make_router(router))
-    transfers = _Transfers(link, cost.kv_bytes_per_token, prefill_gpus)
-    arrivals = Arrivals(workload)
-    while arrivals.next_time is not None or prefill.has_unfinished() or decode.has_unfinished() or transfers:
-        events = [prefill.next_step_end(), decode.next_step_end(), arrivals.next_time, transfers.next_landing]
-        now = min(time for time in events if time is not None)
-        for request in arrivals.due(now):
-            prefill.route(request, now)
-        transfers.land(now)
-        _adopt_landed(transfers, decode, now)
-        for index, outcome in prefill.step(now):
-            core = prefill.replicas[index].core
-            for ready in core.ready_to_hand_over():
-                request, _ = core.hand_over(ready.request_id)
-                transfers.send(request, index, outcome.record.end if outcome.record else now)
-        decode.step(now)
-    traces = [replica.core.trace for replica in prefill.replicas + decode.replicas]
+    def hand_over(index: int, _: StepOutcome) -> None:
+        replica = prefill.replicas[index]  # its step has ended by step_end: the KV leaves then
+        for ready in replica.core.ready_to_hand_over():
+            decode.send(replica.core.hand_over(ready.request_id)[0], index, replica.step_end)
+
+    prefill.serve(workload_arrivals(workload), hand_over, decode)
+    traces = [replica.core.trace for replica in prefill.replicas + decode.fleet.replicas]
     return FleetRun(
         traces, prefill.replica_of, f"{prefill_gpus} prefill + {decode_gpus} decode GPUs, {link.describe()}"
     )

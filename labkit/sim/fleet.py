@@ -43,14 +43,12 @@ import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from labkit.engine.config import EngineConfig
 from labkit.engine.fleet import Fleet, make_router
 from labkit.engine.fleet_run import FleetRun
 from labkit.engine.interfaces import Router, SchedulerPolicy
 from labkit.sim.cost_model import CostModel
-from labkit.sim.simulator import Arrivals, simulated_core
+from labkit.sim.simulator import serve_workload, simulated_core
 from labkit.workloads import Workload
 
 
@@ -91,11 +89,5 @@ def simulate_fleet(
         ],
         chosen,
     )
-    with tqdm(total=len(workload), desc=f"simulate_fleet ({chosen.name})", disable=not use_tqdm) as bar:
-        fleet.serve(
-            Arrivals(workload),
-            lambda _, outcome: bar.update(
-                len(outcome.rejected) + sum(request.is_finished for request in outcome.progressed)
-            ),
-        )
+    serve_workload(fleet, workload, f"simulate_fleet ({chosen.name})", use_tqdm)
     return FleetRun([replica.core.trace for replica in fleet.replicas], fleet.replica_of, chosen.name)

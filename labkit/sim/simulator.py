@@ -1,7 +1,8 @@
 """Serve a workload with the engine's own scheduler, on a clock that the cost model moves.
 
 One scheduler, two clocks: the step loop (:class:`~labkit.engine.core.EngineCore`), the
-policies, the queues and the block allocator are the engine's, unchanged; only the
+policies, the queues and the block allocator are the engine's, unchanged, and so is the event
+loop (:func:`simulate` is a fleet of one, :class:`~labkit.engine.fleet.Fleet`); only the
 executor differs. Each step lasts what
 :class:`~labkit.sim.cost_model.CostModel` says a pass over its tokens and KV reads takes,
 and every request ends exactly at its workload's answer length. The result is the same
@@ -11,7 +12,6 @@ run of an 8B model on an H100 takes seconds on a laptop.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from labkit.engine.config import EngineConfig, build_core, engine_config
 from labkit.engine.core import Batch, EngineCore, Executor
+from labkit.engine.fleet import Arrivals, Fleet
 from labkit.engine.interfaces import SchedulerPolicy
 from labkit.engine.request import Request
 from labkit.sampling_params import SamplingParams
@@ -63,31 +64,23 @@ def _request(spec: RequestSpec, token_ids: list[int]) -> Request:
     return Request(spec.request_id, token_ids, params, spec.arrival_time)
 
 
-class Arrivals:
-    """A workload's requests, each made into an engine request only when the clock reaches it.
+def workload_arrivals(workload: Workload) -> Arrivals:
+    """A workload's requests as the fleet's loop takes them, each made into an engine request (its tokens from
+    :func:`prompt_token_ids`) only when the clock reaches it."""
+    prefix_markers: dict[str, int] = {}
 
-    Requests are made as they arrive, so a 100,000-request run holds only the live ones.
-    """
+    def make(index: int) -> Request:
+        spec = workload[index]
+        return _request(spec, prompt_token_ids(spec, index, prefix_markers))
 
-    def __init__(self, workload: Workload):
-        self._workload = workload
-        self._position = 0  # the index of the next request to arrive
-        self._prefix_markers: dict[str, int] = {}
+    return Arrivals([spec.arrival_time for spec in workload], make)
 
-    @property
-    def next_time(self) -> float | None:
-        """When the next request arrives; None once every request has."""
-        if self._position == len(self._workload):
-            return None
-        return self._workload[self._position].arrival_time
 
-    def due(self, now: float) -> Iterator[Request]:
-        """The requests arriving at or before ``now``, in order, each made as the engine takes it."""
-        while (arrival := self.next_time) is not None and arrival <= now:
-            index = self._position
-            self._position += 1
-            spec = self._workload[index]
-            yield _request(spec, prompt_token_ids(spec, index, self._prefix_markers))
+def serve_workload(fleet: Fleet, workload: Workload, desc: str, use_tqdm: bool = False) -> None:
+    """Serve ``workload`` on ``fleet`` of simulated cores, with a bar of the requests finished or refused."""
+    with tqdm(total=len(workload), desc=desc, disable=not use_tqdm) as bar:
+        settled = lambda outcome: len(outcome.rejected) + sum(r.is_finished for r in outcome.progressed)  # noqa: E731
+        fleet.serve(workload_arrivals(workload), lambda _, outcome: bar.update(settled(outcome)))
 
 
 def simulated_core(
@@ -166,16 +159,5 @@ def simulate(
     ``"model"``: the draft's :class:`CostModel` adds its k one-token passes over the speculating requests.
     """
     core, execute = simulated_core(workload, cost, policy, config=config, **settings)
-    arrivals = Arrivals(workload)
-    now = 0.0
-    with tqdm(total=len(workload), desc=f"simulate ({core.policy.name})", disable=not use_tqdm) as bar:
-        while arrivals.next_time is not None or core.has_unfinished():
-            for request in arrivals.due(now):
-                core.add(request)
-            outcome = core.step(now, execute)
-            bar.update(len(outcome.rejected) + sum(request.is_finished for request in outcome.progressed))
-            if outcome.record is not None:
-                now = outcome.record.end
-            elif arrivals.next_time is not None:
-                now = arrivals.next_time  # idle until the next arrival
+    serve_workload(Fleet([(core, execute)]), workload, f"simulate ({core.policy.name})", use_tqdm)
     return core.trace
