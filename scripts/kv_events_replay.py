@@ -30,7 +30,7 @@ from labkit.models import load_model, tiny_model
 from labkit.models.loading import load_tokenizer
 from labkit.serve.router_app import Routing
 from labkit.serve.router_caches import FleetCaches, ShadowIndex
-from labkit.serve.router_metrics import RouterMetrics
+from labkit.serve.router_prometheus import RouterMetrics
 from labkit.serve.router_relay import CACHE_VIEW_HEADER, PREDICTED_HEADER, REPLICA_HEADER
 from labkit.serve.router_server import RouterThread
 from labkit.serve.server import ServerThread

@@ -37,8 +37,8 @@ def offline_engine(dtype: str | None):
     from labkit.device import default_device
     from labkit.engine import LLM
     from labkit.models import load_model
+    from labkit.serve.dtype import choose_serving_dtype
     from labkit.serve.serve_cli import TRACE_WINDOW
-    from labkit.serving_dtype import choose_serving_dtype
 
     choice = choose_serving_dtype(default_device(), dtype)
     llm = LLM(load_model("default", dtype=choice.dtype, progress=False), trace_window=TRACE_WINDOW)

@@ -6,12 +6,12 @@ import torch.nn.functional as F
 
 from labkit import kept_measurements
 from labkit.engine import LLM
+from labkit.engine.quantization import check_quantization, quantize_for_serving
 from labkit.models import int8_linear as int8
 from labkit.models import tiny_model
 from labkit.models.int8_linear import TOLERANCE, Int8Backend, choose_int8_backend, int8_linear, linear_error
 from labkit.models.int8_model import Int8Model
 from labkit.sampling import SamplingParams
-from labkit.serving_quantization import check_quantization, quantize_for_serving
 
 BACKEND = choose_int8_backend()
 needs_int8 = pytest.mark.skipif(not BACKEND.works, reason=f"no int8 kernel here: {BACKEND.reason}")

@@ -18,7 +18,7 @@ from labkit.kv.tier import DiskTier, HostTier, read_block
 from labkit.models import tiny_model
 from labkit.sampling import SamplingParams
 from labkit.serve import serve_cli
-from labkit.serve.metrics import ServerMetrics
+from labkit.serve.prometheus import ServerMetrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -26,7 +26,7 @@ from labkit.serve.replica_procs import ReplicaProcesses
 from labkit.serve.router_app import Routing
 from labkit.serve.router_caches import FleetCaches, ShadowIndex
 from labkit.serve.router_health import ReplicaHealth
-from labkit.serve.router_metrics import RouterMetrics
+from labkit.serve.router_prometheus import RouterMetrics
 from labkit.serve.router_relay import REPLICA_HEADER
 from labkit.serve.router_server import RouterThread
 from labkit.serve.server import ServerThread

@@ -24,7 +24,7 @@ from labkit.models.loading import load_tokenizer
 from labkit.models.tokens import encode_prompt
 from labkit.serve.router_app import Routing
 from labkit.serve.router_caches import FleetCaches, ShadowIndex, cached_run
-from labkit.serve.router_metrics import RouterMetrics
+from labkit.serve.router_prometheus import RouterMetrics
 from labkit.serve.router_relay import CACHE_VIEW_HEADER, PREDICTED_HEADER, REPLICA_HEADER
 from labkit.serve.router_server import RouterThread
 from labkit.serve.server import ServerThread

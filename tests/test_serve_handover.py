@@ -14,7 +14,7 @@ from test_serve import chat_model, make_llm
 
 import labkit.serve.worker as worker_module
 from labkit.sampling import SamplingParams
-from labkit.serve.metrics import ServerMetrics
+from labkit.serve.prometheus import ServerMetrics
 from labkit.serve.protocol import APIError
 from labkit.serve.worker import EngineWorker
 

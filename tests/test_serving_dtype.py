@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from labkit import kept_measurements, serving_dtype
+from labkit import kept_measurements
 from labkit.engine import decode_timing
 from labkit.models import tiny_model
 from labkit.models.fast_linear import MatmulPath, prepacked_linear, probe_prepack
-from labkit.serving_dtype import MIN_SPEEDUP, choose_serving_dtype
+from labkit.serve import dtype as serving_dtype
+from labkit.serve.dtype import MIN_SPEEDUP, choose_serving_dtype
 
 CPU = torch.device("cpu")
 

@@ -283,18 +283,13 @@ def plan(
 ) -> CapacityPlan:
     """Plan GPUs serving conversations of ``prompt_len`` + ``answer_len`` tokens: one, or a fleet.
 
-    ``hardware`` and ``model`` are presets or their names; ``gpu_memory_bytes`` overrides the
-    card's memory. Every GPU is rated at its achievable arithmetic rate (``Hardware.achievable``:
-    half a datasheet peak), so a named A100 and the sale's A100-class card are rated alike.
-    A conversation longer than the model's ``context_length`` is refused. The prefill counts
-    attention's own arithmetic (``ModelSpec.prefill_attention_flops``), quadratic in the prompt: 2%
-    of a 1,000-token prompt's arithmetic for Llama 3.1 8B, 62% of a 100,000-token one. Decode
-    steps leave it out: per token it is 4 x layers x query_heads x head_dim x context FLOPs,
-    read alongside the same context's KV bytes at query_heads / kv_heads FLOPs per byte (4 for
-    Llama 3.1 8B), far below any GPU's arithmetic-to-bandwidth ratio, so the KV read covers it. Times are in seconds (``promise_s=0.050`` for a token every 50 ms); the
-    price is per GPU-hour. The batch is assumed full: every conversation that fits is on
-    board, the average one halfway through its answer. See :func:`load_within_promise` for
-    the algebra of the promise. ``plan(**SALE_EXAMPLE)`` is the lesson's worked example.
+    ``hardware`` and ``model`` are presets or their names; ``gpu_memory_bytes`` overrides the card's memory. Every
+    GPU is rated at its achievable arithmetic rate (``Hardware.achievable``: half a datasheet peak), so a named A100
+    and the sale's A100-class card are rated alike. A conversation longer than the model's ``context_length`` is
+    refused. The prefill counts attention's own arithmetic, decode steps leave it out (:func:`_prefill_s` says why).
+    Times are in seconds (``promise_s=0.050`` for a token every 50 ms); the price is per GPU-hour. The batch is
+    assumed full: every conversation that fits is on board, the average one halfway through its answer. See
+    :func:`load_within_promise` for the algebra of the promise. ``plan(**SALE_EXAMPLE)`` is the lesson's worked example.
 
     ``tensor_parallel=N`` splits each replica over N GPUs of a node (weights, KV heads and
     arithmetic N ways, plus the all-reduces of :mod:`labkit.capacity.parallel`, which need the
@@ -309,6 +304,39 @@ def plan(
     """
     hardware = get_hardware(hardware).achievable().with_compute(compute)
     model = planner_model(model)
+    _check_request(model, prompt_len, answer_len, replicas, price_per_gpu_hour)
+    gpu_memory = hardware.memory_bytes if gpu_memory_bytes is None else gpu_memory_bytes
+    split = tensor_split(hardware, model, tensor_parallel, hidden_size)
+    cost = CostModel.from_parts(hardware, split.shard, overhead_s)
+    conversations = _conversations_that_fit(gpu_memory, memory_fraction, model, split, prompt_len + answer_len)
+    times = _time_fields(cost, model, split, conversations, prompt_len, answer_len)
+    given = dict(prompt_len=prompt_len, answer_len=answer_len, memory_fraction=memory_fraction, replicas=replicas)
+    return CapacityPlan(
+        hardware=hardware,
+        model=model,
+        gpu_memory_bytes=gpu_memory,
+        tensor_parallel=tensor_parallel,
+        hidden_size=split.hidden_size,
+        overhead_s=overhead_s,
+        price_per_gpu_hour=price_per_gpu_hour,
+        cost_per_million_tokens=_cost_per_million_tokens(price_per_gpu_hour, tensor_parallel, times["tokens_per_s"]),
+        **given,
+        **_memory_fields(cost, model, split, gpu_memory * memory_fraction, conversations, prompt_len + answer_len),
+        **times,
+        **_promise_fields(cost, times, answer_len, promise_s, split.allreduce_s_per_token, conversations),
+    )
+
+
+def _cost_per_million_tokens(price_per_gpu_hour: float | None, gpus: int, tokens_per_s: float) -> float | None:
+    """What a replica of ``gpus`` GPUs charges for a million answer tokens; None without a price."""
+    return None if price_per_gpu_hour is None else price_per_gpu_hour * gpus / 3600 / tokens_per_s * 1e6
+
+
+def _check_request(
+    model: ModelSpec, prompt_len: int, answer_len: int, replicas: int, price_per_gpu_hour: float | None
+) -> None:
+    """Refuse, naming the fix, lengths that are not whole tokens or overrun the model's context, a fleet of no
+    replicas and a negative price."""
     for name, value in (("prompt_len", prompt_len), ("answer_len", answer_len)):
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"{name} must be a whole number of tokens, 1 or more; got {value!r}")
@@ -322,64 +350,47 @@ def plan(
         raise ValueError(f"replicas must be a whole number, 1 or more; got {replicas!r}")
     if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
         raise ValueError(f"price_per_gpu_hour must be zero or more, got {price_per_gpu_hour!r}")
-    gpu_memory = hardware.memory_bytes if gpu_memory_bytes is None else gpu_memory_bytes
-    split = tensor_split(hardware, model, tensor_parallel, hidden_size)
-    shard, allreduce_s = split.shard, split.allreduce_s_per_token  # what one GPU holds; talk per token
-    cost = CostModel.from_parts(hardware, shard, overhead_s)
-    conversations = _conversations_that_fit(gpu_memory, memory_fraction, model, split, prompt_len + answer_len)
 
-    mean_context = prompt_len + answer_len / 2
-    windowed_context = mean_context if model.sliding_window is None else min(mean_context, model.sliding_window)
-    step = cost.pass_breakdown(conversations, conversations * mean_context, conversations * windowed_context)
-    decode_allreduce_s = allreduce_s * conversations
-    decode_step_s = step.total_s + decode_allreduce_s
-    prefill_attention_s = _prefill_attention_s(shard, prompt_len, hardware.flops)
-    prefill = cost.pass_breakdown(prompt_len, 0)
-    prefill_s = (
-        max(prefill.memory_s, prefill.compute_s + (prefill_attention_s or 0.0))
-        + prefill.overhead_s
-        + allreduce_s * prompt_len
-    )
-    decode_s_per_request = answer_len * decode_step_s / conversations
-    gpu_s_per_request = prefill_s + decode_s_per_request
-    ceiling = 1 / gpu_s_per_request
-    tokens_per_s = ceiling * answer_len
-    decode_share = decode_s_per_request / gpu_s_per_request
-    price = None if price_per_gpu_hour is None else price_per_gpu_hour * tensor_parallel
 
-    promise_load = in_flight = None
-    if promise_s is not None:
-        promise_load, in_flight = load_within_promise(
-            cost, prefill_s, answer_len, mean_context, promise_s, allreduce_s_per_token=allreduce_s
-        )
-        if in_flight >= conversations:  # the promise does not bind before memory does
-            promise_load, in_flight = ceiling, float(conversations)
-
-    return CapacityPlan(
-        hardware=hardware,
-        model=model,
-        prompt_len=prompt_len,
-        answer_len=answer_len,
-        memory_fraction=memory_fraction,
-        gpu_memory_bytes=gpu_memory,
-        tensor_parallel=tensor_parallel,
-        replicas=replicas,
-        hidden_size=split.hidden_size,
+def _memory_fields(
+    cost: CostModel, model: ModelSpec, split: TensorSplit, usable_bytes: float, conversations: int, tokens: int
+) -> dict:
+    """What one GPU holds and reads: the plan's bytes, and the conversations they leave room for."""
+    shard = split.shard
+    return dict(
         weight_bytes_per_gpu=shard.weight_bytes,
         kv_bytes_per_token_per_gpu=shard.kv_bytes_per_token,
-        kv_budget_bytes=gpu_memory * memory_fraction - shard.weight_bytes,
-        kv_bytes_per_conversation=shard.kv_bytes(prompt_len + answer_len),
+        kv_budget_bytes=usable_bytes - shard.weight_bytes,
+        kv_bytes_per_conversation=shard.kv_bytes(tokens),
         conversations=conversations,
         single_stream_tokens_per_s=cost.single_stream_bound,
         critical_batch=cost.critical_batch,
-        mean_context=mean_context,
         decode_weight_read_bytes_per_gpu=cost.weight_bytes_read(conversations),
         experts_touched=(
             expected_distinct_experts(conversations, model.experts, model.experts_per_token) if model.is_moe else None
         ),
+    )
+
+
+def _time_fields(
+    cost: CostModel, model: ModelSpec, split: TensorSplit, conversations: int, prompt_len: int, answer_len: int
+) -> dict:
+    """How long a full batch's decode step and one prefill take, and what they make per request and per second."""
+    mean_context = prompt_len + answer_len / 2
+    windowed_context = mean_context if model.sliding_window is None else min(mean_context, model.sliding_window)
+    step = cost.pass_breakdown(conversations, conversations * mean_context, conversations * windowed_context)
+    decode_allreduce_s = split.allreduce_s_per_token * conversations
+    decode_step_s = step.total_s + decode_allreduce_s
+    prefill_attention_s = _prefill_attention_s(split.shard, prompt_len, cost.flops)
+    prefill_s = _prefill_s(cost, prompt_len, prefill_attention_s, split.allreduce_s_per_token)
+    decode_s_per_request = answer_len * decode_step_s / conversations
+    gpu_s_per_request = prefill_s + decode_s_per_request
+    decode_share = decode_s_per_request / gpu_s_per_request
+    ceiling = 1 / gpu_s_per_request
+    return dict(
+        mean_context=mean_context,
         decode_memory_s=step.memory_s,
         decode_compute_s=step.compute_s,
-        overhead_s=overhead_s,
         decode_allreduce_s=decode_allreduce_s,
         decode_step_s=decode_step_s,
         prefill_attention_s=prefill_attention_s,
@@ -387,15 +398,39 @@ def plan(
         decode_s_per_request=decode_s_per_request,
         gpu_s_per_request=gpu_s_per_request,
         request_ceiling_per_s=ceiling,
-        tokens_per_s=tokens_per_s,
-        cost_per_million_tokens=None if price is None else price / 3600 / tokens_per_s * 1e6,
-        price_per_gpu_hour=price_per_gpu_hour,
+        tokens_per_s=ceiling * answer_len,
         decode_share=decode_share,
         token_interval_s=decode_step_s / decode_share,
-        promise_s=promise_s,
-        promise_load_per_s=promise_load,
-        promise_in_flight=in_flight,
     )
+
+
+def _prefill_s(cost: CostModel, prompt_len: int, attention_s: float | None, allreduce_s_per_token: float) -> float:
+    """One prompt's prefill, attention's own arithmetic included.
+
+    Attention's arithmetic (``ModelSpec.prefill_attention_flops``) is quadratic in the prompt: 2% of a 1,000-token
+    prompt's arithmetic for Llama 3.1 8B, 62% of a 100,000-token one. Decode steps leave it out: per token it is
+    4 x layers x query_heads x head_dim x context FLOPs, read alongside the same context's KV bytes at query_heads /
+    kv_heads FLOPs per byte (4 for Llama 3.1 8B), far below any GPU's arithmetic-to-bandwidth ratio, so the KV read
+    covers it.
+    """
+    prefill = cost.pass_breakdown(prompt_len, 0)
+    arithmetic_s = prefill.compute_s + (attention_s or 0.0)
+    return max(prefill.memory_s, arithmetic_s) + prefill.overhead_s + allreduce_s_per_token * prompt_len
+
+
+def _promise_fields(
+    cost: CostModel, times: dict, answer_len: int, promise_s: float | None, allreduce_s: float, conversations: int
+) -> dict:
+    """The load that keeps the promise about time per token and the conversations then in flight (None without
+    a promise); memory's limit when the promise does not bind first."""
+    promise_load = in_flight = None
+    if promise_s is not None:
+        promise_load, in_flight = load_within_promise(
+            cost, times["prefill_s"], answer_len, times["mean_context"], promise_s, allreduce_s_per_token=allreduce_s
+        )
+        if in_flight >= conversations:  # the promise does not bind before memory does
+            promise_load, in_flight = times["request_ceiling_per_s"], float(conversations)
+    return dict(promise_s=promise_s, promise_load_per_s=promise_load, promise_in_flight=in_flight)
 
 
 def _prefill_attention_s(shard: ModelSpec, prompt_len: int, flops: float) -> float | None:

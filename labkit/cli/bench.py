@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from labkit.models import load_model
 
     say = say_for(args)
-    from labkit.serving_quantization import quantize_for_serving
+    from labkit.engine.quantization import quantize_for_serving
 
     model, quantization = quantize_for_serving(
         load_model(args.model, device=args.device, dtype=args.dtype), args.quantization

@@ -48,8 +48,16 @@ DEFAULTS = dict(hardware="a100-80gb", model="llama-3.1-8b", prompt_len=1000, ans
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`labkit plan`'s options, in the order its help lists them: the card, the model, the load, the output."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--example", choices=sorted(EXAMPLES), help="start from a worked example of the course")
+    _add_hardware_arguments(parser)
+    _add_model_arguments(parser)
+    _add_serving_arguments(parser)
+
+
+def _add_hardware_arguments(parser: argparse.ArgumentParser) -> None:
+    """The card: a preset, or its memory, bandwidth, arithmetic rate and links."""
     parser.add_argument(
         "--gpu", help=f"hardware preset: {', '.join(sorted(PRESETS))} or this-machine (default a100-80gb)"
     )
@@ -61,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interconnect-gbs", type=float, help="link between the GPUs of a node, GB/s each way (NVLink)"
     )
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model: a preset, or its shape, its storage and (a group of their own) the shapes of the models served now."""
     parser.add_argument("--model", help=f"model preset: {', '.join(sorted(PLANNER_MODELS))} (default llama-3.1-8b)")
     parser.add_argument("--params-b", type=float, help="parameters, billions")
     parser.add_argument("--bytes-per-param", type=float, help="2 for BF16, 1 for 8-bit, about 0.52 for 4-bit")
@@ -88,6 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     moe.add_argument("--qk-rope-head-dim", type=int, help="MLA: the RoPE key cached beside it (DeepSeek: 64)")
     moe.add_argument("--sliding-window", type=int, help="tokens a sliding-window layer keeps")
     moe.add_argument("--sliding-layers", type=int, help="how many of the layers slide")
+
+
+def _add_serving_arguments(parser: argparse.ArgumentParser) -> None:
+    """The conversations, the promise, the price and the fleet; what else to show, and how."""
     parser.add_argument("--memory-fraction", type=float, help="share of the card the server may use (0.9)")
     parser.add_argument("--prompt", type=int, help="prompt tokens per conversation (1000)")
     parser.add_argument("--answer", type=int, help="answer tokens per conversation (300)")

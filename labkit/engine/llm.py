@@ -24,32 +24,26 @@ from typing import Any, Callable, Sequence, cast
 from tqdm.auto import tqdm
 
 from labkit.batch_invariant import batch_invariant_attention, batch_invariant_model
+from labkit.engine import kv_transfer
 from labkit.engine.config import EngineConfig, build_core, engine_config
 from labkit.engine.core import Batch, EngineCore, Executor, StepOutcome
-from labkit.engine.interfaces import (
-    Attention,
-    BlockAllocator,
-    Proposer,
-    SchedulerPolicy,
-    TieredPrefixCachingAllocator,
-    VictimChooser,
-    require,
+from labkit.engine.interfaces import Attention, BlockAllocator, SchedulerPolicy, VictimChooser
+from labkit.engine.parts import (
+    ReloadPolicy,
+    attach_tier,
+    kv_cache,
+    model_len,
+    pool_blocks,
+    resolve_model,
+    speculation,
 )
+from labkit.engine.quantization import quantize_for_serving
 from labkit.engine.request import CompletionOutput, Request, RequestOutput
 from labkit.engine.runner import ModelRunner
-from labkit.kv.fp8 import kv_storage_dtype
-from labkit.kv.handoff import KVHandoff, KVLayout, read_tokens, write_tokens
+from labkit.kv.handoff import KVHandoff
 from labkit.kv.paged_attention import paged_attention
-from labkit.kv.paged_cache import PagedKVCache
-from labkit.kv.pool_sizing import kv_pool_size
-from labkit.kv.tier import KVTier, make_tier
 from labkit.models.tokens import Prompt, encode_prompt
-from labkit.sampling import make_generator
 from labkit.sampling_params import SamplingParams
-from labkit.serving_quantization import quantize_for_serving
-from labkit.speculative import parse_speculative_config
-from labkit.speculative.config import SpeculativeConfig
-from labkit.speculative.proposers import DraftModelProposer, NgramProposer
 from labkit.trace import StepRecord, Trace
 
 
@@ -96,7 +90,7 @@ class LLM:
 
     ``quantization="int8"`` (vLLM's name; off by default) computes the model's linears in int8, weights per
     channel and activations per token, on the fastest int8 kernel that works here
-    (:mod:`labkit.serving_quantization`); ``llm.quantization.describe()`` says what was chosen and why.
+    (:mod:`labkit.engine.quantization`); ``llm.quantization.describe()`` says what was chosen and why.
 
     ``deterministic=True`` (vLLM's ``VLLM_BATCH_INVARIANT=1``; off by default, it costs speed) runs batch-invariant
     matmuls, norms and attention (:mod:`labkit.batch_invariant`): a request's tokens are the same alone or in any
@@ -113,32 +107,23 @@ class LLM:
         attention: Attention = paged_attention,
         clock: Callable[[], float] = time.perf_counter,
         choose_victim: VictimChooser | None = None,
-        reload_policy: Callable[[int, int, int, int], Sequence[int]] | None = None,
+        reload_policy: ReloadPolicy | None = None,
         quantization: str | None = None,
         **settings: Any,
     ):
-        self.model, self.quantization = quantize_for_serving(_resolve_model(model), quantization)
-        cfg = self.model.config
+        self.model, self.quantization = quantize_for_serving(resolve_model(model), quantization)
         requested = engine_config(config, **settings)
         if requested.deterministic:
             if attention is not paged_attention:
                 raise ValueError("deterministic=True brings its own attention (batch-invariant); pass one or the other")
             self.model, attention = batch_invariant_model(self.model), batch_invariant_attention
-        max_model_len = requested.max_model_len or cfg.max_position_embeddings
-        if max_model_len > cfg.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len={max_model_len} exceeds the model's context of {cfg.max_position_embeddings}; lower it"
-            )
-        speculation, proposer = self._speculation(requested.speculative_config)
-        sized = replace(
-            requested,
-            max_model_len=max_model_len,
-            num_blocks=self._pool_size(requested, max_model_len, block_allocator),
-            speculative_config=speculation,
-        )
+        max_model_len = model_len(requested.max_model_len, self.model)
+        spec_config, proposer = speculation(requested.speculative_config, self.model)
+        num_blocks, self._pool_note = pool_blocks(requested, max_model_len, block_allocator, self.model)
+        sized = replace(requested, max_model_len=max_model_len, num_blocks=num_blocks, speculative_config=spec_config)
         self.core, self.config = build_core(
             sized,
-            cfg.eos_token_ids,
+            self.model.config.eos_token_ids,
             policy=policy,
             block_allocator=block_allocator,
             proposer=proposer,
@@ -152,64 +137,13 @@ class LLM:
             if self.config.enable_prefix_caching or requested.enable_prefix_caching is False
             else f"off: the allocator {type(blocks).__name__} cannot cache prefixes"
         )
-        cache = PagedKVCache(
-            cfg.num_layers,
-            blocks.num_blocks,
-            blocks.block_size,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            self.model.device,
-            self.model.dtype,
-            attention,
-            kv_cache_dtype=self.config.kv_cache_dtype,
-        )
-        self.kv_tier = self._tier(cache, blocks, reload_policy)
-        self.runner = ModelRunner(self.model, cache, speculation, tier=self.kv_tier)
+        cache = kv_cache(self.model, blocks, attention, self.config.kv_cache_dtype)
+        self.kv_tier = attach_tier(self.config, cache, blocks, reload_policy)
+        self.runner = ModelRunner(self.model, cache, spec_config, tier=self.kv_tier)
         self.last_step: StepRecord | None = None  # the latest step()'s record; None if it ran nothing
         self._clock = clock
         self._ids = itertools.count()
         self.start_run()
-
-    def _tier(self, cache: PagedKVCache, blocks: BlockAllocator, reload_policy) -> KVTier | None:
-        """The slower tier ``kv_offloading_size`` asks for, attached to the allocator; None when it is off."""
-        if self.config.kv_offloading_size is None:
-            if reload_policy is not None:
-                raise ValueError("reload_policy is given but no tier is on: set kv_offloading_size (GiB) too")
-            return None
-        if not self.config.enable_prefix_caching:
-            raise ValueError("kv_offloading_size keeps evicted prefix-cache blocks: it needs prefix caching on")
-        require(blocks, "kv offloading")
-        tier = make_tier(self.config.kv_offloading_backend, self.config.kv_offloading_size, cache)
-        cast(TieredPrefixCachingAllocator, blocks).attach_tier(tier, reload_policy)
-        return tier
-
-    def _speculation(self, speculative_config) -> tuple[SpeculativeConfig | None, Proposer | None]:
-        """The checked ``speculative_config`` (its draft model loaded) and its drafting side; None, None without it."""
-        config = parse_speculative_config(speculative_config)
-        if config is None:
-            return None, None
-        if config.method == "ngram":
-            return config, NgramProposer(config)
-        draft = _resolve_model(config.model)
-        config = replace(config, model=draft)
-        return config, DraftModelProposer(config, draft, self.model)
-
-    def _pool_size(self, config: EngineConfig, max_model_len: int, block_allocator) -> int | None:
-        """``num_blocks`` as given, or what the device's memory holds beside the model (vLLM's sizing);
-        None for a ready-made allocator, which decides its own size."""
-        self._pool_note = None  # how the pool was sized, when the engine sized it
-        if config.num_blocks is not None or not (block_allocator is None or isinstance(block_allocator, type)):
-            return config.num_blocks
-        storage = kv_storage_dtype(config.kv_cache_dtype, self.model.dtype)  # fp8: 1 byte per value
-        num_blocks, self._pool_note = kv_pool_size(
-            self.model.config.kv_bytes_per_token(storage),
-            config.block_size,
-            self.model.device,
-            config.gpu_memory_utilization,
-            config.max_num_seqs * max_model_len,
-            kv_cache_dtype=config.kv_cache_dtype,
-        )
-        return num_blocks
 
     # --- the clock and the record of a run ----------------------------------------------
     def now(self) -> float:
@@ -285,13 +219,13 @@ class LLM:
     ) -> Request:
         """The engine's request for a prompt, checked and tokenized but not queued (a fleet routes it first)."""
         params = params or SamplingParams()
-        self._check_params(params)
+        self.check_params(params)
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         token_ids = encode_prompt(self.model.tokenizer, prompt)
         arrival = self.now() if arrival_time is None else float(arrival_time)
         return Request(request_id, token_ids, params, arrival, prompt=prompt, parent_id=parent_id)
 
-    def _check_params(self, params: SamplingParams) -> None:
+    def check_params(self, params: SamplingParams) -> None:
         """What only the engine can check: token ids within the vocabulary, and no extra that speculation lacks."""
         vocab_size = self.model.config.vocab_size
         outside = [token for token in (params.logit_bias or {}) if token >= vocab_size]
@@ -322,77 +256,20 @@ class LLM:
         self.runner.release(str(request_id))
         return found
 
-    # --- hand-offs: prefill here, decode on another engine (see labkit.kv.handoff) -----------
-    def ready_to_export(self) -> list[str]:
-        """Ids of the requests whose prefill is done and first token out: those :meth:`export_request` takes."""
-        return [request.request_id for request in self.core.ready_to_hand_over()]
-
+    # --- hand-offs: prefill here, decode on another engine (see labkit.engine.kv_transfer) ------
     def export_request(self, request_id: str) -> KVHandoff:
         """Take a request out of this engine after its prefill, with its KV cache, for another engine's
-        :meth:`import_request`: its K/V are read through its block table, then its blocks go back to this pool.
-        Raises ValueError, saying why, for a request still prefilling, waiting, finished or unknown."""
-        request, table = self.core.hand_over(str(request_id))
-        count = request.num_computed_tokens
-        cache = self.runner.cache
-        keys = [read_tokens(cache.k[layer], table, count) for layer in range(len(cache.k))]
-        values = [read_tokens(cache.v[layer], table, count) for layer in range(len(cache.v))]
-        # the blocks went back in hand_over, but nothing writes them before this engine's next step
-        generator = self.runner.generators.pop(request.request_id, None)
-        request.mark_finished("handoff", self.now())
-        return KVHandoff(
-            request.request_id,
-            list(request.prompt_token_ids),
-            list(request.output_token_ids),
-            request.params,
-            count,
-            keys,
-            values,
-            self.kv_layout(),
-            prompt=request.prompt,
-            generator_state=None if generator is None else generator.get_state(),
-        )
-
-    def kv_layout(self) -> KVLayout:
-        """What a hand-off from or to this engine must match: the model, its KV shape, its dtypes."""
-        cfg = self.model.config
-        return KVLayout(
-            cfg.name, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, str(self.model.dtype), self.config.kv_cache_dtype
-        )
+        :meth:`import_request` (:func:`labkit.engine.kv_transfer.export_request`)."""
+        return kv_transfer.export_request(self, request_id)
 
     def can_import(self, num_computed_tokens: int) -> bool:
         """Whether a hand-off of a request with this many computed tokens fits now (a free seat and blocks)."""
         return self.core.can_adopt(num_computed_tokens)
 
     def import_request(self, handoff: KVHandoff) -> str:
-        """Continue a request another engine prefilled (its :meth:`export_request`): blocks are allocated here
-        through the allocator, its K/V written into them in its table's order, and it decodes from its next step.
-        Refused with a ValueError naming the difference when the KV layouts differ (model, layers, heads, dtypes,
-        fp8 cache); a different block size is fine. Returns its request id."""
-        mismatch = handoff.layout.mismatch(self.kv_layout())
-        if mismatch:
-            raise ValueError(
-                f"cannot import request {handoff.request_id!r}: {mismatch}; hand it to an engine built with the same "
-                "model, dtype and kv_cache_dtype"
-            )
-        self._check_params(handoff.params)
-        now = self.now()
-        request = Request(
-            handoff.request_id, list(handoff.prompt_token_ids), handoff.params, now, prompt=handoff.prompt
-        )
-        for token in handoff.output_token_ids:
-            request.append_token(token, now)
-        request.num_computed_tokens = handoff.num_computed_tokens
-        table = self.core.adopt(request)
-        cache = self.runner.cache
-        for layer, (keys, values) in enumerate(zip(handoff.keys, handoff.values)):
-            write_tokens(cache.k[layer], table, keys)
-            write_tokens(cache.v[layer], table, values)
-        if handoff.generator_state is not None:
-            generator = make_generator(handoff.params, self.model.device)
-            if generator is not None:
-                generator.set_state(handoff.generator_state)
-            self.runner.generators[request.request_id] = generator
-        return request.request_id
+        """Continue a request another engine prefilled (:func:`labkit.engine.kv_transfer.import_request`);
+        returns its request id."""
+        return kv_transfer.import_request(self, handoff)
 
     def step(self) -> list[RequestOutput]:
         """Run one step; return an output for every request that got a token or finished.
@@ -531,14 +408,6 @@ def _is_single_prompt(prompts) -> bool:
     if isinstance(prompts, str):
         return True
     return isinstance(prompts, list) and bool(prompts) and all(isinstance(p, (int, dict)) for p in prompts)
-
-
-def _resolve_model(model):
-    from labkit.models import load_model
-
-    if model is None or isinstance(model, str):
-        return load_model() if model is None else load_model(model)
-    return model
 
 
 def _grouped(answers: list[RequestOutput]) -> RequestOutput:

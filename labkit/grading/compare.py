@@ -29,6 +29,23 @@ def _describe_shape(shape: Sequence[int], dims: Sequence[str] | None) -> str:
     return str(tuple(shape))
 
 
+def _not_shaped_like(expected: torch.Tensor, got: Any, dims: Sequence[str] | None, what: str) -> Mismatch:
+    """What to say of an answer that is no tensor, or a tensor of another shape."""
+    if not isinstance(got, torch.Tensor):
+        return Mismatch(
+            f"the {what} should be a torch.Tensor of shape {_describe_shape(expected.shape, dims)}, "
+            f"but it is a {type(got).__name__}",
+            hint="Return a torch.Tensor (not a list, NumPy array or Python number).",
+        )
+    hint = None
+    if got.dim() >= 2 and sorted(got.shape) == sorted(expected.shape):
+        hint = "The sizes are right but in the wrong order: check which axis is which (a transpose or a wrong reshape)."
+    return Mismatch(
+        f"the {what} has shape {_describe_shape(got.shape, None)}, expected {_describe_shape(expected.shape, dims)}",
+        hint=hint,
+    )
+
+
 def compare_tensors(
     expected: torch.Tensor,
     got: Any,
@@ -43,24 +60,8 @@ def compare_tensors(
     `dims` names the axes ("layer", "position", ...) so the message can say where;
     integer and boolean tensors must match exactly.
     """
-    if not isinstance(got, torch.Tensor):
-        return Mismatch(
-            f"the {what} should be a torch.Tensor of shape {_describe_shape(expected.shape, dims)}, "
-            f"but it is a {type(got).__name__}",
-            hint="Return a torch.Tensor (not a list, NumPy array or Python number).",
-        )
-    if got.shape != expected.shape:
-        hint = None
-        if got.dim() >= 2 and sorted(got.shape) == sorted(expected.shape):
-            hint = (
-                "The sizes are right but in the wrong order: "
-                "check which axis is which (a transpose or a wrong reshape)."
-            )
-        return Mismatch(
-            f"the {what} has shape {_describe_shape(got.shape, None)}, expected "
-            f"{_describe_shape(expected.shape, dims)}",
-            hint=hint,
-        )
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return _not_shaped_like(expected, got, dims, what)
     exact = not (expected.dtype.is_floating_point or expected.dtype.is_complex)
     if exact and (got.dtype.is_floating_point or got.dtype.is_complex):
         return Mismatch(

@@ -62,6 +62,13 @@ class _Submissions(argparse.Action):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `labkit grade` options."""
+    _add_grading_arguments(parser)
+    _add_gradebook_arguments(parser)
+    _add_safety_arguments(parser)
+
+
+def _add_grading_arguments(parser: argparse.ArgumentParser) -> None:
+    """What to grade, against which lab, where the reports go, and each run's limits."""
     parser.add_argument(
         "submissions",
         nargs="+",
@@ -104,6 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="grade only shard K of N of the submissions (by a hash of each name), e.g. 2/3; merge the N "
         "folders with `labkit grade merge` (default 1/1: all)",
     )
+
+
+def _add_gradebook_arguments(parser: argparse.ArgumentParser) -> None:
+    """`labkit grade gradebook`'s: the roster and the column it fills."""
     parser.add_argument("--roster", type=Path, help="gradebook: the roster CSV (file, student, id, section)")
     parser.add_argument(
         "--assignment", help="gradebook: the assignment column's header, e.g. 'Lab 2 (1234)' (default: the lab)"
@@ -113,6 +124,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="gradebook: give a learner with no graded submission 0 points (listed) instead of stopping",
     )
+
+
+def _add_safety_arguments(parser: argparse.ArgumentParser) -> None:
+    """What guards the grading: the similarity report, and the sandbox each kernel runs in."""
     parser.add_argument(
         "--no-similarity",
         action="store_true",

@@ -5,7 +5,8 @@
 - :mod:`~labkit.serve.worker`: the one thread that runs the engine loop for every HTTP client;
 - :mod:`~labkit.serve.admission`: admission control, 503 + Retry-After when a request would wait past the promise
   (labkit's own: vLLM queues every request);
-- :mod:`~labkit.serve.metrics`: Prometheus metrics with vLLM's names and buckets;
+- :mod:`~labkit.serve.prometheus`: the server's Prometheus metrics, with vLLM's names and buckets;
+- :mod:`~labkit.serve.dtype`: the dtype the server computes in (bf16 only where tried and measured faster);
 - :mod:`~labkit.serve.app`: the routes (starlette) and auth; :mod:`~labkit.serve.body`: a JSON body read within
   its size and time limits, errors in OpenAI's shape (the router shares them);
 - :mod:`~labkit.serve.server`: uvicorn running the app, in the foreground or in a thread (tests, notebooks);
@@ -17,7 +18,7 @@
   cache: its KV events, else a shadow index), :mod:`~labkit.serve.router_app` (the
   router's routes: forward, retry before any answer byte), :mod:`~labkit.serve.router_health` (replicas ejected
   and readmitted), :mod:`~labkit.serve.router_relay` (one answer relayed as it comes),
-  :mod:`~labkit.serve.router_metrics` (per replica), :mod:`~labkit.serve.router_server` (uvicorn, a thread) and
+  :mod:`~labkit.serve.router_prometheus` (per replica), :mod:`~labkit.serve.router_server` (uvicorn, a thread) and
   :mod:`~labkit.serve.replica_procs` (``labkit serve`` replicas as child processes, reaped and restarted):
   ``labkit route``;
 - ``serve_cli``, ``route_cli`` and ``loadtest_cli``: the ``labkit serve``, ``labkit route`` and ``labkit loadtest``

@@ -128,47 +128,13 @@ def parse_request(body: object, kind: str) -> CompletionRequest:
     if model is not None and not isinstance(model, str):
         raise bad("model", "model must be a string: the id that GET /v1/models lists.")
     refuse_what_is_not_done(body, kind)
-    n = _optional(body, "n", int)
-    if n is not None and n < 1:
-        raise bad("n", f"n must be at least 1 (the number of choices to return), got {n}.")
-    if n not in (None, 1):
-        raise bad("n", "n > 1 is not supported: labkit's server returns one choice; send n requests instead.")
-    stream = bool(_optional(body, "stream", bool))
-    options = _optional(body, "stream_options", dict)
-    if options is not None and not stream:
-        raise bad("stream_options", "stream_options is only allowed when stream is true.")
-    include_usage = bool(_optional(options or {}, "include_usage", bool, "stream_options.include_usage"))
-    max_tokens = _optional(body, "max_completion_tokens", int) if kind == CHAT else None
-    if max_tokens is None:
-        max_tokens = _optional(body, "max_tokens", int)
-    if max_tokens is None and kind == COMPLETION:
-        max_tokens = COMPLETION_MAX_TOKENS
-    if max_tokens is not None and max_tokens < 1:
-        raise bad("max_tokens", f"max_tokens must be at least 1, got {max_tokens}.")
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-    if top_p == 0:
-        raise bad("top_p", "top_p must be greater than 0 (1 keeps every token).")
-    top_k = _optional(body, "top_k", int)
-    if top_k is not None and top_k < -1:
-        raise bad("top_k", f"top_k must be -1 or 0 (off) or a positive number, got {top_k}.")
-    seed = _optional(body, "seed", int)
-    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-        raise bad("seed", f"seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}.")
+    _check_n(body)
+    stream, include_usage = _streaming(body)
+    max_tokens = _max_tokens(body, kind)
+    temperature, top_p, top_k, seed = _sampling(body)
     prompt = _messages(body) if kind == CHAT else _prompt(body)
     logprobs = _logprobs(body, kind)
-    echo = bool(_optional(body, "echo", bool))
-    if echo and kind == CHAT:
-        raise bad(
-            "echo", "echo is not supported on chat completions: labkit echoes the prompt on /v1/completions only."
-        )
-    if echo and logprobs is not None:
-        raise bad(
-            "echo",
-            "echo with logprobs is not supported: labkit's engine computes logits only where it samples a token "
-            "(and prefix caching skips the cached prompt), so it has no logprobs for the prompt's tokens. "
-            "Ask for echo or for logprobs, not both.",
-        )
+    echo = _echo(body, kind, logprobs)
     repetition_penalty = _number(body, "repetition_penalty", 1.0, 0.0, 100.0)
     if repetition_penalty == 0:
         raise bad("repetition_penalty", "repetition_penalty must be greater than 0 (1 is off).")
@@ -198,6 +164,69 @@ def parse_request(body: object, kind: str) -> CompletionRequest:
         min_tokens=min_tokens,
         echo=echo,
     )
+
+
+def _check_n(body: dict) -> None:
+    """One choice per request: ``n`` may be left out or 1."""
+    n = _optional(body, "n", int)
+    if n is not None and n < 1:
+        raise bad("n", f"n must be at least 1 (the number of choices to return), got {n}.")
+    if n not in (None, 1):
+        raise bad("n", "n > 1 is not supported: labkit's server returns one choice; send n requests instead.")
+
+
+def _streaming(body: dict) -> tuple[bool, bool]:
+    """``stream``, and whether its last chunk carries the usage (``stream_options.include_usage``)."""
+    stream = bool(_optional(body, "stream", bool))
+    options = _optional(body, "stream_options", dict)
+    if options is not None and not stream:
+        raise bad("stream_options", "stream_options is only allowed when stream is true.")
+    return stream, bool(_optional(options or {}, "include_usage", bool, "stream_options.include_usage"))
+
+
+def _max_tokens(body: dict, kind: str) -> int | None:
+    """The answer's length limit: chat's ``max_completion_tokens``, else ``max_tokens``, else a completion's
+    default; None lets a chat answer run to the context's end."""
+    max_tokens = _optional(body, "max_completion_tokens", int) if kind == CHAT else None
+    if max_tokens is None:
+        max_tokens = _optional(body, "max_tokens", int)
+    if max_tokens is None and kind == COMPLETION:
+        max_tokens = COMPLETION_MAX_TOKENS
+    if max_tokens is not None and max_tokens < 1:
+        raise bad("max_tokens", f"max_tokens must be at least 1, got {max_tokens}.")
+    return max_tokens
+
+
+def _sampling(body: dict) -> tuple[float, float, int | None, int | None]:
+    """``temperature``, ``top_p``, ``top_k`` and ``seed``, each within its range."""
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0:
+        raise bad("top_p", "top_p must be greater than 0 (1 keeps every token).")
+    top_k = _optional(body, "top_k", int)
+    if top_k is not None and top_k < -1:
+        raise bad("top_k", f"top_k must be -1 or 0 (off) or a positive number, got {top_k}.")
+    seed = _optional(body, "seed", int)
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise bad("seed", f"seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}.")
+    return temperature, top_p, top_k, seed
+
+
+def _echo(body: dict, kind: str, logprobs: int | None) -> bool:
+    """``echo``: a completion's prompt repeated before its answer, never with logprobs."""
+    echo = bool(_optional(body, "echo", bool))
+    if echo and kind == CHAT:
+        raise bad(
+            "echo", "echo is not supported on chat completions: labkit echoes the prompt on /v1/completions only."
+        )
+    if echo and logprobs is not None:
+        raise bad(
+            "echo",
+            "echo with logprobs is not supported: labkit's engine computes logits only where it samples a token "
+            "(and prefix caching skips the cached prompt), so it has no logprobs for the prompt's tokens. "
+            "Ask for echo or for logprobs, not both.",
+        )
+    return echo
 
 
 # Fields labkit's engine does not do: (does the body ask for it?, why not, what to do instead).

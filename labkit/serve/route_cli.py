@@ -85,7 +85,7 @@ def routing_for(urls: list[str], args: argparse.Namespace):
     from labkit.models.loading import load_tokenizer
     from labkit.serve.router_app import Routing
     from labkit.serve.router_caches import FleetCaches, ShadowIndex
-    from labkit.serve.router_metrics import RouterMetrics
+    from labkit.serve.router_prometheus import RouterMetrics
 
     policy, metrics = make_router(args.policy, args.max_imbalance), RouterMetrics(urls)
     if args.policy != "cache_aware":

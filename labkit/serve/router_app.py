@@ -48,8 +48,8 @@ from labkit.serve.body import answer_api_error, answer_http_error, read_json
 from labkit.serve.protocol import CHAT, COMPLETION, APIError
 from labkit.serve.router_caches import FleetCaches
 from labkit.serve.router_health import HEALTH_TIMEOUT_S, ReplicaHealth, is_draining
-from labkit.serve.router_metrics import RouterMetrics, replica_families
 from labkit.serve.router_policies import prompt_ids, prompt_text
+from labkit.serve.router_prometheus import RouterMetrics, replica_families
 from labkit.serve.router_relay import CACHE_VIEW_HEADER, PREDICTED_HEADER, Relay
 
 
@@ -191,41 +191,14 @@ async def forward(request: Request, path: str) -> Response:
 
 async def _dispatch(routing: Routing, request: Request, path: str, body: dict, content: bytes) -> Response:
     """Send the request to the replica the policy picks, or to the next that takes it (see the module's doc)."""
-    assert routing.client is not None
     view = await routing.view(body, path)
     failures: list[str] = []
     tried, cached = routing.pick(view)
     for replica in tried:
         url = routing.urls[replica]
-        routing.enter(replica)
-        try:
-            sent = routing.client.build_request("POST", url + path, content=content, headers=_headers(request))
-            upstream = await routing.client.send(sent, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as err:
-            routing.leave(replica)
-            failures.append(f"{url} refused the connection ({type(err).__name__})")
-            routing.metrics.retries.labels(url).inc()
-            routing.replicas.eject(replica, "refused a connection")
+        upstream = await _send(routing, replica, request, path, content, failures)
+        if upstream is None:
             continue
-        except httpx.TimeoutException:
-            routing.leave(replica)
-            routing.metrics.errors.labels("replica_timeout").inc()
-            raise APIError(
-                504,
-                f"The replica {url} did not start answering within {routing.timeout_s:g} s; the request was not "
-                "sent elsewhere, since that replica may still be serving it.",
-                type="service_unavailable",
-                code="replica_timeout",
-            ) from None
-        except httpx.TransportError as err:  # it closed the connection before any status line: nothing answered
-            routing.leave(replica)
-            failures.append(f"{url} closed the connection before answering ({type(err).__name__})")
-            routing.metrics.retries.labels(url).inc()
-            routing.replicas.eject(replica, "closed a connection before answering")
-            continue
-        except BaseException:  # cancelled, or a bug: the replica is not left counted busy
-            routing.leave(replica)
-            raise
         relay = Relay(routing, replica, upstream)
         if upstream.status_code >= 500:
             said = await relay.read_refusal()
@@ -250,6 +223,45 @@ async def _dispatch(routing: Routing, request: Request, path: str, body: dict, c
         type="service_unavailable",
         code="no_replica_available",
     )
+
+
+async def _send(
+    routing: Routing, replica: int, request: Request, path: str, content: bytes, failures: list[str]
+) -> httpx.Response | None:
+    """Forward the request to one replica and return its answer once its status line is in; None, with the reason
+    added to ``failures`` and the replica ejected, when it refused the connection or closed it before answering.
+    A replica that takes too long to start answering is a 504: it may still be serving the request."""
+    assert routing.client is not None
+    url = routing.urls[replica]
+    routing.enter(replica)
+    try:
+        sent = routing.client.build_request("POST", url + path, content=content, headers=_headers(request))
+        return await routing.client.send(sent, stream=True)
+    except (httpx.ConnectError, httpx.ConnectTimeout) as err:
+        routing.leave(replica)
+        failures.append(f"{url} refused the connection ({type(err).__name__})")
+        routing.metrics.retries.labels(url).inc()
+        routing.replicas.eject(replica, "refused a connection")
+        return None
+    except httpx.TimeoutException:
+        routing.leave(replica)
+        routing.metrics.errors.labels("replica_timeout").inc()
+        raise APIError(
+            504,
+            f"The replica {url} did not start answering within {routing.timeout_s:g} s; the request was not "
+            "sent elsewhere, since that replica may still be serving it.",
+            type="service_unavailable",
+            code="replica_timeout",
+        ) from None
+    except httpx.TransportError as err:  # it closed the connection before any status line: nothing answered
+        routing.leave(replica)
+        failures.append(f"{url} closed the connection before answering ({type(err).__name__})")
+        routing.metrics.retries.labels(url).inc()
+        routing.replicas.eject(replica, "closed a connection before answering")
+        return None
+    except BaseException:  # cancelled, or a bug: the replica is not left counted busy
+        routing.leave(replica)
+        raise
 
 
 async def models(request: Request) -> Response:
@@ -295,7 +307,7 @@ async def _metrics_of(client: httpx.AsyncClient, url: str) -> str | None:
 
 async def metrics(request: Request) -> Response:
     """``GET /metrics``: the router's own, then what each replica says of its load and cache (Prometheus's text
-    format; see :mod:`~labkit.serve.router_metrics`)."""
+    format; see :mod:`~labkit.serve.router_prometheus`)."""
     routing = _routing(request)
     assert routing.client is not None
     texts = await asyncio.gather(*(_metrics_of(routing.client, url) for url in routing.urls))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from labkit.serve.router_metrics import RouterMetrics
+from labkit.serve.router_prometheus import RouterMetrics
 
 log = logging.getLogger("uvicorn.error")  # where the router's warnings print (WARNING:  ...), as uvicorn's do
 HEALTH_TIMEOUT_S = 2.0

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from labkit.engine.config import EngineConfig, engine_config
+from labkit.engine.quantization import check_quantization
 from labkit.serve.admission import admission_within
-from labkit.serving_quantization import check_quantization
 
 TRACE_WINDOW = 4096  # the steps (and finished requests) a long-running server keeps in its engine's trace
 # EngineConfig settings that are deliberately not flags, and why
@@ -145,7 +145,7 @@ PARSERS: dict[type, Callable[[str], Any]] = {int: int, float: float, str: str, d
 
 
 def quantization_flag(text: str) -> str:
-    """``--quantization``'s value, if labkit serves it (see labkit.serving_quantization)."""
+    """``--quantization``'s value, if labkit serves it (see labkit.engine.quantization)."""
     try:
         return check_quantization(text)  # type: ignore[return-value]
     except ValueError as err:
@@ -155,7 +155,7 @@ def quantization_flag(text: str) -> str:
 def serving_dtype(args: argparse.Namespace):
     """The dtype to load in: --dtype if given; fp32 under int8 (its kernels take fp32 rows); else the measured one."""
     from labkit.device import default_device
-    from labkit.serving_dtype import DtypeChoice, choose_serving_dtype
+    from labkit.serve.dtype import DtypeChoice, choose_serving_dtype
 
     if args.quantization == "int8" and not args.dtype:
         import torch

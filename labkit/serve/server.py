@@ -18,16 +18,20 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from labkit.serve import guard
 from labkit.serve.admission import AdmissionHook
 from labkit.serve.app import build_app
-from labkit.serve.metrics import ServerMetrics
+from labkit.serve.prometheus import ServerMetrics
 from labkit.serve.protocol import APIError
 from labkit.serve.uvicorn_thread import ReadyServer, UvicornThread, bound_socket
 from labkit.serve.worker import EngineWorker
+
+if TYPE_CHECKING:  # the engine loads torch; the server is handed one
+    from labkit.engine.llm import LLM
 
 DRAIN_TOKENS = 512  # the default drain limit lets an answer this long finish at the measured speed ...
 DRAIN_MARGIN = 1.5  # ... with this much to spare (it may have been queued, or the batch may grow) ...
@@ -78,7 +82,7 @@ class Server(ReadyServer):
 
 
 def make_server(
-    llm,
+    llm: LLM,
     host: str = "127.0.0.1",
     port: int = 8000,
     *,
@@ -101,9 +105,9 @@ def make_server(
     guard.install_log_limits()
     name = served_model_name or llm.describe()["model"]
     metrics = ServerMetrics(
-        name, speculative=llm.config.speculative_config is not None, max_model_len=llm.config.max_model_len
+        name, speculative=llm.config.speculative_config is not None, max_model_len=llm.state.max_model_len
     )
-    if getattr(llm, "kv_tier", None) is not None:
+    if llm.kv_tier is not None:
         metrics.watch_tier(llm.kv_tier, llm.config.block_size)
     worker = EngineWorker(llm, metrics, max_waiting, admission)
     app = build_app(worker, name, api_key, read_timeout)
@@ -132,6 +136,6 @@ class ServerThread(UvicornThread):
     (``api_key``, ``max_waiting``, ``admission``, ...).
     """
 
-    def __init__(self, llm, host: str = "127.0.0.1", port: int = 0, **options):
+    def __init__(self, llm: LLM, host: str = "127.0.0.1", port: int = 0, **options):
         server, sock, self.worker = make_server(llm, host, port, **options)
         self._serve_on(server, sock, "labkit-serve")

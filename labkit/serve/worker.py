@@ -24,7 +24,7 @@ removed, cleared) to a :class:`~labkit.kv.kv_events.KVEventLog` that ``GET /kv_e
 many of each request's prompt tokens its prefix cache held when the request started (its ``usage``'s
 ``prompt_tokens_details.cached_tokens``, as OpenAI's API reports it).
 
-The loop also feeds :class:`~labkit.serve.metrics.ServerMetrics` from each step's record
+The loop also feeds :class:`~labkit.serve.prometheus.ServerMetrics` from each step's record
 (``llm.last_step``), so the counters stay whole however little of the run the engine's trace
 keeps: a long-running server bounds its trace with the engine's ``trace_window`` setting
 (``labkit serve`` sets one), and the engine's clock runs on from the server's start.
@@ -44,15 +44,18 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from labkit.engine.request import RequestOutput
 from labkit.kv.kv_events import KVEventLog
 from labkit.sampling_params import SamplingParams
 from labkit.serve.admission import AdmissionHook, QueueSnapshot
-from labkit.serve.metrics import FINISH_REASONS, ServerMetrics
+from labkit.serve.prometheus import FINISH_REASONS, ServerMetrics
 from labkit.serve.protocol import APIError
 from labkit.serve.text import TextStream
+
+if TYPE_CHECKING:  # the engine loads torch; the worker only drives one it is handed
+    from labkit.engine.llm import LLM
 
 _STOP = None  # the command that ends the loop
 
@@ -134,7 +137,7 @@ class EngineWorker:
 
     def __init__(
         self,
-        llm,
+        llm: LLM,
         metrics: ServerMetrics,
         max_waiting: int | None = None,
         admission: AdmissionHook | None = None,
@@ -147,10 +150,10 @@ class EngineWorker:
         self.metrics = metrics
         self.max_waiting = max_waiting
         self.admission = admission
-        config = llm.config
-        self.max_num_seqs = config.max_num_seqs
+        self.max_num_seqs = llm.config.max_num_seqs
         # the longest sequence one request may reach: max_model_len, or what the whole KV cache holds
-        self.context_limit = min(config.max_model_len, config.num_blocks * config.block_size + 1)
+        blocks = llm.state.blocks
+        self.context_limit = min(llm.state.max_model_len, blocks.num_blocks * blocks.block_size + 1)
         self.tokenizer = llm.model.tokenizer  # what the HTTP side needs of the model, read once here
         self.vocab_size = llm.model.config.vocab_size
         self.error: str | None = None  # why the loop died, if it did
@@ -272,7 +275,8 @@ class EngineWorker:
 
         def reset() -> None:
             try:
-                done.set_result(blocks.reset_prefix_cache())
+                # not in the BlockAllocator protocol: an allocator of your own may lack it
+                done.set_result(getattr(blocks, "reset_prefix_cache")())
             except Exception as err:  # an allocator of your own that cannot: the caller is told, the loop goes on
                 done.set_exception(err)
 
@@ -440,14 +444,15 @@ class EngineWorker:
         self._flush()
 
 
-def _kv_event_log(llm) -> KVEventLog | None:
+def _kv_event_log(llm: LLM) -> KVEventLog | None:
     """A log of the engine's prefix-cache events, or None where prefix caching is off or its pool publishes none
     (an allocator of your own without ``publish_events``)."""
     blocks = llm.state.blocks
-    if not llm.state.enable_prefix_caching or not callable(getattr(blocks, "publish_events", None)):
+    publish_events = getattr(blocks, "publish_events", None)  # not in the BlockAllocator protocol
+    if not llm.state.enable_prefix_caching or not callable(publish_events):
         return None
     log = KVEventLog(blocks.block_size)
-    blocks.publish_events(log.publish)
+    publish_events(log.publish)
     return log
 
 

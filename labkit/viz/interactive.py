@@ -386,38 +386,8 @@ def batching_figure():
     )
     answer = Div(text="", name="answer", styles=ANSWER_STYLE)
     steps = Range1d(0, 90)
-    plots, sources, seat_ticks = [], [], []
-    for policy in ("static", "continuous"):
-        source = ColumnDataSource(data=dict(left=[], right=[], bottom=[], top=[], color=[], hatch=[]))
-        plot = figure(
-            height=170,
-            sizing_mode="stretch_width",
-            x_range=steps,
-            y_range=Range1d(0, 5),
-            toolbar_location=None,
-            title=f"{policy} batching",
-        )
-        plot.quad(
-            "left",
-            "right",
-            "bottom",
-            "top",
-            source=source,
-            fill_color="color",
-            line_color="white",
-            tags=["edge"],  # seats drawn apart by lines of the background's colour
-            hatch_pattern="hatch",
-            hatch_color="grey",
-        )
-        plot.yaxis.axis_label = "seat"
-        # Seat s is drawn from s to s + 1: one tick in its middle, named by its number (1 to 5, never 2.5).
-        ticks = FixedTicker(ticks=[seat + 0.5 for seat in range(int(seats.value))], minor_ticks=[])
-        plot.yaxis.ticker = ticks
-        plot.yaxis.formatter = CustomJSTickFormatter(code="return String(tick + 0.5);")
-        plot.ygrid.grid_line_color = None  # a grid line would run through the middle of every seat's row
-        plots.append(plot)
-        sources.append(source)
-        seat_ticks.append(ticks)
+    charts = [_seat_chart(policy, steps, int(seats.value)) for policy in ("static", "continuous")]
+    plots, sources, seat_ticks = (list(part) for part in zip(*charts))
     plots[1].xaxis.axis_label = "decode step"
     body = """
     const words = replies.value.split(/[\\s,]+/).filter(s => s);
@@ -457,6 +427,38 @@ def batching_figure():
     )
     layout = column(_controls(seats, replies), answer, *plots, sizing_mode="stretch_width")
     return _wire(layout, [seats, replies], args, body)
+
+
+def _seat_chart(policy: str, steps: Range1d, seats: int) -> tuple:
+    """One policy's chart of seats over decode steps: the plot, the boxes' source, the seats' ticks."""
+    source = ColumnDataSource(data=dict(left=[], right=[], bottom=[], top=[], color=[], hatch=[]))
+    plot = figure(
+        height=170,
+        sizing_mode="stretch_width",
+        x_range=steps,
+        y_range=Range1d(0, 5),
+        toolbar_location=None,
+        title=f"{policy} batching",
+    )
+    plot.quad(
+        "left",
+        "right",
+        "bottom",
+        "top",
+        source=source,
+        fill_color="color",
+        line_color="white",
+        tags=["edge"],  # seats drawn apart by lines of the background's colour
+        hatch_pattern="hatch",
+        hatch_color="grey",
+    )
+    plot.yaxis.axis_label = "seat"
+    # Seat s is drawn from s to s + 1: one tick in its middle, named by its number (1 to 5, never 2.5).
+    ticks = FixedTicker(ticks=[seat + 0.5 for seat in range(seats)], minor_ticks=[])
+    plot.yaxis.ticker = ticks
+    plot.yaxis.formatter = CustomJSTickFormatter(code="return String(tick + 0.5);")
+    plot.ygrid.grid_line_color = None  # a grid line would run through the middle of every seat's row
+    return plot, source, ticks
 
 
 def page_html(layout) -> str:

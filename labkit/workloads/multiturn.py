@@ -66,6 +66,45 @@ def _count(text: str, tokenizer) -> int:
     return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer else estimate_tokens(text)
 
 
+def _check_shape(
+    num_conversations: int, min_turns: int, max_turns: int, think_time_s: float, conversation_gap_s: float
+) -> None:
+    """Refuse no conversations, an empty or inverted range of turns, and negative pauses."""
+    if num_conversations < 1:
+        raise ValueError(f"num_conversations must be >= 1, got {num_conversations!r}")
+    if not 1 <= min_turns <= max_turns:
+        raise ValueError(f"need 1 <= min_turns <= max_turns, got {min_turns} and {max_turns}")
+    if think_time_s < 0 or conversation_gap_s < 0:
+        raise ValueError("think_time_s and conversation_gap_s must be >= 0 seconds")
+
+
+def _turns(
+    pairs: list[tuple[str, str]],
+    name: str,
+    start: float,
+    think_time_s: float,
+    tokenizer,
+    system_prompt: str | None,
+    max_tokens: tuple[int | None, int | None],
+) -> list[RequestSpec]:
+    """One conversation's requests, a turn each from ``start``, up to the first prompt over its limit;
+    ``max_tokens`` caps (prompt, answer) tokens."""
+    max_prompt_tokens, max_output_tokens = max_tokens
+    turns = []
+    for turn in range(len(pairs)):
+        messages = turn_messages(pairs, turn, system_prompt)
+        prompt_len = _length(messages, tokenizer)
+        if max_prompt_tokens is not None and prompt_len > max_prompt_tokens:
+            break
+        output_len = max(1, _count(pairs[turn][1], tokenizer))
+        if max_output_tokens is not None:
+            output_len = min(output_len, max_output_tokens)
+        turns.append(
+            RequestSpec(f"{name}-turn{turn + 1}", start + turn * think_time_s, prompt_len, output_len, messages)
+        )
+    return turns
+
+
 def sharegpt_multiturn(
     num_conversations: int,
     seed: int = 0,
@@ -86,30 +125,21 @@ def sharegpt_multiturn(
     A turn's answer length is its recorded reply's (clipped to ``max_output_tokens``). Conversations with
     fewer than ``min_turns`` usable turns (within ``max_prompt_tokens``) are skipped.
     """
-    if num_conversations < 1:
-        raise ValueError(f"num_conversations must be >= 1, got {num_conversations!r}")
-    if not 1 <= min_turns <= max_turns:
-        raise ValueError(f"need 1 <= min_turns <= max_turns, got {min_turns} and {max_turns}")
-    if think_time_s < 0 or conversation_gap_s < 0:
-        raise ValueError("think_time_s and conversation_gap_s must be >= 0 seconds")
+    _check_shape(num_conversations, min_turns, max_turns, think_time_s, conversation_gap_s)
     data = load_sharegpt(limit)
     requests: list[RequestSpec] = []
     chosen = 0
     for index in np.random.default_rng(seed).permutation(len(data.conversations)).tolist():
         conversation = data.conversations[index]
-        pairs = exchanges(conversation)[:max_turns]
-        turns = []
-        for turn in range(len(pairs)):
-            messages = turn_messages(pairs, turn, system_prompt)
-            prompt_len = _length(messages, tokenizer)
-            if max_prompt_tokens is not None and prompt_len > max_prompt_tokens:
-                break
-            output_len = max(1, _count(pairs[turn][1], tokenizer))
-            if max_output_tokens is not None:
-                output_len = min(output_len, max_output_tokens)
-            start = chosen * conversation_gap_s
-            request_id = f"sharegpt-{conversation.get('id', index)}-turn{turn + 1}"
-            turns.append(RequestSpec(request_id, start + turn * think_time_s, prompt_len, output_len, messages))
+        turns = _turns(
+            exchanges(conversation)[:max_turns],
+            f"sharegpt-{conversation.get('id', index)}",
+            chosen * conversation_gap_s,
+            think_time_s,
+            tokenizer,
+            system_prompt,
+            (max_prompt_tokens, max_output_tokens),
+        )
         if len(turns) < min_turns:
             continue
         requests += turns

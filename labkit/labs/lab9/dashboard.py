@@ -5,7 +5,7 @@ now, and histograms as cumulative bucket counts. A dashboard panel is a *window*
 and histograms are read as the increase between two scrapes, gauges as the last reading,
 and a percentile is estimated from the bucket counts the way Prometheus'
 ``histogram_quantile`` does (linear inside the bucket that holds the rank). The check's
-scrapes come from a real :class:`~labkit.serve.metrics.ServerMetrics`, fed seeded events, so
+scrapes come from a real :class:`~labkit.serve.prometheus.ServerMetrics`, fed seeded events, so
 they are exactly what ``labkit serve`` would expose.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from labkit.labs.common.shared import rng
 from labkit.labs.lab9.scrape import parse_metrics
-from labkit.serve.metrics import FINISH_REASONS, ServerMetrics
+from labkit.serve.prometheus import FINISH_REASONS, ServerMetrics
 from labkit.trace import StepRecord
 
 TTFT = "vllm:time_to_first_token_seconds"

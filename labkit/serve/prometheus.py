@@ -128,11 +128,17 @@ class ServerMetrics:
         disable_created_metrics()  # no ``*_created`` series, as vLLM (process-wide, like its own setting)
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes...
-        labels = self._labels = dict(model_name=model_name, engine="0")
+        self._labels = dict(model_name=model_name, engine="0")
+        self._add_state_and_counters(speculative)
+        self._add_histograms(max_model_len)
 
-        def make(kind, name, documentation, **extra):
-            return kind(name, documentation, LABELS, registry=self.registry, **extra).labels(**labels)
+    def _make(self, kind, name: str, documentation: str, **extra):
+        """A metric of ``kind`` in this server's registry, with this server's labels."""
+        return kind(name, documentation, LABELS, registry=self.registry, **extra).labels(**self._labels)
 
+    def _add_state_and_counters(self, speculative: bool) -> None:
+        """The gauges of the queues and the pool; the counters of tokens, the prefix cache, drafts and requests."""
+        make = self._make
         self.running = make(Gauge, "vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = make(Gauge, "vllm:num_requests_waiting", "Number of requests waiting to be processed.")
         self.kv_usage = make(Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
@@ -158,7 +164,11 @@ class ServerMetrics:
             LABELS + ("finished_reason",),
             registry=self.registry,
         )
-        self.finished = {reason: success.labels(**labels, finished_reason=reason) for reason in FINISH_REASONS}
+        self.finished = {reason: success.labels(**self._labels, finished_reason=reason) for reason in FINISH_REASONS}
+
+    def _add_histograms(self, max_model_len: int) -> None:
+        """Each finished request's latencies, at vLLM's bucket edges, and its prompt and answer lengths."""
+        make = self._make
         self.ttft = make(
             Histogram,
             "vllm:time_to_first_token_seconds",
