@@ -101,11 +101,13 @@ def test_sigterm_drains_tells_every_client_and_exits_within_the_grace_period():
     wait_for(lambda: running.search(httpx.get(url + "/metrics").text), "both requests run")
     short = threading.Thread(
         target=lambda: results.update(
-            short=httpx.post(url + "/v1/completions", json={"prompt": TEXT, "max_tokens": 3}, timeout=120)
+            short=httpx.post(url + "/v1/completions", json={"prompt": TEXT, "max_tokens": 6}, timeout=120)
         )
     )
     short.start()
-    time.sleep(0.2)
+    # in flight when SIGTERM comes: seen running (on a busy machine it may take a while to arrive), or done already
+    third = re.compile(r"^vllm:num_requests_running\{.*\} 3\.0$", re.MULTILINE)
+    wait_for(lambda: "short" in results or third.search(httpx.get(url + "/metrics").text), "the short request runs")
     sent = time.monotonic()
     served.process.send_signal(signal.SIGTERM)
     wait_for(lambda: httpx.get(url + "/health").status_code == 503, "/health says it is draining")
