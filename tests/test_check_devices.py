@@ -44,8 +44,8 @@ WALKED = [lab.name for lab in LABS]
 # Fewer draws and a lighter load than the checks use: the walk proves where tensors go, the labs' own tests prove
 # the verdicts at full size. The course's answers still pass at seed 0 (500 draws of lab 8's rule pass seeds 0-3).
 SMALLER: dict[str, dict[str, Any]] = {
-    "labkit.labs.lab8": {
-        "TRIALS": 500,  # 3,000 calls of the sampling rule per case: a third of lab 8's walk
+    "labkit.labs.lab8.accept_sampling": {"TRIALS": 500},  # 3,000 calls of the rule per case: a third of lab 8's walk
+    "labkit.labs.lab8.served": {
         # 2 texts of 10 tokens, not 3 of 20, served with speculation and decoded alone on the course model
         "engine_requests": lambda seed: repetitive_requests(seed, 2, max_tokens=10),
     },

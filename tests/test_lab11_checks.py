@@ -28,7 +28,7 @@ from labkit.kernels.runtime import tl, triton
 from labkit.kernels.traffic import DecodeShape, decode_bytes, gather_bytes, kernel_bytes
 from labkit.kv.paged_attention import paged_attention
 from labkit.kv.paged_batch import PagedBatch, SequenceSlice
-from labkit.labs import lab11
+from labkit.labs.lab11 import kernel_cases
 from labkit.labs.lab11.kernel_cell import PRELUDE
 from labkit.labs.lab11.variants import simulate
 from labkit.models import tiny_model
@@ -475,11 +475,11 @@ def test_without_a_compiler_the_verdict_says_so_and_a_right_answer_passes(monkey
 
 @pytest.mark.parametrize("seed", range(16))
 def test_a_running_max_replaced_by_the_blocks_own_is_caught_under_every_seed(seed):
-    cases = lab11.decode_cases(seed)
-    expected = lab11._expected(cases, ("max", "block_max", "rescale"))
+    cases = kernel_cases.decode_cases(seed)
+    expected = kernel_cases.expected_outputs(cases, ("max", "block_max", "rescale"))
     keys = ("q", "k_pool", "v_pool", "block_tables", "context_lens")
     got = {name: simulate(*(case[k] for k in keys), block_max=True) for name, case in cases.items()}
-    mismatch = lab11._compare_cases(expected, got)
+    mismatch = kernel_cases.compare_cases(expected, got)
     assert isinstance(mismatch, Mismatch) and "own max" in mismatch.hint, mismatch
 
 

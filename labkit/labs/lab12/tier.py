@@ -13,6 +13,7 @@ from the prompt's start instead of from where the pool's run ended.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -105,73 +106,91 @@ def tier_cases(seed: int) -> list[dict[str, Any]]:
     """Six cases, each telling one mistake apart: a long run worth reloading mid-prompt, a block that costs more
     than a token but less than its tokens, a short run under a large fixed cost, a long run under a fixed cost worth
     paying once (not once per block, and not against one block's recompute), a prompt that fills its last block,
-    and a slow tier that never pays."""
+    and a slow tier that never pays. Drawn from one seeded generator, in this order."""
     r = rng(seed)
-    jitter = lambda: r.uniform(0.8, 1.25)  # noqa: E731
-    cases = []
-    bs = 16
-    first, long_run_token = r.randint(1, 4), 1e-3 * jitter()
-    cases.append(
-        dict(
-            prompt_tokens=bs * (first + 8) + r.randint(2, bs),
-            cached_tokens=bs * first,
-            tier_blocks=r.randint(3, 6),
-            block_size=bs,
-            # a block reloads at 2 tokens' worth: dearer than a token, far cheaper than its 16 tokens, and the
-            # whole run (3-6 blocks) cheaper than one block's recompute
-            costs=TierCosts(0.1 * long_run_token, 2 * long_run_token, long_run_token),
-        )
-    )
-    per_token = 1e-3 * jitter()
-    cases.append(
-        dict(
-            prompt_tokens=bs * 12 + r.randint(1, bs),
-            cached_tokens=bs * r.randint(1, 3),
-            tier_blocks=5,  # 5 blocks x 4 tokens' worth: more than one block's recompute, less than five's
-            block_size=bs,
-            costs=TierCosts(1e-4, 4 * per_token, per_token),  # a block: 4 tokens' worth, under 16
-        )
-    )
-    cases.append(
-        dict(
-            prompt_tokens=bs * 10 + r.randint(1, bs),
-            cached_tokens=bs * r.randint(2, 5),
-            tier_blocks=1,
-            block_size=bs,
-            costs=TierCosts(30 * per_token, 0.1 * per_token, per_token),  # 16 tokens < fixed 30 + 0.1
-        )
-    )
-    cases.append(
-        dict(
-            prompt_tokens=bs * 12 + r.randint(1, bs),
-            cached_tokens=bs * r.randint(1, 3),
-            tier_blocks=4,
-            block_size=bs,
-            # 4 blocks: 20 + 4 x 2 = 28 token-costs to reload, 64 to compute: reload. Paying the fixed cost per
-            # block (88) or weighing the run against one block (16) says compute.
-            costs=TierCosts(20 * per_token, 2 * per_token, per_token),
-        )
-    )
-    bs8, start = 8, r.randint(1, 3)
-    cases.append(
-        dict(
-            prompt_tokens=bs8 * (start + 4),  # fills its last block: that block is the tier's fourth
-            cached_tokens=bs8 * start,
-            tier_blocks=4,
-            block_size=bs8,
-            costs=TierCosts(1e-5, 1e-4 * jitter(), 1e-3 * jitter()),
-        )
-    )
-    cases.append(
-        dict(
-            prompt_tokens=bs * 20 + r.randint(1, bs),
-            cached_tokens=bs * r.randint(1, 5),
-            tier_blocks=r.randint(5, 10),
-            block_size=bs,
-            costs=TierCosts(1e-4, 40 * per_token, per_token),  # a disk slower than prefill: never pays
-        )
-    )
+    cases = [_long_run(r)]
+    per_token = 1e-3 * _jitter(r)
+    cases += [
+        _block_dearer_than_a_token(r, per_token),
+        _short_run_under_a_fixed_cost(r, per_token),
+        _fixed_cost_paid_once(r, per_token),
+        _prompt_filling_its_last_block(r),
+        _slow_tier(r, per_token),
+    ]
     return cases
+
+
+CASE_BLOCK = 16  # the block size of every case but the one that fills its last block
+
+
+def _jitter(r: random.Random) -> float:
+    return r.uniform(0.8, 1.25)
+
+
+def _long_run(r: random.Random) -> dict[str, Any]:
+    first, long_run_token = r.randint(1, 4), 1e-3 * _jitter(r)
+    return dict(
+        prompt_tokens=CASE_BLOCK * (first + 8) + r.randint(2, CASE_BLOCK),
+        cached_tokens=CASE_BLOCK * first,
+        tier_blocks=r.randint(3, 6),
+        block_size=CASE_BLOCK,
+        # a block reloads at 2 tokens' worth: dearer than a token, far cheaper than its 16 tokens, and the
+        # whole run (3-6 blocks) cheaper than one block's recompute
+        costs=TierCosts(0.1 * long_run_token, 2 * long_run_token, long_run_token),
+    )
+
+
+def _block_dearer_than_a_token(r: random.Random, per_token: float) -> dict[str, Any]:
+    return dict(
+        prompt_tokens=CASE_BLOCK * 12 + r.randint(1, CASE_BLOCK),
+        cached_tokens=CASE_BLOCK * r.randint(1, 3),
+        tier_blocks=5,  # 5 blocks x 4 tokens' worth: more than one block's recompute, less than five's
+        block_size=CASE_BLOCK,
+        costs=TierCosts(1e-4, 4 * per_token, per_token),  # a block: 4 tokens' worth, under 16
+    )
+
+
+def _short_run_under_a_fixed_cost(r: random.Random, per_token: float) -> dict[str, Any]:
+    return dict(
+        prompt_tokens=CASE_BLOCK * 10 + r.randint(1, CASE_BLOCK),
+        cached_tokens=CASE_BLOCK * r.randint(2, 5),
+        tier_blocks=1,
+        block_size=CASE_BLOCK,
+        costs=TierCosts(30 * per_token, 0.1 * per_token, per_token),  # 16 tokens < fixed 30 + 0.1
+    )
+
+
+def _fixed_cost_paid_once(r: random.Random, per_token: float) -> dict[str, Any]:
+    return dict(
+        prompt_tokens=CASE_BLOCK * 12 + r.randint(1, CASE_BLOCK),
+        cached_tokens=CASE_BLOCK * r.randint(1, 3),
+        tier_blocks=4,
+        block_size=CASE_BLOCK,
+        # 4 blocks: 20 + 4 x 2 = 28 token-costs to reload, 64 to compute: reload. Paying the fixed cost per
+        # block (88) or weighing the run against one block (16) says compute.
+        costs=TierCosts(20 * per_token, 2 * per_token, per_token),
+    )
+
+
+def _prompt_filling_its_last_block(r: random.Random) -> dict[str, Any]:
+    block, start = 8, r.randint(1, 3)
+    return dict(
+        prompt_tokens=block * (start + 4),  # fills its last block: that block is the tier's fourth
+        cached_tokens=block * start,
+        tier_blocks=4,
+        block_size=block,
+        costs=TierCosts(1e-5, 1e-4 * _jitter(r), 1e-3 * _jitter(r)),
+    )
+
+
+def _slow_tier(r: random.Random, per_token: float) -> dict[str, Any]:
+    return dict(
+        prompt_tokens=CASE_BLOCK * 20 + r.randint(1, CASE_BLOCK),
+        cached_tokens=CASE_BLOCK * r.randint(1, 5),
+        tier_blocks=r.randint(5, 10),
+        block_size=CASE_BLOCK,
+        costs=TierCosts(1e-4, 40 * per_token, per_token),  # a disk slower than prefill: never pays
+    )
 
 
 def _oracle(cases: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Queue snapshots with known answers, for the learner's admission rule (lab 9).
+"""Lab 9, exercise 4: the learner's admission rule, checked on queue snapshots with known answers.
 
 ``admit(queue, promise_ms)`` sees what the server knows when a request arrives (a
 :class:`~labkit.serve.admission.QueueSnapshot`) and answers ``None`` to admit or the whole seconds
@@ -12,6 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from labkit.grading.checks import Exercise, register
+from labkit.grading.result import Mismatch
+from labkit.labs.common.diagnose import diagnosed
+from labkit.labs.hints import register_hints
 from labkit.serve.admission import QueueSnapshot, predicted_wait_s, retry_after
 
 # (name, running, waiting, max_num_seqs, service_s, promise_ms)
@@ -117,3 +121,51 @@ def what_differs(situation: list, wait_s: float, want, mine) -> str:
         return seen + f"over the promise of {promise_ms:g} ms, so it refuses; you admitted"
     excess = f"{wait_s - promise_ms / 1000:.3g} s more than the promise"
     return seen + f"{excess}: Retry-After is that excess in whole seconds, rounded up, and at least 1"
+
+
+def _compare_admit(expected, got) -> Mismatch | None:
+    if got == expected["answers"]:
+        return None
+    for rule, answers in expected["wrong"].items():
+        if got == answers:
+            return Mismatch(f"your answers match a rule with one mistake ({rule})", WRONG_RULES[rule])
+    for situation, wait_s, want, mine in zip(expected["situations"], expected["waits"], expected["answers"], got):
+        if mine != want:
+            return Mismatch(
+                f"situation {describe_situation(situation)}: you answered {describe(mine)}, labkit's rule says "
+                f"{describe(want)}: {what_differs(situation, wait_s, want, mine)}",
+                "Predict the newcomer's wait for a seat from the snapshot (all the seats free up in parallel), "
+                'compare it with the promise, and if it is over, say when to come back; labkit.hint("lab9.admit") '
+                "shows more.",
+            )
+    return None
+
+
+register(
+    diagnosed(
+        Exercise(
+            id="lab9.admit",
+            functions=("admit",),
+            answers=("labkit.serve.admission.retry_after",),
+            make_inputs=admission_inputs,
+            run=run_admit,
+            oracle=admission_oracle,
+            compare=_compare_admit,
+            tested="eight queue snapshots (free seats, nothing measured yet, a wait exactly at the promise, one "
+            "place too many, parallel seats, a full house, far over, a small server): your answer equals labkit's "
+            "rule in each, None to admit or Retry-After in whole seconds",
+            hint="Predict the newcomer's wait for a seat from the snapshot; admit when it keeps the promise, else "
+            "say in whole seconds when to come back.",
+            points=2.0,
+        )
+    )
+)
+
+register_hints(
+    "lab9.admit",
+    "Seats free up in parallel: max_num_seqs of them, each held service_s seconds, so one frees every "
+    "service_s / max_num_seqs seconds on average.",
+    "The newcomer's place in line for a seat: running + waiting + 1 - max_num_seqs (0 or less: a seat is free). "
+    "Its wait: that place times the time between two seats freeing up. No service_s yet: admit.",
+    "Admit (None) if wait_s * 1000 <= promise_ms; otherwise return max(1, math.ceil(wait_s - promise_ms / 1000)).",
+)

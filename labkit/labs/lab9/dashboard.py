@@ -1,4 +1,5 @@
-"""Reading ``/metrics`` over a window, as a dashboard does (lab 9): labkit's reading, and seeded scrapes to read.
+"""Lab 9, exercise 3: reading ``/metrics`` over a window, as a dashboard does: labkit's reading, seeded scrapes
+to read, and the check of the learner's ``dashboard(before_text, after_text)`` against both.
 
 A Prometheus scrape is a snapshot of counters since the server started, gauges as they are
 now, and histograms as cumulative bucket counts. A dashboard panel is a *window*: counters
@@ -14,7 +15,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from labkit.grading.checks import Exercise, register
+from labkit.grading.result import Mismatch
+from labkit.labs.common.diagnose import diagnosed
 from labkit.labs.common.shared import rng
+from labkit.labs.hints import register_hints
 from labkit.labs.lab9.scrape import parse_metrics
 from labkit.serve.prometheus import FINISH_REASONS, ServerMetrics
 from labkit.trace import StepRecord
@@ -164,3 +169,70 @@ def close(a: Any, b: float) -> bool:
     if math.isnan(b) or math.isnan(a):
         return math.isnan(b) and math.isnan(a)
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def _scrapes(seed: int) -> dict[str, str]:
+    before, after = seeded_scrapes(seed)
+    return {"before": before, "after": after}
+
+
+def _run_dashboard(functions, inputs) -> Any:
+    return functions[0](inputs["before"], inputs["after"])
+
+
+def _dashboard_oracle(inputs) -> dict[str, Any]:
+    return {
+        "right": read_dashboard(inputs["before"], inputs["after"]),
+        "wrong": typical_misreadings(inputs["before"], inputs["after"]),
+    }
+
+
+def _compare_dashboard(expected, got) -> Mismatch | None:
+    if not isinstance(got, dict):
+        return Mismatch(f"dashboard returned a {type(got).__name__}; return a dict with the keys {list(KEYS)}")
+    missing = [key for key in KEYS if key not in got]
+    if missing:
+        return Mismatch(f"the dict lacks {missing}; it needs {list(KEYS)}")
+    for key in KEYS:
+        right, value = expected["right"][key], got[key]
+        if close(value, right):
+            continue
+        for wrong, why in expected["wrong"].get(key, []):
+            if close(value, wrong) and not close(wrong, right):
+                return Mismatch(f"{key} = {value:.6g}, expected {right:.6g}: {why}")
+        shown = f"{value:.6g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
+        return Mismatch(f"{key} = {shown}, expected {right:.6g} (labkit's reading of the same two scrapes)")
+    return None
+
+
+register(
+    diagnosed(
+        Exercise(
+            id="lab9.dashboard",
+            functions=("dashboard",),
+            answers=("labkit.labs.lab9.dashboard.read_dashboard",),
+            make_inputs=_scrapes,
+            run=_run_dashboard,
+            oracle=_dashboard_oracle,
+            compare=_compare_dashboard,
+            tested="two /metrics scrapes of a server that served seeded traffic: finished requests, generation "
+            "tokens, mean and p90 TTFT, prefix-cache hit rate over the window, and the running and KV-usage "
+            "gauges, each equal to labkit's own reading",
+            hint="Counters and histograms: after minus before. Gauges: the after scrape. p90: Prometheus' "
+            "histogram_quantile over the window's cumulative buckets.",
+            points=2.0,
+        )
+    )
+)
+
+register_hints(
+    "lab9.dashboard",
+    "A scrape is a snapshot since the server started. A dashboard shows a window: for counters and histograms "
+    "the increase between two scrapes; for gauges (running, KV usage) the value now.",
+    "Parse both texts with parse_metrics. finished = the increase of vllm:request_success_total summed over its "
+    "finished_reason labels; mean TTFT = increase of _sum over increase of _count; hit rate = increase of "
+    "prefix_cache_hits over increase of prefix_cache_queries.",
+    "p90: take the window's bucket counts (after - before, each le), sorted by le; rank = 0.9 * the +Inf count; "
+    "find the first bucket whose count >= rank and interpolate between its lower and upper edge: "
+    "lower + (upper - lower) * (rank - count_below) / (count - count_below).",
+)
