@@ -101,7 +101,7 @@ def _smaller(lab: str) -> contextlib.ExitStack:
     sees the new one)."""
     stack = contextlib.ExitStack()
     for name, sizes in SMALLER.items():
-        if name.startswith(f"labkit.labs.{lab}"):
+        if name == f"labkit.labs.{lab}" or name.startswith(f"labkit.labs.{lab}."):  # lab1's, not lab10's
             module = importlib.import_module(name)
             for key, value in sizes.items():
                 if isinstance(value, dict):
