@@ -23,6 +23,7 @@ GRADER_ONLY = (
     "labkit.labs.common.pieces",
     "labkit.labs.common.solo",
     *(f"labkit.labs.lab{number}" for number in range(1, 14)),
+    *(f"labkit.labs.lab1.{part}" for part in ("mask", "attention", "prefill", "generate")),
     "labkit.labs.lab8.runs",
     "labkit.labs.lab8.sampling",
     "labkit.labs.lab9.admission",
