@@ -25,6 +25,7 @@ GRADER_ONLY = (
     *(f"labkit.labs.lab{number}" for number in range(1, 14)),
     *(f"labkit.labs.lab1.{part}" for part in ("mask", "attention", "prefill", "generate")),
     *(f"labkit.labs.lab2.{part}" for part in ("cache", "generate", "bytes_per_token", "conversations")),
+    *(f"labkit.labs.lab3.{part}" for part in ("left_pad", "mask", "static_batch", "waste")),
     "labkit.labs.lab8.runs",
     "labkit.labs.lab8.sampling",
     "labkit.labs.lab9.admission",
