@@ -22,10 +22,10 @@ from labkit.grading.result import Mismatch
 from labkit.labs.common.diagnose import diagnosed, raised_mismatch
 from labkit.labs.common.engine_runs import CheckRequest, policy_from_function, random_requests, serve
 from labkit.labs.common.learner_errors import noting_errors
+from labkit.labs.common.scheduling import SCHEDULING_ANSWERS, check_decisions
 from labkit.labs.common.shared import rng
 from labkit.labs.common.solo import compare_with_solo, run_failure, solo_oracle
 from labkit.labs.hints import register_hints
-from labkit.labs.lab4 import SCHEDULING_ANSWERS, check_decisions
 from labkit.sim.cost_model import CostModel, get_model
 from labkit.sim.hardware import get_hardware
 
