@@ -29,6 +29,7 @@ GRADER_ONLY = (
     *(f"labkit.labs.lab3.{part}" for part in ("left_pad", "mask", "static_batch", "waste")),
     *(f"labkit.labs.lab4.{part}" for part in ("schedule", "preemption", "serving_metrics")),
     *(f"labkit.labs.lab5.{part}" for part in ("allocator", "slots", "paged_attention")),
+    *(f"labkit.labs.lab6.{part}" for part in ("schedule", "budget", "chunks")),
     "labkit.labs.lab8.runs",
     "labkit.labs.lab8.sampling",
     "labkit.labs.lab9.admission",

@@ -1,10 +1,8 @@
-"""Lab 2, the KV cache: the checks for its four exercises, a module each (importing this package registers all four).
+"""Lab 2, the KV cache: its four exercises' checks, a module each (importing this package registers them).
 
-The learner writes a per-sequence cache that appends each pass's K and V and attends over all of it
-(:mod:`~labkit.labs.lab2.cache`), decoding that feeds one token per step through it
-(:mod:`~labkit.labs.lab2.generate`), the KV bytes a token leaves behind (:mod:`~labkit.labs.lab2.bytes_per_token`),
-and how many conversations fit in a GPU's memory (:mod:`~labkit.labs.lab2.conversations`). The oracle for decoding
-is the run without a cache, through Hugging Face transformers' own forward pass, compared at every step.
+:mod:`~labkit.labs.lab2.cache` (a per-sequence cache), :mod:`~labkit.labs.lab2.generate` (decoding through it,
+against the run without a cache), :mod:`~labkit.labs.lab2.bytes_per_token` and
+:mod:`~labkit.labs.lab2.conversations` (the memory arithmetic).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Lab 3, static batching: the checks for its four exercises, a module each (importing this package registers all four).
+"""Lab 3, static batching: its four exercises' checks, a module each (importing this package registers them).
 
-The learner lays prompts of different lengths out as one rectangle (left padding, positions counted from each
-prompt's first real token: :mod:`~labkit.labs.lab3.left_pad`), writes the mask that hides pads and the future
-(:mod:`~labkit.labs.lab3.mask`), decodes the whole batch until its longest member ends
-(:mod:`~labkit.labs.lab3.static_batch`), and counts the slot-steps lost to padding (:mod:`~labkit.labs.lab3.waste`).
-The oracle for the batch is each prompt decoded alone, greedily, with labkit's cache. The batch is graded on the
-course's own left_pad and mask (``on_its_own``), so one mistake costs one point; the learner's own are checked on
-the side.
+:mod:`~labkit.labs.lab3.left_pad` and :mod:`~labkit.labs.lab3.mask` (the padded rectangle and its mask),
+:mod:`~labkit.labs.lab3.static_batch` (the batch decoded, each row against its solo run, on the course's own
+left_pad and mask) and :mod:`~labkit.labs.lab3.waste` (the slot-steps lost to padding).
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
-"""Lab 4, continuous batching: the checks for its four exercises, a module per part (importing this package registers all four).
+"""Lab 4, continuous batching: its four exercises' checks, a module per part (importing this package registers them).
 
-- ``continuous_schedule(state) -> SchedulerOutput`` (``lab4.continuous_schedule`` and ``lab4.ten_replies``,
-  :mod:`~labkit.labs.lab4.schedule`): running requests get their next tokens, then waiting requests join from the
-  head of the queue while a batch slot, free blocks and the token budget allow. Served on the tiny model as the
-  engine's policy, each request's tokens compared with the request decoded alone, every decision watched for idle
-  slots and overfull batches, and the steps of the lesson's ten replies counted against static batching.
-- ``choose_victim(state, request) -> Request`` (``lab4.preemption``, :mod:`~labkit.labs.lab4.preemption`): whom to
-  preempt when the blocks run out. Plugged into continuous batching on a pool too small for the workload; every
-  choice must be the newest running request (vLLM's), and the tokens must still equal solo decoding.
-- ``serving_metrics(trace, slo) -> dict`` (``lab4.serving_metrics``, :mod:`~labkit.labs.lab4.serving_metrics`):
-  mean TTFT, TPOT and ITL (ms) and goodput (requests/s) from a seeded trace, checked against
-  ``labkit.metrics.summarize`` on the same trace.
-
-The names below are the ones the notebook, the tests and lab 9 read from this package.
+:mod:`~labkit.labs.lab4.schedule` (the policy served on the tiny model, and the lesson's ten replies counted),
+:mod:`~labkit.labs.lab4.preemption` (whom to preempt when the blocks run out) and
+:mod:`~labkit.labs.lab4.serving_metrics` (TTFT, TPOT, ITL and goodput from a trace). The names below are the ones
+the notebook, the tests and lab 9 read from this package.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Lab 5, PagedAttention: the checks for its three exercises, a module each (importing this package registers all three).
+"""Lab 5, PagedAttention: its three exercises' checks, a module each (importing this package registers them).
 
-- ``PagedBlockAllocator`` (:mod:`~labkit.labs.lab5.allocator`): blocks handed out on demand from a free list, one
-  block table per sequence, every block back on the free list when the sequence ends. Checked on a seeded script
-  of allocations and frees (the tables are watched after every call) and inside the engine.
-- ``slot_mapping`` (:mod:`~labkit.labs.lab5.slots`): where token ``pos`` of a sequence lives:
-  ``table[pos // B] * B + pos % B``.
-- ``paged_attention`` (:mod:`~labkit.labs.lab5.paged_attention`): one sequence's attention, its keys and values
-  gathered from the pools through its block table; checked against dense attention and inside the engine.
+:mod:`~labkit.labs.lab5.allocator` (the block allocator), :mod:`~labkit.labs.lab5.slots` (where a token lives in
+the pool) and :mod:`~labkit.labs.lab5.paged_attention` (attention through a block table), the first and last
+checked inside the engine too.
 """
 
 from __future__ import annotations

@@ -81,48 +81,80 @@ def check_allocator_log(calls, log) -> Mismatch | None:
             lengths[seq] = tokens
         else:
             lengths.pop(seq, None)
-        tables = entry["tables"]
-        if op == "free" and tables.get(seq):
-            return Mismatch(
-                f"{where}: {seq!r} still has blocks {tables[seq]} after free",
-                "free(seq) must give every block of the sequence back and forget its table.",
-            )
-        owner: dict[int, str] = {}
-        for name, table in tables.items():
-            want = math.ceil(lengths.get(name, 0) / BLOCK_SIZE)
-            if len(table) != want:
-                return Mismatch(
-                    f"{where}: {name!r} holds {lengths.get(name, 0)} tokens and owns {len(table)} blocks, "
-                    f"expected {want}",
-                    "A sequence of n tokens needs ceil(n / block_size) blocks: take only the blocks it "
-                    "still lacks (needed minus len(table)), one at a time from the free list.",
-                )
-            if table[: len(previous.get(name, []))] != previous.get(name, []) and op == "allocate" and name == seq:
-                return Mismatch(
-                    f"{where}: {name!r}'s table changed from {previous[name]} to {table}",
-                    "Growing a sequence appends new blocks to its table; the blocks it has keep their "
-                    "place (its K/V already live there).",
-                )
-            for block in table:
-                if not 0 <= block < POOL_BLOCKS:
-                    return Mismatch(f"{where}: {name!r} owns block {block}, outside the pool 0..{POOL_BLOCKS - 1}")
-                if block in owner:
-                    return Mismatch(
-                        f"{where}: block {block} is owned by both {owner[block]!r} and {name!r}",
-                        "Take a block off the free list when you hand it out, so it cannot be given twice.",
-                    )
-                owner[block] = name
-        if entry["num_free"] + len(owner) != POOL_BLOCKS:
-            lost = POOL_BLOCKS - entry["num_free"] - len(owner)
-            gap = f"{lost} missing" if lost > 0 else f"{-lost} counted twice"
-            return Mismatch(
-                f"{where}: {entry['num_free']} blocks free + {len(owner)} owned = "
-                f"{entry['num_free'] + len(owner)}, not {POOL_BLOCKS} ({gap})",
-                "A block must always be either on the free list or in exactly one table: put freed "
-                "blocks back on the free list.",
-            )
-        previous = {name: list(table) for name, table in tables.items()}
+        problem = _call_problem(where, op, seq, entry, lengths, previous)
+        if problem:
+            return problem
+        previous = {name: list(table) for name, table in entry["tables"].items()}
     return None
+
+
+def _call_problem(where: str, op: str, seq: str, entry, lengths: dict[str, int], previous) -> Mismatch | None:
+    """What one call left wrong: a freed sequence still holding blocks, then table by table its length, its old
+    blocks (for the sequence that grew) and who owns each block, then the blocks lost or counted twice."""
+    tables = entry["tables"]
+    if op == "free" and tables.get(seq):
+        return Mismatch(
+            f"{where}: {seq!r} still has blocks {tables[seq]} after free",
+            "free(seq) must give every block of the sequence back and forget its table.",
+        )
+    owner: dict[int, str] = {}
+    for name, table in tables.items():
+        grew = op == "allocate" and name == seq
+        problem = (
+            _length_problem(where, name, table, lengths.get(name, 0))
+            or (_moved_problem(where, name, table, previous.get(name, [])) if grew else None)
+            or _ownership_problem(where, name, table, owner)
+        )
+        if problem:
+            return problem
+    return _lost_problem(where, entry["num_free"], len(owner))
+
+
+def _length_problem(where: str, name: str, table: list[int], tokens: int) -> Mismatch | None:
+    want = math.ceil(tokens / BLOCK_SIZE)
+    if len(table) == want:
+        return None
+    return Mismatch(
+        f"{where}: {name!r} holds {tokens} tokens and owns {len(table)} blocks, expected {want}",
+        "A sequence of n tokens needs ceil(n / block_size) blocks: take only the blocks it "
+        "still lacks (needed minus len(table)), one at a time from the free list.",
+    )
+
+
+def _moved_problem(where: str, name: str, table: list[int], before: list[int]) -> Mismatch | None:
+    if table[: len(before)] == before:
+        return None
+    return Mismatch(
+        f"{where}: {name!r}'s table changed from {before} to {table}",
+        "Growing a sequence appends new blocks to its table; the blocks it has keep their "
+        "place (its K/V already live there).",
+    )
+
+
+def _ownership_problem(where: str, name: str, table: list[int], owner: dict[int, str]) -> Mismatch | None:
+    """A block outside the pool or already owned; otherwise notes ``name`` as the owner of each of its blocks."""
+    for block in table:
+        if not 0 <= block < POOL_BLOCKS:
+            return Mismatch(f"{where}: {name!r} owns block {block}, outside the pool 0..{POOL_BLOCKS - 1}")
+        if block in owner:
+            return Mismatch(
+                f"{where}: block {block} is owned by both {owner[block]!r} and {name!r}",
+                "Take a block off the free list when you hand it out, so it cannot be given twice.",
+            )
+        owner[block] = name
+    return None
+
+
+def _lost_problem(where: str, num_free: int, owned: int) -> Mismatch | None:
+    if num_free + owned == POOL_BLOCKS:
+        return None
+    lost = POOL_BLOCKS - num_free - owned
+    gap = f"{lost} missing" if lost > 0 else f"{-lost} counted twice"
+    return Mismatch(
+        f"{where}: {num_free} blocks free + {owned} owned = {num_free + owned}, not {POOL_BLOCKS} ({gap})",
+        "A block must always be either on the free list or in exactly one table: put freed "
+        "blocks back on the free list.",
+    )
 
 
 def _run_allocator(functions, inputs) -> dict[str, Any]:
