@@ -14,6 +14,8 @@
 - :mod:`~labkit.labs.common.engine_runs`: the engine run with a learner's scheduler, allocator or attention
   plugged in, on a ticking clock (labs 4-9); :mod:`~labkit.labs.common.solo` judges such a run against each
   request decoded alone.
+- :mod:`~labkit.labs.common.scheduling`: a learner's scheduling policy watched decision by decision, with
+  labkit's own policy out of its reach (labs 4, 6 and 9).
 
 Which of them only the grader holds (hidden in the grading sandbox) is listed in ``labkit/grading/grader_only.py``.
 """
