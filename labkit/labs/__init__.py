@@ -1,10 +1,10 @@
 """The course's labs: one package per lab, what they share, and the manifest that lists them.
 
-- ``labN``: one package per lab notebook (the manifest below lists them). Its ``__init__`` holds the **exercise specs**
-  (what each exercise asks for, the inputs a check builds from a seed, the oracle it compares with,
-  the hints) and registers them with :mod:`labkit.grading`, which finds them by these names
-  (``labkit.labs.lab5``); modules beside it hold the run helpers only that lab uses (lab 9's server
-  loop, dashboard, admission and capacity checks in ``lab9/``).
+- ``labN``: one package per lab notebook (the manifest below lists them), a module per exercise or part: its
+  **exercise spec** (what the exercise asks for, the inputs a check builds from a seed, the oracle it compares
+  with, the comparison as a chain of named checks, the hints), registered with :mod:`labkit.grading`, which
+  finds them through the package (``labkit.labs.lab5``), whose ``__init__`` imports them in the notebook's
+  order; beside them the run helpers only that lab uses (lab 9's server loop and load, lab 12's replay).
 - :mod:`~labkit.labs.manifest`: one entry per lab (notebook, marker, seeds, cost); every list of labs
   (pytest markers, the tests that grade every lab, the labs README, the book) is built from it or
   checked against it.
