@@ -143,7 +143,7 @@ class System:
     a peer without a server whose ``offline(workload)`` times one turn itself."""
 
     name: str
-    start: Callable[..., ServeProcess] | None
+    start: Callable[..., ServeProcess | _Running] | None
     labkit: str | None = None  # the labkit configuration's name, None for another server
     llama: str | None = None  # the llama-server GGUF's name
     openvino: str | None = None  # the OpenVINO model's name
@@ -228,7 +228,7 @@ class _Running:
     """A server someone else started and stops: a ``with`` block leaves it as it is."""
 
     def __init__(self, url: str):
-        self.url, self.log = url, []
+        self.url, self.log = url, list[str]()
 
     def __enter__(self):
         return self
