@@ -228,7 +228,8 @@ class _Running:
     """A server someone else started and stops: a ``with`` block leaves it as it is."""
 
     def __init__(self, url: str):
-        self.url, self.log = url, list[str]()
+        self.url = url
+        self.log: list[str] = []
 
     def __enter__(self):
         return self
@@ -264,7 +265,9 @@ def ratio_lines(
     by_labkit = {s.labkit: s.name for s in systems if s.labkit}
     for pair in equal_bytes:
         ours, _, theirs = pair.partition("=")
-        for peer in [s.name for s in systems if theirs in (s.llama, s.openvino)] if ours in by_labkit else []:
+        if ours not in by_labkit:
+            continue
+        for peer in (s.name for s in systems if theirs in (s.llama, s.openvino)):
             cells = [f"{w} {medians[(by_labkit[ours], w)] / medians[(peer, w)]:.2f}x" for w in workloads]
             lines.append(f"equal bytes, {by_labkit[ours]} / {peer}: " + ", ".join(cells))
     quantized = [s.name for s in systems if s.llama and s.llama.upper() not in UNQUANTIZED]
