@@ -1,6 +1,7 @@
 """scripts/serve_compare.py: its shipped traces load as workloads that ask for the published token counts;
-labkit configurations and llama-server GGUFs become systems; the table's ratios; one trial end to end
-against a fake llama-server (tests/fake_llama_server.py: the real binary is never needed here)."""
+labkit configurations, llama-server GGUFs and OpenVINO models become systems; the table's ratios; one trial end
+to end against a fake llama-server (tests/fake_llama_server.py: the real binary is never needed here), and the
+OpenVINO turn against a fake child process (OpenVINO itself: tests/test_openvino_offline_script.py)."""
 
 from __future__ import annotations
 
