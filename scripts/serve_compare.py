@@ -1,8 +1,10 @@
-"""Side by side: labkit serve configurations and llama-server GGUFs, the same traces, one client, in turns.
+"""Side by side: labkit serve configurations, llama-server GGUFs and OpenVINO GenAI, the same traces, in turns.
 
     python scripts/serve_compare.py --labkit                          # labkit serve at its defaults
     python scripts/serve_compare.py --labkit --labkit fp32="--dtype float32" --labkit int8="--quantization int8" \\
         --llama Q8_0=~/llama-build/gguf/SmolLM2-135M-Instruct.Q8_0.gguf --llama-args "-t 2" --rounds 3
+    python scripts/serve_compare.py --labkit --labkit int8="--quantization int8" \\
+        --openvino int8=~/ov-build/SmolLM2-135M-Instruct-int8          # OpenVINO GenAI, offline
     python scripts/serve_compare.py --labkit --url other=http://127.0.0.1:8080   # a server you started
 
 Each round sends W1 (32 short chats) and W2 (64 ShareGPT conversations) to every system in turn
@@ -12,25 +14,31 @@ load tester (the official ``openai`` client). The script starts each labkit conf
 llama-server GGUF afresh for its turn and stops it after, so only the measured server runs and no
 cache outlives a turn; four short chats warm it up first. llama-server gets one slot per request
 of the trace (``-np``) and a context per slot that holds the trace's longest request (``-c``), unless
-``--llama-args`` or the GGUF's own arguments say otherwise.
+``--llama-args`` or the GGUF's own arguments say otherwise. OpenVINO GenAI has no server on PyPI: its
+continuous-batching pipeline gets the same requests at once in a fresh process each turn
+(scripts/openvino_offline.py), without HTTP, so its figure is what a server around it could at best reach.
 
 It prints output tokens per second, the median over rounds, and two ratios: at equal bytes
-(``--equal-bytes``: labkit int8 over llama-server Q8_0, one byte per weight each) and labkit's
+(``--equal-bytes``: labkit int8 over llama-server Q8_0 and over OpenVINO int8, one byte per weight each) and labkit's
 defaults (a bare ``--labkit``) over llama-server's best quantized GGUF. It warns when a system produced
 another number of tokens than the trace asks for (then the comparison is not fair). The load average is
 printed at the start and the end: say it beside the figures. README, "Side by side with llama.cpp",
-says how to build llama-server and make the GGUFs.
+says how to build llama-server and make the GGUFs; "OpenVINO GenAI beside them", how to install it and
+export the model.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import shlex
 import shutil
 import statistics
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -49,6 +57,7 @@ GET_LLAMA_SERVER = (
     "llama-server not found: give --llama-server PATH or put it on PATH. Build it from the llama-cpp-python "
     "sdist on PyPI (no other network needed): README.md, 'Side by side with llama.cpp', has the commands."
 )
+GET_OPENVINO = "README.md, 'OpenVINO GenAI beside them', says how to install it from PyPI and export the model"
 
 
 def trace_workload(path: Path, name: str, requests: int | None = None):
@@ -73,12 +82,15 @@ def tokens_per_second(url: str, workload, model: str) -> tuple[float, int, list[
     return tokens / wall, tokens, errors
 
 
-def warm_up(url: str, model: str) -> None:
-    """Four short chats, four tokens each, none of them in a trace: a fresh server's first steps (llama-server's
+def warm_up_workload():
+    """Four short chats, four tokens each, none of them in a trace: a fresh system's first steps (llama-server's
     first batch takes seconds) are not timed, and no prompt of the timed run is in a cache beforehand."""
     chats = [[{"role": "user", "content": f"Warm-up {n}: name a colour."}] for n in range(4)]
-    warm = replay_workload([0.0] * 4, [8] * 4, [4] * 4, prompts=chats, name="warm-up")
-    asyncio.run(run_load(api_base(url), warm, model, ignore_eos=True))
+    return replay_workload([0.0] * 4, [8] * 4, [4] * 4, prompts=chats, name="warm-up")
+
+
+def warm_up(url: str, model: str) -> None:
+    asyncio.run(run_load(api_base(url), warm_up_workload(), model, ignore_eos=True))
 
 
 # --- the systems -------------------------------------------------------------------------------------
@@ -93,15 +105,20 @@ class LlamaServer(ServeProcess):
         super().__init__(*args)
 
 
-def default_prompt_tokens() -> Callable[[list[dict]], int]:
-    """Prompt length in tokens through the default model's tokenizer and chat template (llama-server's GGUF
-    is the same model, so its slots are sized by the same count)."""
+def default_prompt_ids() -> Callable[[list[dict]], list[int]]:
+    """Prompt token ids through the default model's tokenizer and chat template: what labkit serve computes on."""
     from labkit.models import default_model
     from labkit.models.tokenizer import ChatTokenizer
     from labkit.models.tokens import encode_prompt
 
     tokenizer = ChatTokenizer(default_model.ensure_converted(progress=False))
-    return lambda messages: len(encode_prompt(tokenizer, messages))
+    return lambda messages: encode_prompt(tokenizer, messages)
+
+
+def default_prompt_tokens() -> Callable[[list[dict]], int]:
+    """Prompt length in tokens (llama-server's GGUF is the same model, so its slots are sized by this count)."""
+    prompt_ids = default_prompt_ids()
+    return lambda messages: len(prompt_ids(messages))
 
 
 def slot_arguments(workload, prompt_tokens: Callable[[list[dict]], int], given: list[str]) -> list[str]:
@@ -117,15 +134,21 @@ def slot_arguments(workload, prompt_tokens: Callable[[list[dict]], int], given: 
     return chosen + ([] if {"-c", "--ctx-size"} & set(given) else ["-c", str(slots * per_slot)])
 
 
+Turn = tuple[float, int, list[str], str | None]  # tokens per second, output tokens, errors, precision
+
+
 @dataclass
 class System:
-    """One server to measure: ``start(workload)`` gives it running, ready for that workload."""
+    """One system to measure: a server that ``start(workload)`` gives running, ready for that workload, or
+    a peer without a server whose ``offline(workload)`` times one turn itself."""
 
     name: str
-    start: Callable[..., ServeProcess]
+    start: Callable[..., ServeProcess | _Running] | None
     labkit: str | None = None  # the labkit configuration's name, None for another server
     llama: str | None = None  # the llama-server GGUF's name
-    precisions: list[str] = field(default_factory=list)  # what labkit serve computed in, each turn
+    openvino: str | None = None  # the OpenVINO model's name
+    offline: Callable[..., Turn] | None = None
+    precisions: list[str] = field(default_factory=list)  # what it computed in, each turn
 
 
 def named_value(item: str, flag: str, example: str) -> tuple[str, str]:
@@ -168,6 +191,34 @@ def find_llama_server(given: str | None) -> str:
     return found
 
 
+def openvino_command(folder: Path, workload) -> list[str]:
+    """The child process that times OpenVINO GenAI on one trace (scripts/openvino_offline.py)."""
+    script = Path(__file__).parent / "openvino_offline.py"
+    return [sys.executable, str(script), str(folder), "--workload", workload.name, "--requests", str(len(workload))]
+
+
+def openvino_turn(folder: Path, workload) -> Turn:
+    """OpenVINO GenAI's turn, in a fresh process (as each server is started afresh): its JSON line read back."""
+    done = subprocess.run(openvino_command(folder, workload), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"OpenVINO GenAI failed on {workload.name}:\n{done.stderr[-2000:]}")
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    return said["tokens"] / said["seconds"], said["tokens"], [], said["precision"]
+
+
+def openvino_system(item: str) -> System:
+    """``--openvino NAME=FOLDER``: OpenVINO GenAI's pipeline on a model exported to that folder, offline."""
+    name, value = named_value(item, "--openvino", "int8=~/ov-build/SmolLM2-135M-Instruct-int8")
+    folder = Path(value).expanduser()
+    if not (folder / "openvino_model.xml").is_file():
+        raise SystemExit(
+            f"--openvino {name}: no exported model in {str(folder)!r} (no openvino_model.xml); {GET_OPENVINO}"
+        )
+    if importlib.util.find_spec("openvino_genai") is None:
+        raise SystemExit(f"--openvino {name}: openvino_genai is not installed in {sys.executable}; {GET_OPENVINO}")
+    return System(f"openvino {name} (offline)", None, openvino=name, offline=partial(openvino_turn, folder))
+
+
 def url_system(item: str) -> System:
     name, url = named_value(item, "--url", "other=http://127.0.0.1:8080")
     return System(name, lambda _workload: _Running(url))
@@ -177,7 +228,8 @@ class _Running:
     """A server someone else started and stops: a ``with`` block leaves it as it is."""
 
     def __init__(self, url: str):
-        self.url, self.log = url, []
+        self.url = url
+        self.log: list[str] = []
 
     def __enter__(self):
         return self
@@ -194,25 +246,30 @@ def build_systems(args, prompt_tokens: Callable | None = None) -> list[System]:
         binary = find_llama_server(args.llama_server)
         tokens = prompt_tokens or default_prompt_tokens()
         systems += [llama_system(item, binary, shlex.split(args.llama_args), tokens) for item in args.llama]
+    systems += [openvino_system(item) for item in args.openvino]
     systems += [url_system(item) for item in args.url]
     names = [s.name for s in systems]
     if len(set(names)) < len(names):
-        raise SystemExit(f"two systems share a name: {names}; give each --labkit/--llama/--url its own NAME")
+        raise SystemExit(f"two systems share a name: {names}; give each --labkit/--llama/--openvino/--url its own NAME")
     return systems
 
 
 # --- the table ---------------------------------------------------------------------------------------
 def ratio_lines(
-    systems: list[System], medians: dict[tuple[str, str], float], workloads: list[str], equal_bytes: str
+    systems: list[System], medians: dict[tuple[str, str], float], workloads: list[str], equal_bytes: list[str]
 ) -> list[str]:
-    """The two comparisons the issue asks for, where the systems for them were measured."""
+    """The comparisons the issue asks for, where the systems for them were measured: each ``LABKIT=PEER`` pair
+    at equal bytes (PEER a llama-server GGUF's or an OpenVINO model's name), then labkit's defaults against
+    llama-server's best quantized GGUF."""
     lines = []
-    ours, _, theirs = equal_bytes.partition("=")
     by_labkit = {s.labkit: s.name for s in systems if s.labkit}
-    by_llama = {s.llama: s.name for s in systems if s.llama}
-    if ours in by_labkit and theirs in by_llama:
-        cells = [f"{w} {medians[(by_labkit[ours], w)] / medians[(by_llama[theirs], w)]:.2f}x" for w in workloads]
-        lines.append(f"equal bytes, {by_labkit[ours]} / {by_llama[theirs]}: " + ", ".join(cells))
+    for pair in equal_bytes:
+        ours, _, theirs = pair.partition("=")
+        if ours not in by_labkit:
+            continue
+        for peer in (s.name for s in systems if theirs in (s.llama, s.openvino)):
+            cells = [f"{w} {medians[(by_labkit[ours], w)] / medians[(peer, w)]:.2f}x" for w in workloads]
+            lines.append(f"equal bytes, {by_labkit[ours]} / {peer}: " + ", ".join(cells))
     quantized = [s.name for s in systems if s.llama and s.llama.upper() not in UNQUANTIZED]
     if "defaults" in by_labkit and quantized:
         cells = []
@@ -224,7 +281,11 @@ def ratio_lines(
 
 
 def table(
-    systems: list[System], speeds: dict[tuple[str, str], list[float]], workloads: dict, rounds: int, equal_bytes: str
+    systems: list[System],
+    speeds: dict[tuple[str, str], list[float]],
+    workloads: dict,
+    rounds: int,
+    equal_bytes: list[str],
 ) -> str:
     """Medians over rounds, one row per system, then the ratios."""
     medians = {key: statistics.median(values) for key, values in speeds.items()}
@@ -275,25 +336,42 @@ def parse_args(argv: list[str] | None = None):
         default="",
         help="arguments for every llama-server, e.g. '-t 2 --no-repack' (one flag alone: --llama-args=--flag)",
     )
+    parser.add_argument(
+        "--openvino",
+        action="append",
+        default=[],
+        metavar="NAME=FOLDER",
+        help="OpenVINO GenAI on a model exported by optimum-cli, offline (no server of it installs from PyPI)",
+    )
     parser.add_argument("--url", action="append", default=[], metavar="NAME=URL", help="a server you started")
     parser.add_argument("--model", default=None, help="model name to send (default: what each server lists)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workloads", default="W1,W2", help="which traces: W1, W2 or both")
     parser.add_argument("--requests", type=int, default=None, help="only each trace's first N requests (a trial)")
     parser.add_argument(
-        "--equal-bytes", default="int8=Q8_0", metavar="LABKIT=LLAMA", help="the pair compared at equal bytes"
+        "--equal-bytes",
+        action="append",
+        default=None,
+        metavar="LABKIT=PEER",
+        help="a pair compared at equal bytes, PEER a --llama or --openvino NAME; repeatable (default: int8=Q8_0, int8=int8)",
     )
     args = parser.parse_args(argv)
-    if not (args.labkit or args.llama or args.url):
-        parser.error("nothing to compare: give --labkit, --llama NAME=GGUF and/or --url NAME=URL")
+    args.equal_bytes = args.equal_bytes or ["int8=Q8_0", "int8=int8"]
+    if not (args.labkit or args.llama or args.openvino or args.url):
+        parser.error(
+            "nothing to compare: give --labkit, --llama NAME=GGUF, --openvino NAME=FOLDER and/or --url NAME=URL"
+        )
     unknown = set(args.workloads.split(",")) - set(WORKLOADS)
     if unknown:
         parser.error(f"--workloads: no trace named {sorted(unknown)}; choose from {sorted(WORKLOADS)}")
     return args
 
 
-def turn(system: System, workload, model: str | None) -> tuple[float, int, list[str], str | None]:
+def turn(system: System, workload, model: str | None) -> Turn:
     """One system's turn at one workload: started afresh, warmed up, timed, stopped."""
+    if system.offline is not None:
+        return system.offline(workload)
+    assert system.start is not None
     with system.start(workload) as server:
         model = model or asyncio.run(server_model(api_base(server.url)))
         warm_up(server.url, model)

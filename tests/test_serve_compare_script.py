@@ -1,6 +1,7 @@
 """scripts/serve_compare.py: its shipped traces load as workloads that ask for the published token counts;
-labkit configurations and llama-server GGUFs become systems; the table's ratios; one trial end to end
-against a fake llama-server (tests/fake_llama_server.py: the real binary is never needed here)."""
+labkit configurations, llama-server GGUFs and OpenVINO models become systems; the table's ratios; one trial end
+to end against a fake llama-server (tests/fake_llama_server.py: the real binary is never needed here), and the
+OpenVINO turn against a fake child process (OpenVINO itself: tests/test_openvino_offline_script.py)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def test_a_trial_takes_each_traces_first_requests(script):
 def test_nothing_to_compare_is_an_error_that_says_what_to_give(script, capsys):
     with pytest.raises(SystemExit):
         script.main([])
-    assert "give --labkit, --llama NAME=GGUF and/or --url NAME=URL" in capsys.readouterr().err
+    assert "give --labkit, --llama NAME=GGUF, --openvino NAME=FOLDER and/or --url NAME=URL" in capsys.readouterr().err
 
 
 def test_labkit_configurations_are_named_and_carry_their_arguments(script, monkeypatch):
@@ -128,12 +129,78 @@ def test_the_ratios_at_equal_bytes_and_against_llamas_best_quantized(script):
         ("llama Q4_1", "W1"): 100.0,
         ("llama F32", "W1"): 1000.0,
     }
-    lines = script.ratio_lines(systems, medians, ["W1"], "int8=Q8_0")
+    lines = script.ratio_lines(systems, medians, ["W1"], ["int8=Q8_0"])
     assert lines == [
         "equal bytes, labkit int8 / llama Q8_0: W1 1.50x",
         "labkit defaults / llama's best quantized: W1 0.75x (best: llama Q8_0)",
     ]
-    assert script.ratio_lines(systems[2:], medians, ["W1"], "int8=Q8_0") == []  # no labkit: no ratio
+    assert script.ratio_lines(systems[2:], medians, ["W1"], ["int8=Q8_0"]) == []  # no labkit: no ratio
+
+
+def test_openvino_int8_is_compared_at_equal_bytes_too_but_never_as_llamas_best(script):
+    systems = [
+        system(script, "labkit defaults", labkit="defaults"),
+        system(script, "labkit int8", labkit="int8"),
+        system(script, "llama Q8_0", llama="Q8_0"),
+        system(script, "openvino int8 (offline)", openvino="int8"),
+    ]
+    medians = {("labkit defaults", "W1"): 100.0, ("labkit int8", "W1"): 300.0, ("llama Q8_0", "W1"): 200.0}
+    medians[("openvino int8 (offline)", "W1")] = 400.0
+    assert script.ratio_lines(systems, medians, ["W1"], script.parse_args(["--labkit"]).equal_bytes) == [
+        "equal bytes, labkit int8 / llama Q8_0: W1 1.50x",
+        "equal bytes, labkit int8 / openvino int8 (offline): W1 0.75x",
+        "labkit defaults / llama's best quantized: W1 0.50x (best: llama Q8_0)",
+    ]
+
+
+@pytest.fixture
+def exported(tmp_path, script, monkeypatch):
+    """A folder that looks exported, and openvino_genai taken as installed (the child process is faked)."""
+    folder = tmp_path / "SmolLM2-135M-Instruct-int8"
+    folder.mkdir()
+    (folder / "openvino_model.xml").write_text("<net/>")
+    monkeypatch.setattr(script.importlib.util, "find_spec", lambda name: object())
+    return folder
+
+
+def test_openvino_without_an_exported_model_says_how_to_export_one(script, tmp_path):
+    with pytest.raises(SystemExit, match="--openvino int8: no exported model in .*absent.*OpenVINO GenAI beside them"):
+        script.build_systems(script.parse_args(["--openvino", f"int8={tmp_path / 'absent'}"]))
+
+
+def test_openvino_without_openvino_genai_says_how_to_install_it(script, exported, monkeypatch):
+    monkeypatch.setattr(script.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit, match="openvino_genai is not installed in .*install it from PyPI"):
+        script.build_systems(script.parse_args(["--openvino", f"int8={exported}"]))
+
+
+def test_openvino_runs_each_turn_in_a_fresh_process_on_the_traces_requests(script, exported):
+    (system,) = script.build_systems(script.parse_args(["--openvino", f"int8={exported}"]))
+    assert (system.name, system.openvino, system.start) == ("openvino int8 (offline)", "int8", None)
+    workload = script.trace_workload(script.WORKLOADS["W2"], "W2", 5)
+    command = script.openvino_command(exported, workload)
+    assert command[0] == sys.executable and Path(command[1]).name == "openvino_offline.py"
+    assert command[2:] == [str(exported), "--workload", "W2", "--requests", "5"]
+
+
+def test_an_openvino_turn_reads_the_childs_json_and_flags_a_token_count_off_the_trace(
+    script, exported, monkeypatch, capsys
+):
+    said = {"tokens": 10, "seconds": 2.0, "precision": "f32+u8-kv"}
+    monkeypatch.setattr(script, "openvino_command", lambda *_: [sys.executable, "-c", f"print({json.dumps(said)!r})"])
+    argv = ["--openvino", f"int8={exported}", "--rounds", "1", "--workloads", "W1", "--requests", "3"]
+    assert script.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "round 1 W1 openvino int8 (offline) [f32+u8-kv]: 5.0 tok/s  (!) 10 tokens, the trace asks" in out
+    assert "| openvino int8 (offline) (f32+u8-kv in 1 turn(s)) | 5.0 |" in out
+
+
+def test_a_failing_openvino_turn_shows_what_it_said(script, exported, monkeypatch):
+    failing = [sys.executable, "-c", "import sys; sys.exit('no CPU plugin here')"]
+    monkeypatch.setattr(script, "openvino_command", lambda *_: failing)
+    argv = ["--openvino", f"int8={exported}", "--rounds", "1", "--workloads", "W1", "--requests", "3"]
+    with pytest.raises(SystemExit, match="OpenVINO GenAI failed on W1:\\nno CPU plugin here"):
+        script.main(argv)
 
 
 def test_a_trial_against_a_fake_llama_server_end_to_end(script, fake_llama, monkeypatch, capsys):
