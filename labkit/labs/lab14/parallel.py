@@ -27,6 +27,7 @@ from labkit.labs.lab14.ranks import HUNG, WORLD, run_on_two_ranks
 
 STEPS, SEQUENCES = 4, 2  # greedy steps, and sequences per rank
 NOT_DONE = "not done"
+WAITING = ("Timed out", "timed out", "Connection closed", "Connection reset")  # a rank's error waiting for a partner
 MARGIN = 1e-3  # the smallest gap between the best two logits the prompts' greedy steps may have
 
 
@@ -44,7 +45,7 @@ def _held(expert, rank: int, per_rank: int):
     return held
 
 
-def _rank_work(function, inputs: dict[str, Any], rank: int) -> Any:
+def rank_work(function, inputs: dict[str, Any], rank: int) -> Any:
     """What each rank runs: the learner's layer on this rank's batch, then the toy model's greedy steps with it."""
     per_rank = inputs["layer"].experts // WORLD
 
@@ -75,12 +76,17 @@ def _clear_margins(lm, prompts: torch.Tensor) -> torch.Tensor:
 
 
 def parallel_cases(seed: int) -> dict[str, Any]:
-    """A seeded layer of 8 experts (4 per rank) and a batch of 3 to 9 tokens on each rank, routed by its router; the
-    toy model of the seed and 2 prompt tokens per rank whose greedy steps have no near-tie."""
+    """A seeded layer of 8 experts (4 per rank) and a batch of 3 to 9 tokens on each rank, routed by its router (each
+    rank sends the other a different number of rows); the toy model of the seed and 2 prompt tokens per rank whose
+    greedy steps have no near-tie."""
     r, generator = rng(seed), torch_generator(seed)
     layer, lm = make_layer(seed + 7), make_lm(seed)
-    x = [torch.randn(r.randint(3, 9), 64, generator=generator) for _ in range(WORLD)]
-    routes = [course_route(layer.logits(batch), layer.top_k) for batch in x]
+    while True:  # until the ranks send each other different numbers of rows, so that unexchanged counts show
+        x = [torch.randn(r.randint(3, 9), 64, generator=generator) for _ in range(WORLD)]
+        routes = [course_route(layer.logits(batch), layer.top_k) for batch in x]
+        across = [int((chosen // (layer.experts // WORLD) != rank).sum()) for rank, (_, chosen) in enumerate(routes)]
+        if across[0] != across[1]:
+            break
     candidates = torch.tensor(r.sample(range(len(lm.embedding)), 40))
     prompts = candidates[_clear_margins(lm, candidates)][: WORLD * SEQUENCES].view(WORLD, SEQUENCES)
     inputs = {"layer": layer, "lm": lm, "x": x, "weights": [w for w, _ in routes], "chosen": [c for _, c in routes]}
@@ -89,14 +95,16 @@ def parallel_cases(seed: int) -> dict[str, Any]:
 
 def _first_cause(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Of the ranks' exceptions, the one that is not a rank's timeout waiting for its failed partner."""
-    waiting = ("Timed out", "timed out", "Connection closed", "Connection reset")
-    return next((r for r in records if not any(word in r["message"] for word in waiting)), records[0])
+    return next((r for r in records if not any(word in r["message"] for word in WAITING)), records[0])
 
 
 def _run(functions, inputs) -> Any:
-    results = run_on_two_ranks(functions[0], _rank_work, inputs)
+    results = run_on_two_ranks(functions[0], rank_work, inputs)
     if any(isinstance(result, dict) and NOT_DONE in result for result in results):
         raise NotImplementedError("expert_parallel_moe is not written yet")
+    crashed = [result for result in results if "crashed" in result]
+    if crashed:  # gloo ends a process whose collective received the wrong size; its partner's error only echoes it
+        return crashed[:1]
     raised = [dict(result[RAISED], rank=rank) for rank, result in enumerate(results) if RAISED in result]
     if raised:
         cause = _first_cause(raised)
@@ -157,8 +165,9 @@ def _layer_mismatch(expected: dict[str, Any], rank: int, out: Any) -> Mismatch |
     return Mismatch(
         f"{where}: off by up to {gap:.3g} from one process",
         hint
-        or "Compare the order you sent the rows in with the order you add them back: the rows that come back follow "
-        "the order you sent, so keep the token and the weight of each row in that same order.",
+        or "Did the rows come back? A tensor made with torch.empty holds garbage until the all-to-all back fills it. "
+        "Then compare the order you sent the rows in with the order you add them back: the rows come back in the "
+        "order you sent them, so keep each row's token and weight in that same order.",
     )
 
 
@@ -166,10 +175,13 @@ def _compare(expected: dict[str, Any], got: Any) -> Mismatch | None:
     record = got[0] if isinstance(got, list) and got else {}
     if HUNG in record:
         return _hung_mismatch(record[HUNG])
+    if "crashed" in record:
+        crash = record["crashed"]
+        return Mismatch(
+            f"rank {crash['rank']} ended with exit code {crash['exitcode']} and no result: {crash['log'].strip()}",
+            _known({"message": crash["log"]}),
+        )
     for rank, result in enumerate(got):
-        if "crashed" in result:
-            crash = result["crashed"]
-            return Mismatch(f"rank {rank} ended with exit code {crash['exitcode']} and no result: {crash['log']}")
         mismatch = _layer_mismatch(expected, rank, result["out"])
         if mismatch is not None:
             return mismatch
@@ -199,6 +211,11 @@ def _known(record: dict[str, Any]) -> str | None:
             "The sizes disagree: rank s must be told how many rows rank r sends it before it can receive them. "
             "Exchange the counts first (all_to_all_single of a [world] tensor of counts) and pass what you send as "
             "input_split_sizes and what you receive as output_split_sizes."
+        )
+    if any(word in message for word in WAITING):
+        return (
+            "A rank waited for a collective its partner never joined: both ranks must call the same collectives, "
+            "in the same order, the same number of times (also when a rank has no rows to send: send zero)."
         )
     return None
 

@@ -79,6 +79,8 @@ def _rank_main(rank: int, folder: str, function_bytes: bytes, work: Callable, pa
     finally:
         dist.destroy_process_group()
     torch.save(result, Path(folder) / f"rank{rank}.pt")
+    log.flush()
+    os._exit(0)  # at once, without the exit handlers a forked child inherited from the kernel
 
 
 def _hung(folder: str, seconds: float, finished: list[int]) -> dict[str, Any]:
@@ -117,14 +119,15 @@ def _wait(ranks: list, folder: str, seconds: float) -> list[int]:
     :data:`AFTER_A_FAILURE_S` more (it is waiting for a collective the failed rank will never join)."""
     deadline, failed_at = time.monotonic() + seconds, None
     while True:
-        finished = [rank for rank, process in enumerate(ranks) if process.exitcode is not None]
+        running = [process for process in ranks if process.exitcode is None]
+        finished = [rank for rank, process in enumerate(ranks) if process not in running]
         now = time.monotonic()
         if failed_at is None and any(_failed(folder, rank) for rank in finished):
             failed_at = now
         until = deadline if failed_at is None else min(deadline, failed_at + AFTER_A_FAILURE_S)
-        if len(finished) == WORLD or now >= until:
+        if not running or now >= until:
             return finished
-        multiprocessing.connection.wait([p.sentinel for p in ranks if p.exitcode is None], timeout=until - now)
+        multiprocessing.connection.wait([process.sentinel for process in running], timeout=until - now)
 
 
 def _failed(folder: str, rank: int) -> bool:
