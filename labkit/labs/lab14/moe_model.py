@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from labkit.models.layers import rms_norm
 
+WEIGHT_SEEDS = 1_000_003  # weights draw from seeds this far from the ones the checks draw inputs from
 Route = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 Dispatch = Callable[..., torch.Tensor]  # (x, weights, chosen, expert) -> [T, H]
 
@@ -53,15 +54,15 @@ def make_layer(
     seed: int, hidden: int = 64, experts: int = 8, top_k: int = 2, width: int = 128, device=None
 ) -> MoeLayer:
     """A layer with random weights drawn from ``seed`` on the CPU (the same numbers everywhere), then moved."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(WEIGHT_SEEDS + seed)
 
-    def draw(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape, generator=generator) / shape[-1] ** 0.5).to(device)
+    def draw(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=generator) * scale / shape[-1] ** 0.5).to(device)
 
+    router = draw(experts, hidden, scale=1.5)  # logits of about 1.5 either way: weights neither one-hot nor even
     return MoeLayer(
-        draw(experts, hidden), draw(experts, width, hidden), draw(experts, width, hidden), draw(experts, hidden, width),
-        top_k,
-    )  # fmt: skip
+        router, draw(experts, width, hidden), draw(experts, width, hidden), draw(experts, hidden, width), top_k
+    )
 
 
 def course_route(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,11 +91,12 @@ def per_token_reference(x: torch.Tensor, weights: torch.Tensor, chosen: torch.Te
 
 @dataclass(frozen=True)
 class TinyMoeLM:
-    """An embedding, two MoE layers with residuals and RMSNorm, and the embedding again as the output: no attention,
-    so each step sees only its last token; enough to decode greedily and compare tokens."""
+    """An embedding, two MoE layers with residuals and RMSNorm, and an output matrix: no attention, so each step sees
+    only its last token; enough to decode greedily and compare tokens."""
 
     embedding: torch.Tensor  # [V, H]
     layers: tuple[MoeLayer, ...]
+    head: torch.Tensor  # [V, H]
 
     def step(self, tokens: torch.Tensor, route: Route, dispatch: Dispatch) -> torch.Tensor:
         """The logits [T, V] of one decode step of ``tokens`` [T], with ``route`` and ``dispatch`` in every layer."""
@@ -103,7 +105,7 @@ class TinyMoeLM:
             a = rms_norm(h, torch.ones_like(h[0]), 1e-6)
             weights, chosen = route(layer.logits(a), layer.top_k)
             h = h + dispatch(a, weights, chosen, layer.expert)
-        return rms_norm(h, torch.ones_like(h[0]), 1e-6) @ self.embedding.T
+        return rms_norm(h, torch.ones_like(h[0]), 1e-6) @ self.head.T
 
     def greedy(self, tokens: torch.Tensor, steps: int, route: Route, dispatch: Dispatch) -> torch.Tensor:
         """``steps`` greedy tokens after each of ``tokens`` [T]: [T, steps]."""
@@ -115,6 +117,8 @@ class TinyMoeLM:
 
 
 def make_lm(seed: int, vocab: int = 96, device=None) -> TinyMoeLM:
-    """The toy language model of ``seed``: two layers of :func:`make_layer` and a random embedding."""
-    embedding = torch.randn(vocab, 64, generator=torch.Generator().manual_seed(seed)).to(device)
-    return TinyMoeLM(embedding, (make_layer(seed + 1, device=device), make_layer(seed + 2, device=device)))
+    """The toy language model of ``seed``: two layers of :func:`make_layer`, a random embedding and output."""
+    generator = torch.Generator().manual_seed(WEIGHT_SEEDS - seed)
+    embedding, head = (torch.randn(vocab, 64, generator=generator).to(device) for _ in range(2))
+    layers = (make_layer(seed + 1, device=device), make_layer(seed + 2, device=device))
+    return TinyMoeLM(embedding, layers, head)

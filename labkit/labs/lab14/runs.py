@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from labkit.labs.lab14.moe_model import course_dispatch, course_route, make_layer
-from labkit.labs.lab14.parallel import STEPS, rank_work, parallel_cases
+from labkit.labs.lab14.parallel import STEPS, parallel_cases, rank_work
 from labkit.labs.lab14.ranks import backend, run_on_two_ranks
 from labkit.sim.moe import expected_distinct_experts, weight_bytes_read
 
