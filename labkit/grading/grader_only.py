@@ -22,7 +22,7 @@ GRADER_ONLY = (
     "labkit.labs.common.mistakes",
     "labkit.labs.common.pieces",
     "labkit.labs.common.solo",
-    *(f"labkit.labs.lab{number}" for number in range(1, 14)),
+    *(f"labkit.labs.lab{number}" for number in range(1, 15)),
     "labkit.labs.lab8.runs",
     "labkit.labs.lab8.sampling",
     "labkit.labs.lab9.admission",
@@ -37,6 +37,10 @@ GRADER_ONLY = (
     "labkit.labs.lab12.tier",
     "labkit.labs.lab13.matmul",
     "labkit.labs.lab13.split_kv",
+    "labkit.labs.lab14.bytes_read",
+    "labkit.labs.lab14.course",
+    "labkit.labs.lab14.dispatch",
+    "labkit.labs.lab14.parallel",
 )
 
 # What notebooks and kernel-side runs import from labkit.labs: labkit.labs.api's surface and what it needs.
@@ -63,6 +67,9 @@ VISIBLE_LABS = (
     "labkit.labs.lab12.runs",
     "labkit.labs.lab13.kernels",
     "labkit.labs.lab13.runs",
+    "labkit.labs.lab14.moe_model",
+    "labkit.labs.lab14.ranks",
+    "labkit.labs.lab14.runs",
 )
 
 # The text each grader-only file reads as inside the sandbox: a package's stays a package, so that its

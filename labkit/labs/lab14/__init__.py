@@ -29,7 +29,7 @@ from labkit.grading.result import Mismatch
 from labkit.labs.common.diagnose import diagnosed
 from labkit.labs.common.shared import on_check_device, rng, torch_generator
 from labkit.labs.hints import register_hints
-from labkit.labs.lab14.moe_model import course_route
+from labkit.labs.lab14.course import course_route
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-4)
 
@@ -150,7 +150,7 @@ register(
         Exercise(
             id="lab14.route",
             functions=("route",),
-            answers=("labkit.labs.lab14.moe_model.course_route",),
+            answers=("labkit.labs.lab14.course.course_route",),
             make_inputs=route_cases,
             run=_run,
             oracle=_oracle,

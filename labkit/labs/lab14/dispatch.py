@@ -20,7 +20,8 @@ from labkit.grading.result import Mismatch
 from labkit.labs.common.diagnose import diagnosed
 from labkit.labs.common.shared import on_check_device, rng, torch_generator
 from labkit.labs.hints import register_hints
-from labkit.labs.lab14.moe_model import MoeLayer, course_dispatch, course_route, make_layer, per_token_reference
+from labkit.labs.lab14.course import course_dispatch, course_route
+from labkit.labs.lab14.moe_model import MoeLayer, make_layer, per_token_reference
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-4)
 
@@ -105,6 +106,10 @@ def _value_mismatch(where: str, got: torch.Tensor, right: torch.Tensor, wrong: d
             "it; add each to the token it came from (out.index_add_(0, tokens, ...) with the same tokens you "
             "gathered x[tokens] with)."
         )
+    hint = hint or (
+        "Check that each expert's output rows go back to the tokens whose rows you handed it (the same index you "
+        "gathered x with), each scaled by that token's weight for that expert."
+    )
     token = int((got - right).abs().amax(dim=-1).argmax())
     said = f"; token {moved[0][0]} holds token {moved[0][1]}'s output" if moved else ""
     gap = float((got[token] - right[token]).abs().max())
@@ -162,7 +167,7 @@ register(
         Exercise(
             id="lab14.dispatch",
             functions=("moe_dispatch",),
-            answers=("labkit.labs.lab14.moe_model.course_dispatch",),
+            answers=("labkit.labs.lab14.course.course_dispatch",),
             make_inputs=dispatch_cases,
             run=_run,
             oracle=_oracle,

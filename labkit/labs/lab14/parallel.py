@@ -21,8 +21,9 @@ from labkit.labs.common.diagnose import diagnosed
 from labkit.labs.common.learner_errors import RAISED, capture
 from labkit.labs.common.shared import on_check_device, rng, torch_generator
 from labkit.labs.hints import register_hints
+from labkit.labs.lab14.course import course_dispatch, course_route
 from labkit.labs.lab14.dispatch import MISTAKES, TOLERANCE, _rows_elsewhere
-from labkit.labs.lab14.moe_model import MoeLayer, course_dispatch, course_route, make_layer, make_lm
+from labkit.labs.lab14.moe_model import MoeLayer, make_layer, make_lm
 from labkit.labs.lab14.ranks import HUNG, WORLD, run_on_two_ranks
 
 STEPS, SEQUENCES = 4, 2  # greedy steps, and sequences per rank
@@ -225,7 +226,7 @@ register(
         Exercise(
             id="lab14.expert_parallel",
             functions=("expert_parallel_moe",),
-            answers=("labkit.labs.lab14.moe_model.course_dispatch",),
+            answers=("labkit.labs.lab14.course.course_dispatch",),
             make_inputs=parallel_cases,
             run=_run,
             oracle=_oracle,

@@ -1,8 +1,8 @@
 """Two real processes joined by torch.distributed, each running a learner's function: lab 14's expert parallelism.
 
 A function defined in a notebook cannot be imported by a new process (it lives in the kernel's ``__main__``), so
-it travels by value, pickled with cloudpickle (its code and the names it uses), and the work each rank does
-around it is a function of this module, which a new process imports. The ranks meet through a file in a fresh
+it travels by value, pickled with cloudpickle (its code and the names it uses), with the work each rank does
+around it and that work's inputs. The ranks meet through a file in a fresh
 folder (``file://`` rendezvous: no port to pick, none to collide), gloo over loopback on a CPU, NCCL when there
 are two GPUs. A rank that does not finish within the deadline (a collective waiting for a partner that never
 comes) is killed with its partner, and the call says so instead of hanging; nothing outlives the call.
@@ -14,7 +14,6 @@ its own, which a forked child of a process that used CUDA cannot make, so two GP
 from __future__ import annotations
 
 import datetime
-import io
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -54,8 +53,8 @@ def _loopback() -> str | None:
     return next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
 
 
-def _rank_main(rank: int, folder: str, function_bytes: bytes, work: Callable, payload: bytes, timeout_s: float) -> None:
-    """One rank: join the group, run ``work(function, payload, rank, device)``, save what it returned."""
+def _rank_main(rank: int, folder: str, sent: bytes, timeout_s: float) -> None:
+    """One rank: join the group, run ``work(function, inputs, rank)`` (all three sent pickled), save what it returned."""
     log = open(Path(folder) / f"rank{rank}.log", "w")
     os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
@@ -71,10 +70,8 @@ def _rank_main(rank: int, folder: str, function_bytes: bytes, work: Callable, pa
         name, init_method=f"file://{folder}/rendezvous", rank=rank, world_size=WORLD, timeout=timeout
     )
     try:
-        inputs = tree_map_only(
-            torch.Tensor, lambda t: t.to(device), torch.load(io.BytesIO(payload), weights_only=False)
-        )
-        result = work(cloudpickle.loads(function_bytes), inputs, rank)
+        function, work, inputs = cloudpickle.loads(sent)
+        result = work(function, tree_map_only(torch.Tensor, lambda t: t.to(device), inputs), rank)
         result = tree_map_only(torch.Tensor, lambda t: t.cpu(), result)
     finally:
         dist.destroy_process_group()
@@ -85,7 +82,7 @@ def _rank_main(rank: int, folder: str, function_bytes: bytes, work: Callable, pa
 
 def _hung(folder: str, seconds: float, finished: list[int]) -> dict[str, Any]:
     waiting = [rank for rank in range(WORLD) if rank not in finished]
-    logs = {rank: (Path(folder) / f"rank{rank}.log").read_text()[-400:] for rank in range(WORLD)}
+    logs = {f"rank {rank}": (Path(folder) / f"rank{rank}.log").read_text()[-400:] for rank in range(WORLD)}
     return {HUNG: {"seconds": seconds, "waiting": waiting, "logs": logs}}
 
 
@@ -95,10 +92,11 @@ def run_on_two_ranks(function: Callable, work: Callable, inputs: Any, timeout_s:
     timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
     name, _ = backend()
     context = multiprocessing.get_context(_start_method(name))
-    payload = io.BytesIO()
-    torch.save(tree_map_only(torch.Tensor, lambda t: t.cpu(), inputs), payload)
+    # by value, all three: the learner's function lives in the kernel's __main__, and in the grading sandbox the
+    # check's own modules are hidden from a new process
+    sent = cloudpickle.dumps((function, work, tree_map_only(torch.Tensor, lambda t: t.cpu(), inputs)))
     with tempfile.TemporaryDirectory(prefix="labkit-ranks-") as folder:
-        args = (folder, cloudpickle.dumps(function), work, payload.getvalue(), timeout_s)
+        args = (folder, sent, timeout_s)
         ranks = [context.Process(target=_rank_main, args=(rank, *args), daemon=True) for rank in range(WORLD)]
         for process in ranks:
             process.start()
