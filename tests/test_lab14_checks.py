@@ -17,7 +17,7 @@ from labkit.grading import evaluate
 from labkit.grading.result import NOT_DONE
 from labkit.labs import lab14
 from labkit.labs.hints import tiers
-from labkit.labs.lab14 import moe_model, ranks
+from labkit.labs.lab14 import course, moe_model, ranks
 from labkit.sim.moe import expected_distinct_experts
 from tests.lab_sources import solved_exercise
 
@@ -168,7 +168,7 @@ PARALLEL_MISTAKES = [
                 "out.index_add_(0, token, weights.flatten()[order, None] * back)",
             )
         ),
-        "wrong tokens",
+        "the order you sent the rows in",
     ),  # fmt: skip
     (
         parallel(
@@ -225,8 +225,8 @@ def test_an_unwritten_expert_parallelism_is_not_done():
 def test_the_dispatch_is_the_layer_token_by_token_and_d_of_one_is_k():
     layer = moe_model.make_layer(4)
     x = torch.randn(9, 64, generator=torch.Generator().manual_seed(4))
-    weights, chosen = moe_model.course_route(layer.logits(x), layer.top_k)
-    grouped = moe_model.course_dispatch(x, weights, chosen, layer.expert)
+    weights, chosen = course.course_route(layer.logits(x), layer.top_k)
+    grouped = course.course_dispatch(x, weights, chosen, layer.expert)
     assert torch.allclose(grouped, moe_model.per_token_reference(x, weights, chosen, layer.expert), atol=1e-5)
     assert torch.allclose(weights.sum(-1), torch.ones(9))
     assert expected_distinct_experts(1, layer.experts, layer.top_k) == pytest.approx(2)

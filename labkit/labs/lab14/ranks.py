@@ -14,6 +14,7 @@ its own, which a forked child of a process that used CUDA cannot make, so two GP
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -58,6 +59,7 @@ def _rank_main(rank: int, folder: str, sent: bytes, timeout_s: float) -> None:
     log = open(Path(folder) / f"rank{rank}.log", "w")
     os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
+    faulthandler.disable()  # a rank that gloo aborts is reported from its log, not by a dump into the kernel's
     torch.set_num_threads(1)
     name, kind = backend()
     if name == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and _loopback():
