@@ -88,8 +88,8 @@ def _hung(folder: str, seconds: float, finished: list[int]) -> dict[str, Any]:
     return {HUNG: {"seconds": seconds, "waiting": waiting, "logs": logs}}
 
 
-def run_on_two_ranks(function: Callable, work: Callable, inputs: Any, timeout_s: float | None = None) -> list[Any]:
-    """``work(function, inputs, rank)`` in two processes joined as one group, its two results in rank order; or
+def run_on_two_ranks(function: Any, work: Callable, inputs: Any, timeout_s: float | None = None) -> list[Any]:
+    """``work(function, inputs, rank)`` (``function``: the learner's, or a tuple of theirs) in two processes joined as one group, its two results in rank order; or
     ``{HUNG: ...}`` when a rank had not finished ``timeout_s`` + 10 s after the start (both are then killed)."""
     timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
     name, _ = backend()
@@ -99,7 +99,10 @@ def run_on_two_ranks(function: Callable, work: Callable, inputs: Any, timeout_s:
     sent = cloudpickle.dumps((function, work, tree_map_only(torch.Tensor, lambda t: t.cpu(), inputs)))
     with tempfile.TemporaryDirectory(prefix="labkit-ranks-") as folder:
         args = (folder, sent, timeout_s)
-        ranks = [context.Process(target=_rank_main, args=(rank, *args), daemon=True) for rank in range(WORLD)]
+        ranks = [
+            context.Process(target=_rank_main, args=(rank, *args), daemon=True)  # type: ignore[attr-defined]
+            for rank in range(WORLD)
+        ]
         for process in ranks:
             process.start()
         try:
