@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.utils._pytree import register_dataclass
 
 from labkit.models.layers import rms_norm
 
@@ -48,6 +49,10 @@ class MoeLayer:
     def expert(self, e: int, rows: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on ``rows`` [n, H]: down(silu(gate rows) * up rows), one matmul per matrix for all n rows."""
         return (F.silu(rows @ self.gate[e].T) * (rows @ self.up[e].T)) @ self.down[e].T
+
+
+# both are pytrees, so that moving a check's inputs to labkit's device (and a rank's to its own) moves their weights
+register_dataclass(MoeLayer)
 
 
 def make_layer(
@@ -96,6 +101,9 @@ class TinyMoeLM:
             tokens = self.step(tokens, route, dispatch).argmax(dim=-1)
             out.append(tokens)
         return torch.stack(out, dim=1)
+
+
+register_dataclass(TinyMoeLM)
 
 
 def make_lm(seed: int, vocab: int = 96, device=None) -> TinyMoeLM:
