@@ -226,7 +226,6 @@ register(
         Exercise(
             id="lab14.expert_parallel",
             functions=("expert_parallel_moe",),
-            answers=("labkit.labs.lab14.course.course_dispatch",),
             make_inputs=parallel_cases,
             run=_run,
             oracle=_oracle,
