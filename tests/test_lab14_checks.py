@@ -192,14 +192,15 @@ PARALLEL_MISTAKES = [
                 "    dist.all_to_all_single(ids, flat[order], recv, send)\n",
             )
         ),
-        "rank",
+        "its partner never joined",
     ),  # fmt: skip
 ]
 
 
 @pytest.mark.parametrize("answer, words", PARALLEL_MISTAKES, ids=lambda value: str(value)[:30])
 def test_a_wrong_expert_parallelism_fails_with_its_mistake_named(answer, words):
-    result = evaluate("lab14.expert_parallel", answer, seed=2)
+    with mock.patch.object(ranks, "TIMEOUT_S", 5.0):  # a rank left waiting gives up sooner than a learner's would
+        result = evaluate("lab14.expert_parallel", answer, seed=2)
     assert not result.passed and words in result.message, result.message
 
 
@@ -211,7 +212,7 @@ def test_ranks_that_never_finish_are_stopped_and_named():
     start = time.monotonic()
     with mock.patch.object(ranks, "TIMEOUT_S", 1.0):
         result = evaluate("lab14.expert_parallel", sleeps, seed=0)
-    assert not result.passed and "had not finished after 11 s" in result.message, result.message
+    assert not result.passed and "had not finished after 6 s" in result.message, result.message
     assert time.monotonic() - start < 45  # stopped, not waited for (its own sleep is 60 s)
 
 

@@ -36,6 +36,7 @@ from labkit.labs.common.learner_errors import RAISED
 WORLD = 2
 TIMEOUT_S = 20.0  # gloo's own timeout for a collective; the ranks are killed a few seconds after it
 HUNG = "hung"  # the key of the record when the ranks did not finish
+GRACE_S = 5.0  # past gloo's timeout, how long the ranks may take to report it before they are killed
 AFTER_A_FAILURE_S = 3.0  # how long a rank may still run once its partner has failed
 
 
@@ -90,7 +91,7 @@ def _hung(folder: str, seconds: float, finished: list[int]) -> dict[str, Any]:
 
 def run_on_two_ranks(function: Any, work: Callable, inputs: Any, timeout_s: float | None = None) -> list[Any]:
     """``work(function, inputs, rank)`` (``function``: the learner's, or a tuple of theirs) in two processes joined as one group, its two results in rank order; or
-    ``{HUNG: ...}`` when a rank had not finished ``timeout_s`` + 10 s after the start (both are then killed)."""
+    ``{HUNG: ...}`` when a rank had not finished ``timeout_s`` + :data:`GRACE_S` after the start (both are then killed)."""
     timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
     name, _ = backend()
     context = multiprocessing.get_context(_start_method(name))
@@ -106,9 +107,9 @@ def run_on_two_ranks(function: Any, work: Callable, inputs: Any, timeout_s: floa
         for process in ranks:
             process.start()
         try:
-            finished = _wait(ranks, folder, timeout_s + 10)
+            finished = _wait(ranks, folder, timeout_s + GRACE_S)
             if len(finished) < WORLD and not any(_failed(folder, rank) for rank in finished):
-                return [_hung(folder, timeout_s + 10, finished)]
+                return [_hung(folder, timeout_s + GRACE_S, finished)]
         finally:
             for process in ranks:
                 if process.is_alive():
