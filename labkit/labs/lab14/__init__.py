@@ -14,7 +14,8 @@ Four exercises, each checked here or in its own module (importing this package r
 - ``weight_bytes_per_step(chosen, expert_bytes, other_bytes)`` (``lab14.bytes_per_step``,
   :mod:`~labkit.labs.lab14.bytes_read`): what a decode step reads, from the experts its batch touched.
 
-The small mixture itself (random weights from a seed) is :mod:`~labkit.labs.lab14.moe_model`.
+The small mixture itself (random weights from a seed) is :mod:`~labkit.labs.lab14.moe_model`; the course's own routing
+and dispatch, the oracles, are in :mod:`~labkit.labs.lab14.course` (hidden in the grading sandbox).
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def _oracle(inputs) -> dict[str, Any]:
     }
 
 
-def _rows_elsewhere(got: torch.Tensor, right: torch.Tensor) -> list[tuple[int, int]]:
+def rows_elsewhere(got: torch.Tensor, right: torch.Tensor) -> list[tuple[int, int]]:
     """(token, token whose right output it holds) for each row of ``got`` that is another token's row."""
     moved = []
     for t, row in enumerate(got):
@@ -99,7 +99,7 @@ def _rows_elsewhere(got: torch.Tensor, right: torch.Tensor) -> list[tuple[int, i
 
 def _value_mismatch(where: str, got: torch.Tensor, right: torch.Tensor, wrong: dict, index: int) -> Mismatch:
     hint = next((hint for hint, outputs in wrong.items() if torch.allclose(got, outputs[index], **TOLERANCE)), None)
-    moved = _rows_elsewhere(got, right)
+    moved = rows_elsewhere(got, right)
     if hint is None and moved:
         hint = (
             "Rows went back to the wrong tokens: an expert's output rows come in the order of the rows you handed "

@@ -22,7 +22,7 @@ from labkit.labs.common.learner_errors import RAISED, capture
 from labkit.labs.common.shared import on_check_device, rng, torch_generator
 from labkit.labs.hints import register_hints
 from labkit.labs.lab14.course import course_dispatch, course_route
-from labkit.labs.lab14.dispatch import MISTAKES, TOLERANCE, _rows_elsewhere
+from labkit.labs.lab14.dispatch import MISTAKES, TOLERANCE, rows_elsewhere
 from labkit.labs.lab14.moe_model import MoeLayer, make_layer, make_lm
 from labkit.labs.lab14.ranks import HUNG, WORLD, run_on_two_ranks
 
@@ -156,7 +156,7 @@ def _layer_mismatch(expected: dict[str, Any], rank: int, out: Any) -> Mismatch |
     if torch.allclose(out, right, **TOLERANCE):
         return None
     hint = next((h for h, wrong in expected["wrong"].items() if torch.allclose(out, wrong[rank], **TOLERANCE)), None)
-    moved = _rows_elsewhere(out, right)
+    moved = rows_elsewhere(out, right)
     if hint is None and moved:
         hint = (
             "Rows went back to the wrong tokens: rows come back in the order you sent them (sorted by rank); add "
