@@ -42,6 +42,8 @@ Not covered, and why:
 - lab9.find_capacity: the sweep drives the server and load generator the check starts
   (`labkit.serve.background.measure`), and its rule is lab9.highest_rate's, which the check runs in
   the learner's place (`course_highest_rate`): blocking either would fail honest sweeps.
+- lab14.expert_parallel: no labkit function splits a mixture's experts over ranks (the check's one-process
+  oracle, `course_dispatch`, is lab14.dispatch's answer, blocked there; here it is not a solution: it sends nothing).
 
 Not covered either: a reference reached through another labkit module's own import of it (labkit's
 internal code must keep calling it), or kept in a closure, a default argument, a container or a

@@ -40,6 +40,9 @@ VISIBLE_LABS = (
     "labkit.labs.lab12.runs",
     "labkit.labs.lab13.kernels",
     "labkit.labs.lab13.runs",
+    "labkit.labs.lab14.moe_model",
+    "labkit.labs.lab14.ranks",
+    "labkit.labs.lab14.runs",
 )
 
 

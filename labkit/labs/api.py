@@ -55,6 +55,11 @@ _WHERE = {
     "one_query_in_four_places": "labkit.labs.lab13.runs",
     "alone_and_in_a_crowd": "labkit.labs.lab13.runs",
     "cost_of_determinism": "labkit.labs.lab13.runs",
+    # lab 14: the small mixture, one and two processes side by side, the bytes a step reads against the planner's
+    "make_layer": "labkit.labs.lab14.moe_model",
+    "per_token_reference": "labkit.labs.lab14.moe_model",
+    "one_and_two_processes": "labkit.labs.lab14.runs",
+    "bytes_per_step_curve": "labkit.labs.lab14.runs",
 }
 
 __all__ = sorted(_WHERE)
