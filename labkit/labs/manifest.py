@@ -51,7 +51,7 @@ LABS: tuple[Lab, ...] = (
     Lab(11, "lab11_the_kernel", "the paged attention kernel in Triton", False, 3, True, 90),
     Lab(12, "lab12_beyond_one_server", "beyond one server", False, 5, True, 120),
     Lab(13, "lab13_the_same_answer", "the same answer every time: batch-invariant kernels", False, 5, True, 90),
-    Lab(14, "lab14_mixture_of_experts", "mixture of experts: routing, dispatch, expert parallelism", False, 5, True, 30),
+    Lab(14, "lab14_mixture_of_experts", "mixture of experts: routing, dispatch, two ranks", False, 5, True, 30),
 )
 
 
