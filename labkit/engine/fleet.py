@@ -215,14 +215,14 @@ class Fleet:
         on_step: Callable[[int, StepOutcome], object] | None = None,
         beside: EventSource | None = None,
     ) -> None:
-        """Run until every request has arrived and finished, moving the clock event by event: to the next arrival,
-        the earliest end of a replica's step, or what ``beside`` waits for, whichever comes first (the clock of the
-        simulator and of every real fleet here). ``on_step(replica index, outcome)`` follows every step."""
+        """Run until every request has arrived and finished, moving the clock from event to event: the next arrival,
+        the earliest end of a replica's step, or what ``beside`` waits for. ``on_step(index, outcome)`` follows steps."""
         while True:
             events = (self.next_step_end(), arrivals.next_time, None if beside is None else beside.next_time)
-            if all(time is None for time in events):
+            times = [time for time in events if time is not None]
+            if not times:
                 return  # every request has arrived and finished, and nothing else is due
-            now = min(time for time in events if time is not None)
+            now = min(times)
             for request in arrivals.due(now):
                 self.route(request, now)
             if beside is not None:

@@ -107,14 +107,10 @@ class _DecodePool:
         return min((time for time in (self.fleet.next_step_end(), landing) if time is not None), default=None)
 
     def advance(self, now: float) -> None:
+        """Land the KV that has crossed by ``now``; seat each landed request, first come first served, on the decode
+        GPU with the fewest running requests that has room for it (its first token reaches the user now); step."""
         while self.in_flight and self.in_flight[0][0] <= now:
             self.landed.append(heapq.heappop(self.in_flight)[2])
-        self._adopt_landed(now)
-        self.fleet.step(now)
-
-    def _adopt_landed(self, now: float) -> None:
-        """Seat each landed request, first come first served, on the decode GPU with the fewest running requests
-        that has room for it; its first token reaches the user now."""
         while self.landed:
             request, replicas = self.landed[0], self.fleet.replicas
             tokens = request.num_computed_tokens
@@ -125,12 +121,13 @@ class _DecodePool:
                     "has: give the decode pool more num_blocks"
                 )
             if not fits:
-                return
+                break
             replica = replicas[min(fits)[1]]
             self.landed.popleft()
             replica.core.adopt(request)
             request.record.token_times[0] = now  # the stream comes from the decode side
             replica.step_end = max(replica.step_end, now)
+        self.fleet.step(now)
 
 
 def simulate_disaggregated(

@@ -48,7 +48,7 @@ from labkit.engine.fleet import Fleet, make_router
 from labkit.engine.fleet_run import FleetRun
 from labkit.engine.interfaces import Router, SchedulerPolicy
 from labkit.sim.cost_model import CostModel
-from labkit.sim.simulator import serve_workload, simulated_core
+from labkit.sim.simulator import serve_simulated, simulated_core
 from labkit.workloads import Workload
 
 
@@ -89,5 +89,5 @@ def simulate_fleet(
         ],
         chosen,
     )
-    serve_workload(fleet, workload, f"simulate_fleet ({chosen.name})", use_tqdm)
+    serve_simulated(fleet, workload, f"simulate_fleet ({chosen.name})", use_tqdm)
     return FleetRun([replica.core.trace for replica in fleet.replicas], fleet.replica_of, chosen.name)

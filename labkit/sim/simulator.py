@@ -18,7 +18,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from labkit.engine.config import EngineConfig, build_core, engine_config
-from labkit.engine.core import Batch, EngineCore, Executor
+from labkit.engine.core import Batch, EngineCore, Executor, StepOutcome
 from labkit.engine.fleet import Arrivals, Fleet
 from labkit.engine.interfaces import SchedulerPolicy
 from labkit.engine.request import Request
@@ -65,8 +65,7 @@ def _request(spec: RequestSpec, token_ids: list[int]) -> Request:
 
 
 def workload_arrivals(workload: Workload) -> Arrivals:
-    """A workload's requests as the fleet's loop takes them, each made into an engine request (its tokens from
-    :func:`prompt_token_ids`) only when the clock reaches it."""
+    """A workload's requests, each made (tokens from :func:`prompt_token_ids`) when the fleet's clock reaches it."""
     prefix_markers: dict[str, int] = {}
 
     def make(index: int) -> Request:
@@ -76,11 +75,14 @@ def workload_arrivals(workload: Workload) -> Arrivals:
     return Arrivals([spec.arrival_time for spec in workload], make)
 
 
-def serve_workload(fleet: Fleet, workload: Workload, desc: str, use_tqdm: bool = False) -> None:
-    """Serve ``workload`` on ``fleet`` of simulated cores, with a bar of the requests finished or refused."""
+def serve_simulated(fleet: Fleet, workload: Workload, desc: str, use_tqdm: bool = False) -> None:
+    """Serve ``workload`` on ``fleet`` of simulated cores; ``use_tqdm``: with a bar of the requests done."""
     with tqdm(total=len(workload), desc=desc, disable=not use_tqdm) as bar:
-        settled = lambda outcome: len(outcome.rejected) + sum(r.is_finished for r in outcome.progressed)  # noqa: E731
-        fleet.serve(workload_arrivals(workload), lambda _, outcome: bar.update(settled(outcome)))
+
+        def done(_: int, outcome: StepOutcome) -> None:  # requests finished or refused
+            bar.update(len(outcome.rejected) + sum(request.is_finished for request in outcome.progressed))
+
+        fleet.serve(workload_arrivals(workload), done if use_tqdm else None)  # no bar, no counting: runs stay fast
 
 
 def simulated_core(
@@ -159,5 +161,5 @@ def simulate(
     ``"model"``: the draft's :class:`CostModel` adds its k one-token passes over the speculating requests.
     """
     core, execute = simulated_core(workload, cost, policy, config=config, **settings)
-    serve_workload(Fleet([(core, execute)]), workload, f"simulate ({core.policy.name})", use_tqdm)
+    serve_simulated(Fleet([(core, execute)]), workload, f"simulate ({core.policy.name})", use_tqdm)
     return core.trace
