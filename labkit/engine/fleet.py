@@ -16,11 +16,12 @@ HTTP), or a function ``(loads, n) -> replica index`` of your own (wrapped as a :
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from labkit.engine.core import EngineCore, Executor, StepOutcome
+from labkit.engine.core import Batch, EngineCore, Executor, StepOutcome
 from labkit.engine.fleet_run import FleetRun
 from labkit.engine.interfaces import ReplicaView, RequestView, Router, require
 from labkit.engine.request import Request
@@ -289,6 +290,18 @@ def serve_workload_on_fleet(
     return FleetRun([llm.trace for llm in llms], fleet.replica_of, chosen.name)
 
 
+def timed_replica(llm: LLM) -> tuple[EngineCore, Executor]:
+    """``llm``'s core and an executor whose step ends when its pass would end on a machine of its own: the step's
+    start on the fleet's clock plus the pass's measured time (see :func:`serve_workload_on_fleet`)."""
+
+    def execute(batch: Batch, start: float) -> tuple[dict[str, int | list[int]], float]:
+        began = time.perf_counter()
+        tokens = llm.runner.execute(batch, llm.state.blocks)
+        return tokens, start + time.perf_counter() - began
+
+    return llm.core, execute
+
+
 def serve_engines(
     llms: Sequence[LLM],
     router: Router | None,
@@ -300,7 +313,7 @@ def serve_engines(
     """Real engines' runs, started afresh: serve the requests arriving at ``times`` (``make(index)`` makes each;
     ``timed``: each as if on a machine of its own), calling ``after_step()`` after every step; return the fleet
     and every finished output by request id."""
-    fleet = Fleet([llm.as_timed_replica() if timed else llm.as_replica() for llm in llms], router)
+    fleet = Fleet([timed_replica(llm) if timed else llm.as_replica() for llm in llms], router)
     for llm in llms:
         llm.start_run()
     finished: dict[str, RequestOutput] = {}

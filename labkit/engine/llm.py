@@ -288,18 +288,6 @@ class LLM:
         (which then steps it; hand each :class:`StepOutcome` back to :meth:`collect`)."""
         return self.core, self._execute
 
-    def as_timed_replica(self) -> tuple[EngineCore, Executor]:
-        """This engine's core and an executor whose step ends when its pass would end on a machine of its own: the
-        step's start on the fleet's clock plus the pass's measured time (see
-        :func:`~labkit.engine.fleet.serve_workload_on_fleet`)."""
-
-        def execute(batch: Batch, start: float) -> tuple[dict[str, int | list[int]], float]:
-            began = time.perf_counter()
-            tokens = self.runner.execute(batch, self.state.blocks)
-            return tokens, start + time.perf_counter() - began
-
-        return self.core, execute
-
     def collect(self, outcome: StepOutcome) -> list[RequestOutput]:
         """After a step of this engine: note it, let finished requests' runner state go, and return an output for
         every request that got a token or finished."""
