@@ -74,6 +74,8 @@ def _walk_group(
     table = group.blocks.view(num_rows, width)
     per_part = max(1, PART_BYTES // (num_rows * k_pool[0].nbytes))  # block positions per part
     grouped = q.reshape(num_rows, kv_heads, num_heads // kv_heads, head_dim)
+    flash = _FLASH_WITH_LSE
+    assert flash is not None  # blockwise_attention checked can_walk_blocks
     out = lse = torch.empty(0)
     for first in range(0, width, per_part):
         last = min(width, first + per_part)
@@ -81,7 +83,7 @@ def _walk_group(
         keys = _read(k_pool, blocks, q.dtype, scratch, "k").view(num_rows, -1, kv_heads, head_dim).transpose(1, 2)
         values = _read(v_pool, blocks, q.dtype, scratch, "v").view(num_rows, -1, kv_heads, head_dim).transpose(1, 2)
         mask = group.mask[..., first * block_size : last * block_size]
-        part, part_lse = _FLASH_WITH_LSE(grouped, keys, values, attn_mask=mask)
+        part, part_lse = flash(grouped, keys, values, attn_mask=mask)
         if first == 0:  # every row has a key in the first part
             out, lse = part, part_lse
             continue
