@@ -130,5 +130,8 @@ def test_the_profile_takes_each_attention_and_kv_cache_in_turns_and_refuses_unkn
             step_profile(model, 1e9, batches=(1,), context=20, repeats=1, **bad)
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--profile", "--attention", "gather, blockwise", "--kv-cache-dtype", "bfloat16"])
+    args = parser.parse_args(
+        ["--profile", "--attention", "gather, blockwise", "--kv-cache-dtype", "bfloat16", "--profile-batches", "8,32"]
+    )
     assert args.attention == ["gather", "blockwise"] and args.kv_cache_dtype == ["bfloat16"]
+    assert args.profile_batches == [8, 32]

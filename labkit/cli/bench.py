@@ -51,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "part by part, no padded copy; CPU only), e.g. gather,blockwise (default: gather)",
     )
     parser.add_argument(
+        "--profile-batches",
+        type=lambda text: [int(size) for size in _names(text)],
+        default=None,
+        metavar="SIZES",
+        help="with --profile: the batch sizes, comma-separated (default: 1,8,32,64)",
+    )
+    parser.add_argument(
         "--kv-cache-dtype",
         type=_names,
         default=["auto"],
@@ -124,12 +131,18 @@ def _serve_and_sweep(model, args: argparse.Namespace, results: dict, say) -> Non
         say(format_table(rows))
         results["serving"] = {row.name: row.summary.to_dict() for row in rows}
     if args.profile:
-        from labkit.bench.step_profile import format_profile, step_profile
+        from labkit.bench.step_profile import BATCHES, format_profile, step_profile
         from labkit.sim.hardware import measure_bandwidth
 
         bandwidth = measure_bandwidth(device=model.device)
         say(f"\ndecode step profile; memory floor at the measured {bandwidth / 1e9:.1f} GB/s")
-        profiles = step_profile(model, bandwidth, attentions=args.attention, kv_cache_dtypes=args.kv_cache_dtype)
+        profiles = step_profile(
+            model,
+            bandwidth,
+            args.profile_batches or BATCHES,
+            attentions=args.attention,
+            kv_cache_dtypes=args.kv_cache_dtype,
+        )
         say(format_profile(profiles))
         results["step profile"] = [{**vars(p), "floor_fraction": p.floor_fraction} for p in profiles]
     if args.sweep or (args.skip_serving and not args.profile):
