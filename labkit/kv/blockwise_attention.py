@@ -4,20 +4,20 @@ block positions at a time, every part's softmax merged into a running one, as la
 :func:`~labkit.kv.paged_attention.paged_attention` copies the blocks of a group of decode rows into one buffer padded
 to the group's longest row, as large as the keys and values it then reads again. Here a group is read in parts of
 about ``PART_BYTES`` of keys (and as much of values): the blocks at positions [j, j + n) of every row's table, copied
-into a small buffer that stays in the CPU's cache, read by torch's CPU flash-attention kernel, which gives back each
+into a buffer small enough to stay in the CPU's cache, read by torch's CPU flash-attention kernel, which gives back each
 query's log-sum-exp beside its output. Parts merge exactly: with ``lse`` the running log-sum-exp and ``out`` the
 running output, a part (``o``, ``l``) makes ``m = logaddexp(lse, l)`` and ``out = out·e^(lse-m) + o·e^(l-m)``; a
 row with no key in a part gives it ``l = -inf``, so weight 0. A group of one part is the gather path's own call.
 
 A pool narrower than the model's dtype (``kv_cache_dtype="bfloat16"``) is read as it is: only each part is widened,
-in the cache, so no copy of the whole pool in the model's dtype is ever made (:class:`~labkit.kv.paged_cache.
-PagedKVCache` hands such pools to this function directly).
+in the cache, so no copy of the whole pool in the model's dtype is ever made
+(:class:`~labkit.kv.paged_cache.PagedKVCache` hands such pools to this function directly).
 
-Which one serves by default was decided by measuring, not at run time: on a 2-core AMD EPYC (AVX2), decode steps of
-8 to 64 rows of 256 to 1,024 tokens took about as long either way over an fp32 pool (neither was faster in every
-round: the CPU's attention kernel, not the copy, is most of the time there), and this walk was 1.2-1.5x faster over
-a bfloat16 pool than widening the pool first; so an fp32 pool keeps the gather, and a bfloat16 one is read here.
-``labkit bench --profile --attention gather,blockwise`` measures both on any CPU.
+Which one serves is decided by a rule, never by timing at start: an fp32 pool keeps the gather, a bfloat16 pool
+under an fp32 model is read here. The rule comes from measuring both, in turns, on a 2-core AMD EPYC (AVX2 only):
+over an fp32 pool the walk was not faster (the CPU's attention kernel, not the copy, takes most of the time there),
+over a bfloat16 pool it was, since widening the whole pool before the gather costs more than widening each part.
+``labkit bench --profile --attention gather,blockwise --kv-cache-dtype auto,bfloat16`` measures all four on any CPU.
 """
 
 from __future__ import annotations
