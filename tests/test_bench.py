@@ -105,9 +105,11 @@ def test_the_profile_takes_each_attention_and_kv_cache_in_turns_and_refuses_unkn
     from labkit.bench.step_profile import format_profile, step_profile
     from labkit.cli.bench import add_arguments
 
+    lines = []
     profiles = step_profile(
         model,
         1e9,
+        progress=lines.append,
         batches=(2,),
         context=20,
         repeats=2,
@@ -122,6 +124,7 @@ def test_the_profile_takes_each_attention_and_kv_cache_in_turns_and_refuses_unkn
     ]
     assert profiles[1].floor_ms < profiles[0].floor_ms  # half the KV bytes to read
     assert "blockwise bfloat16" in format_profile(profiles)
+    assert lines == format_profile(profiles).splitlines()[:5]  # the header, then each row as it was measured
     for bad, named in (
         ({"attentions": ("sdpa",)}, "attention sdpa: choose from gather, blockwise"),
         ({"kv_cache_dtypes": ("int4",)}, "kv_cache_dtype int4"),

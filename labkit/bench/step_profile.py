@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -191,8 +191,10 @@ def step_profile(
     repeats: int = 8,
     attentions: Sequence[str] = ("gather",),
     kv_cache_dtypes: Sequence[str] = ("auto",),
+    progress: Callable[[str], None] | None = None,
 ) -> list[StepProfile]:
-    """Every batch size with every attention and KV cache storage, these taken in turns at each batch size."""
+    """Every batch size with every attention and KV cache storage, these taken in turns at each batch size;
+    ``progress`` gets the table's header, then each row as soon as it is measured."""
     for kind, asked, known in (
         ("attention", attentions, ATTENTIONS),
         ("kv_cache_dtype", kv_cache_dtypes, KV_CACHE_DTYPES),
@@ -200,31 +202,43 @@ def step_profile(
         unknown = sorted(set(asked) - set(known))
         if unknown or not asked:
             raise ValueError(f"unknown {kind} {', '.join(unknown) or '(none given)'}: choose from {', '.join(known)}")
-    return [
-        profile_batch(model, batch, context, bandwidth, repeats, attention, kv)
-        for batch in batches
-        for attention in attentions
-        for kv in kv_cache_dtypes
-    ]
+    say = progress or (lambda line: None)
+    say(_HEADER)
+    profiles = []
+    for batch in batches:
+        for attention in attentions:
+            for kv in kv_cache_dtypes:
+                profiles.append(profile_batch(model, batch, context, bandwidth, repeats, attention, kv))
+                say(_row(profiles[-1]))
+    return profiles
+
+
+_HEADER = (
+    f"{'batch':>5} {'attention':>9} {'kv cache':>8} {'step ms':>8} "
+    + " ".join(f"{part[:22]:>24}" for part in PARTS)
+    + f" {'floor':>12} {'+ server text, events':>22}"
+)
+
+
+def _row(p: StepProfile) -> str:
+    cells = " ".join(f"{p.parts_ms[part]:>9.2f} ms ({p.parts_ms[part] / p.step_ms:>5.0%})   " for part in PARTS)
+    server = "no tokenizer" if p.server_ms is None else f"{p.server_ms:.2f} ms ({p.server_ms / p.step_ms:.0%})"
+    return (
+        f"{p.batch_size:>5} {p.attention:>9} {p.kv_cache_dtype:>8} {p.step_ms:>8.2f} {cells} "
+        f"{p.floor_ms:>6.2f} ({p.floor_fraction:.0%}) {server:>22}"
+    )
 
 
 def format_profile(profiles: list[StepProfile]) -> str:
     """A table: the step, each part in ms and its share, and the memory floor's share of the step."""
-    header = f"{'batch':>5} {'attention':>9} {'kv cache':>8} {'step ms':>8} " + " ".join(
-        f"{part[:22]:>24}" for part in PARTS
-    )
-    lines = [header + f" {'floor':>12} {'+ server text, events':>22}"]
-    for p in profiles:
-        cells = " ".join(f"{p.parts_ms[part]:>9.2f} ms ({p.parts_ms[part] / p.step_ms:>5.0%})   " for part in PARTS)
-        server = "no tokenizer" if p.server_ms is None else f"{p.server_ms:.2f} ms ({p.server_ms / p.step_ms:.0%})"
-        lines.append(
-            f"{p.batch_size:>5} {p.attention:>9} {p.kv_cache_dtype:>8} {p.step_ms:>8.2f} {cells} "
-            f"{p.floor_ms:>6.2f} ({p.floor_fraction:.0%}) {server:>22}"
-        )
-    lines.append(
-        f"(decode steps after a {profiles[0].context}-token prompt each; a negative part is within the noise "
+    return "\n".join([_HEADER, *map(_row, profiles), profile_note(profiles[0].context)])
+
+
+def profile_note(context: int) -> str:
+    """What the table's numbers are, printed under it."""
+    return (
+        f"(decode steps after a {context}-token prompt each; a negative part is within the noise "
         "of the differences it is taken from; floor: weights + KV read once at the measured bandwidth; "
         f"server: what labkit serve adds to such a step, every answer {SERVER_ANSWER_TOKENS} tokens so far "
         "decoded to text and sent as one event)"
     )
-    return "\n".join(lines)

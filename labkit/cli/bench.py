@@ -131,7 +131,7 @@ def _serve_and_sweep(model, args: argparse.Namespace, results: dict, say) -> Non
         say(format_table(rows))
         results["serving"] = {row.name: row.summary.to_dict() for row in rows}
     if args.profile:
-        from labkit.bench.step_profile import BATCHES, format_profile, step_profile
+        from labkit.bench.step_profile import BATCHES, profile_note, step_profile
         from labkit.sim.hardware import measure_bandwidth
 
         bandwidth = measure_bandwidth(device=model.device)
@@ -142,8 +142,9 @@ def _serve_and_sweep(model, args: argparse.Namespace, results: dict, say) -> Non
             args.profile_batches or BATCHES,
             attentions=args.attention,
             kv_cache_dtypes=args.kv_cache_dtype,
+            progress=say,  # the table, each row as soon as it is measured
         )
-        say(format_profile(profiles))
+        say(profile_note(profiles[0].context))
         results["step profile"] = [{**vars(p), "floor_fraction": p.floor_fraction} for p in profiles]
     if args.sweep or (args.skip_serving and not args.profile):
         from labkit.bench.decode_sweep import decode_sweep, format_sweep
