@@ -115,7 +115,7 @@ def test_the_tiny_model_serves_the_same_greedy_tokens_with_either_attention(monk
     )
 
 
-def test_the_default_model_serves_the_same_greedy_tokens_with_either_attention(default_model, monkeypatch):
-    monkeypatch.setattr(blockwise, "PART_BYTES", 4096)
-    prompts = ["Tell me about the sea.", "What is 2+2?", "Why is the sky blue?"]
-    assert serve(default_model, prompts, attention=blockwise_attention) == serve(default_model, prompts)
+def test_the_default_model_serves_the_same_greedy_tokens_with_either_attention(default_model_on_path, monkeypatch):
+    monkeypatch.setattr(blockwise, "PART_BYTES", 4096)  # several parts per row
+    model, prompts = default_model_on_path, ["Tell me about the sea.", "Why is the sky blue?"]
+    assert serve(model, prompts, attention=blockwise_attention) == serve(model, prompts)
