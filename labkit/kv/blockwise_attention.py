@@ -15,8 +15,8 @@ in the cache, so no copy of the whole pool in the model's dtype is ever made
 
 Which one serves is decided by a rule, never by timing at start: an fp32 pool keeps the gather, a bfloat16 pool
 under an fp32 model is read here. The rule comes from measuring both, in turns, on a 2-core AMD EPYC (AVX2 only):
-over an fp32 pool the walk was not faster (the CPU's attention kernel, not the copy, takes most of the time there),
-over a bfloat16 pool it was, since widening the whole pool before the gather costs more than widening each part.
+over an fp32 pool neither was faster in every round (the CPU's attention kernel, not the copy, is most of the time),
+over a bfloat16 pool the walk was, in every round, since widening the whole pool first costs more than each part.
 ``labkit bench --profile --attention gather,blockwise --kv-cache-dtype auto,bfloat16`` measures all four on any CPU.
 """
 
