@@ -1,5 +1,7 @@
 """The benchmark's parts on the tiny model: baselines record honest traces, the sweep and table run."""
 
+import argparse
+
 import pytest
 
 from labkit.bench import BenchRow, format_table
@@ -97,3 +99,42 @@ def test_step_profile_parts_add_up_to_the_step_and_the_model_is_left_as_it_was(m
     assert "attention" in table and "floor" in table and "server text, events" in table
     monkeypatch.setattr(model, "tokenizer", None)
     assert "no tokenizer" in format_profile(step_profile(model, bandwidth=1e9, batches=(1,), context=20, repeats=1))
+
+
+def test_the_profile_takes_each_attention_and_kv_cache_in_turns_and_refuses_unknown_ones(model):
+    from labkit.bench.step_profile import format_profile, step_profile
+    from labkit.cli.bench import add_arguments
+
+    lines = []
+    profiles = step_profile(
+        model,
+        1e9,
+        progress=lines.append,
+        batches=(2,),
+        context=20,
+        repeats=2,
+        attentions=("gather", "blockwise"),
+        kv_cache_dtypes=("auto", "bfloat16"),
+    )
+    assert [(p.attention, p.kv_cache_dtype) for p in profiles] == [
+        ("gather", "auto"),
+        ("gather", "bfloat16"),
+        ("blockwise", "auto"),
+        ("blockwise", "bfloat16"),
+    ]
+    assert profiles[1].floor_ms < profiles[0].floor_ms  # half the KV bytes to read
+    assert "blockwise bfloat16" in format_profile(profiles)
+    assert lines == format_profile(profiles).splitlines()[:5]  # the header, then each row as it was measured
+    for bad, named in (
+        ({"attentions": ("sdpa",)}, "attention sdpa: choose from gather, blockwise"),
+        ({"kv_cache_dtypes": ("int4",)}, "kv_cache_dtype int4"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            step_profile(model, 1e9, batches=(1,), context=20, repeats=1, **bad)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["--profile", "--attention", "gather, blockwise", "--kv-cache-dtype", "bfloat16", "--profile-batches", "8,32"]
+    )
+    assert args.attention == ["gather", "blockwise"] and args.kv_cache_dtype == ["bfloat16"]
+    assert args.profile_batches == [8, 32]

@@ -222,12 +222,12 @@ def test_the_same_memory_holds_more_blocks_in_fp8(monkeypatch, dtype, ratio):
 
 
 def test_a_bad_kv_cache_dtype_is_refused_by_name():
-    for bad in ("int8", "fp8_e5m2", None, 8):
+    for bad in ("int8", "fp8_e5m2", "bf16", None, 8):
         with pytest.raises(ValueError, match="kv_cache_dtype must be 'auto'.*'fp8'"):
             EngineConfig(kv_cache_dtype=bad)
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         LLM(tiny_model(), num_blocks=8, kv_cache_dtype="float8")
-    with pytest.raises(ValueError, match="kv_cache_dtype must be one of 'auto', 'fp8'"):
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of 'auto', 'bfloat16', 'fp8'"):
         PagedKVCache(1, 4, BLOCK, KV_HEADS, DIM, kv_cache_dtype="int8")
     assert set(KV_CACHE_DTYPES) == set(KV_CACHE_STORAGE)
 

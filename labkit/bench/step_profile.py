@@ -19,22 +19,33 @@ Measured on the real engine, by difference, with nothing instrumented in the mod
 
 The floor is what the step must at least take on this machine's memory: every weight and the
 batch's KV cache read once, divided by the measured copy bandwidth.
+
+Each batch size can be profiled with more than one attention (``ATTENTIONS``: the gather into a padded
+buffer, or the walk over the block tables that skips that copy) and KV cache storage (``kv_cache_dtype``),
+taken in turns, one batch size at a time, so that a change in the machine's load falls on all of them alike.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from labkit.device import synchronize
+from labkit.engine.config import KV_CACHE_DTYPES
+from labkit.kv.blockwise_attention import blockwise_attention
+from labkit.kv.fp8 import kv_storage_dtype
+from labkit.kv.paged_attention import paged_attention
 from labkit.sampling_params import SamplingParams
 
 BATCHES = (1, 8, 32, 64)
 PARTS = ("linear layers", "attention", "norms, RoPE and the rest", "sampling, scheduler and Python")
 SERVER_ANSWER_TOKENS = 128  # about W2's mean answer; the server's text cost grows with the answer so far
+# labkit's decode attentions by name: a padded copy read by SDPA, or the block tables walked part by part (CPU)
+ATTENTIONS = {"gather": paged_attention, "blockwise": blockwise_attention}
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,8 @@ class StepProfile:
 
     batch_size: int
     context: int
+    attention: str  # a name in ATTENTIONS
+    kv_cache_dtype: str
     step_ms: float
     parts_ms: dict[str, float]
     floor_ms: float
@@ -100,14 +113,29 @@ def _server_ms(tokenizer, answers: list[list[int]], repeats: int) -> float:
     return _median_ms(run, repeats)
 
 
-def profile_batch(model, batch_size: int, context: int, bandwidth: float, repeats: int = 8) -> StepProfile:
+def profile_batch(
+    model,
+    batch_size: int,
+    context: int,
+    bandwidth: float,
+    repeats: int = 8,
+    attention: str = "gather",
+    kv_cache_dtype: str = "auto",
+) -> StepProfile:
     """Decode ``batch_size`` sequences of ``context`` prompt tokens and take their steps apart."""
     from labkit.engine.llm import LLM
 
     # Prompts are prefilled a few per step, so the first ones decode while the last wait: room for
     # that many tokens more, and only steps that decode the whole batch are measured.
     length = context + batch_size + repeats + 8
-    llm = LLM(model, max_num_seqs=batch_size, max_model_len=length, num_blocks=batch_size * (length // 16 + 2))
+    llm = LLM(
+        model,
+        max_num_seqs=batch_size,
+        max_model_len=length,
+        num_blocks=batch_size * (length // 16 + 2),
+        attention=ATTENTIONS[attention],
+        kv_cache_dtype=kv_cache_dtype,
+    )
     forwards: list[tuple[float, tuple]] = []
     plain_forward = model.forward
 
@@ -146,33 +174,71 @@ def profile_batch(model, batch_size: int, context: int, bandwidth: float, repeat
         "norms, RoPE and the rest": bare_ms - linear_ms,
         "sampling, scheduler and Python": step_ms - forward_ms,
     }
-    kv_bytes = batch_size * context * model.config.kv_bytes_per_token(model.dtype)
+    kv_bytes = batch_size * context * model.config.kv_bytes_per_token(kv_storage_dtype(kv_cache_dtype, model.dtype))
     floor_ms = 1e3 * (model.weight_bytes() + kv_bytes) / bandwidth
     server_ms = None
     if model.tokenizer is not None:
         answers = [(row * -(-SERVER_ANSWER_TOKENS // context))[:SERVER_ANSWER_TOKENS] for row in ids.tolist()]
         server_ms = _server_ms(model.tokenizer, answers, repeats)
-    return StepProfile(batch_size, context, step_ms, parts, floor_ms, server_ms)
+    return StepProfile(batch_size, context, attention, kv_cache_dtype, step_ms, parts, floor_ms, server_ms)
 
 
-def step_profile(model, bandwidth: float, batches=BATCHES, context: int = 256, repeats: int = 8) -> list[StepProfile]:
-    return [profile_batch(model, batch, context, bandwidth, repeats) for batch in batches]
+def step_profile(
+    model,
+    bandwidth: float,
+    batches=BATCHES,
+    context: int = 256,
+    repeats: int = 8,
+    attentions: Sequence[str] = ("gather",),
+    kv_cache_dtypes: Sequence[str] = ("auto",),
+    progress: Callable[[str], None] | None = None,
+) -> list[StepProfile]:
+    """Every batch size with every attention and KV cache storage, these taken in turns at each batch size;
+    ``progress`` gets the table's header, then each row as soon as it is measured."""
+    for kind, asked, known in (
+        ("attention", attentions, ATTENTIONS),
+        ("kv_cache_dtype", kv_cache_dtypes, KV_CACHE_DTYPES),
+    ):
+        unknown = sorted(set(asked) - set(known))
+        if unknown or not asked:
+            raise ValueError(f"unknown {kind} {', '.join(unknown) or '(none given)'}: choose from {', '.join(known)}")
+    say = progress or (lambda line: None)
+    say(_HEADER)
+    profiles = []
+    for batch in batches:
+        for attention in attentions:
+            for kv in kv_cache_dtypes:
+                profiles.append(profile_batch(model, batch, context, bandwidth, repeats, attention, kv))
+                say(_row(profiles[-1]))
+    return profiles
+
+
+_HEADER = (
+    f"{'batch':>5} {'attention':>9} {'kv cache':>8} {'step ms':>8} "
+    + " ".join(f"{part[:22]:>24}" for part in PARTS)
+    + f" {'floor':>12} {'+ server text, events':>22}"
+)
+
+
+def _row(p: StepProfile) -> str:
+    cells = " ".join(f"{p.parts_ms[part]:>9.2f} ms ({p.parts_ms[part] / p.step_ms:>5.0%})   " for part in PARTS)
+    server = "no tokenizer" if p.server_ms is None else f"{p.server_ms:.2f} ms ({p.server_ms / p.step_ms:.0%})"
+    return (
+        f"{p.batch_size:>5} {p.attention:>9} {p.kv_cache_dtype:>8} {p.step_ms:>8.2f} {cells} "
+        f"{p.floor_ms:>6.2f} ({p.floor_fraction:.0%}) {server:>22}"
+    )
 
 
 def format_profile(profiles: list[StepProfile]) -> str:
     """A table: the step, each part in ms and its share, and the memory floor's share of the step."""
-    header = f"{'batch':>5} {'step ms':>8} " + " ".join(f"{part[:22]:>24}" for part in PARTS)
-    lines = [header + f" {'floor':>12} {'+ server text, events':>22}"]
-    for p in profiles:
-        cells = " ".join(f"{p.parts_ms[part]:>9.2f} ms ({p.parts_ms[part] / p.step_ms:>5.0%})   " for part in PARTS)
-        server = "no tokenizer" if p.server_ms is None else f"{p.server_ms:.2f} ms ({p.server_ms / p.step_ms:.0%})"
-        lines.append(
-            f"{p.batch_size:>5} {p.step_ms:>8.2f} {cells} {p.floor_ms:>6.2f} ({p.floor_fraction:.0%}) {server:>22}"
-        )
-    lines.append(
-        f"(decode steps after a {profiles[0].context}-token prompt each; a negative part is within the noise "
+    return "\n".join([_HEADER, *map(_row, profiles), profile_note(profiles[0].context)])
+
+
+def profile_note(context: int) -> str:
+    """What the table's numbers are, printed under it."""
+    return (
+        f"(decode steps after a {context}-token prompt each; a negative part is within the noise "
         "of the differences it is taken from; floor: weights + KV read once at the measured bandwidth; "
         f"server: what labkit serve adds to such a step, every answer {SERVER_ANSWER_TOKENS} tokens so far "
         "decoded to text and sent as one event)"
     )
-    return "\n".join(lines)

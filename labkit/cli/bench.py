@@ -5,7 +5,8 @@ request at a time, (b) HF ``generate`` in static batches of 8, (c) labkit static
 batching, (d) labkit continuous batching, (e) labkit continuous batching with chunked
 prefill. One table compares them, each relative to (a). ``--sweep`` adds the decode-step
 time against batch size, beside the roofline bound of this machine; ``--profile`` takes a decode
-step apart (linear layers, attention, norms, sampling and the scheduler) at batch 1 to 64; ``--busy N`` runs it all
+step apart (linear layers, attention, norms, sampling and the scheduler) at batch 1 to 64, with each
+``--attention`` (gather, blockwise) and ``--kv-cache-dtype`` given, in turns; ``--busy N`` runs it all
 while N other cores spin, as on a machine that is not idle. ``--json`` prints the results
 as JSON (progress and tables go to stderr); ``--out`` writes the same JSON to a file.
 """
@@ -42,6 +43,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where a decode step's time goes at batch 1, 8, 32 and 64, beside its memory floor",
     )
     parser.add_argument(
+        "--attention",
+        type=_names,
+        default=["gather"],
+        help="with --profile: the decode attentions to profile in turns, comma-separated: gather (copy the blocks "
+        "into a padded buffer, then SDPA; labkit's default over an fp32 cache) and blockwise (walk the block tables "
+        "part by part, no padded copy; CPU only), e.g. gather,blockwise (default: gather)",
+    )
+    parser.add_argument(
+        "--profile-batches",
+        type=lambda text: [int(size) for size in _names(text)],
+        default=None,
+        metavar="SIZES",
+        help="with --profile: the batch sizes, comma-separated (default: 1,8,32,64)",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        type=_names,
+        default=["auto"],
+        help="with --profile: the KV cache storages to profile in turns, comma-separated: auto, bfloat16, fp8 "
+        "(default: auto)",
+    )
+    parser.add_argument(
         "--busy",
         type=int,
         default=0,
@@ -50,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--json", action="store_true", help="print the results as JSON; tables go to stderr")
+
+
+def _names(text: str) -> list[str]:
+    """A comma-separated list of names, e.g. "gather,blockwise"."""
+    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,13 +131,20 @@ def _serve_and_sweep(model, args: argparse.Namespace, results: dict, say) -> Non
         say(format_table(rows))
         results["serving"] = {row.name: row.summary.to_dict() for row in rows}
     if args.profile:
-        from labkit.bench.step_profile import format_profile, step_profile
+        from labkit.bench.step_profile import BATCHES, profile_note, step_profile
         from labkit.sim.hardware import measure_bandwidth
 
         bandwidth = measure_bandwidth(device=model.device)
         say(f"\ndecode step profile; memory floor at the measured {bandwidth / 1e9:.1f} GB/s")
-        profiles = step_profile(model, bandwidth)
-        say(format_profile(profiles))
+        profiles = step_profile(
+            model,
+            bandwidth,
+            args.profile_batches or BATCHES,
+            attentions=args.attention,
+            kv_cache_dtypes=args.kv_cache_dtype,
+            progress=say,  # the table, each row as soon as it is measured
+        )
+        say(profile_note(profiles[0].context))
         results["step profile"] = [{**vars(p), "floor_fraction": p.floor_fraction} for p in profiles]
     if args.sweep or (args.skip_serving and not args.profile):
         from labkit.bench.decode_sweep import decode_sweep, format_sweep

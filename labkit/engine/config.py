@@ -37,8 +37,8 @@ from labkit.trace import Trace
 _COUNTS = ("max_num_seqs", "block_size")  # whole numbers >= 1
 _OPTIONAL_COUNTS = ("max_model_len", "max_num_batched_tokens", "num_blocks", "trace_window")  # ... or None
 _SWITCHES = ("enable_chunked_prefill", "enable_prefix_caching", "deterministic")  # True, False or None
-# vLLM's kv_cache_dtype values that labkit stores: the model's dtype, or float8_e4m3fn (labkit.kv.fp8)
-KV_CACHE_DTYPES = ("auto", "fp8")
+# vLLM's kv_cache_dtype values that labkit stores: the model's dtype, bfloat16 or float8_e4m3fn (labkit.kv.fp8)
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")
 
 
 def setting(
@@ -76,7 +76,8 @@ class EngineConfig:
     block_size: int = setting(16, "tokens per KV-cache block (16)")
     kv_cache_dtype: str = setting(
         "auto",
-        "KV cache storage: auto (the model's dtype, the default) or fp8 (float8_e4m3fn: twice the tokens)",
+        "KV cache storage: auto (the model's dtype, the default), bfloat16 (half an fp32 pool's bytes) or fp8 "
+        "(float8_e4m3fn: twice the tokens of a 16-bit pool)",
         choices=KV_CACHE_DTYPES,
     )
     enable_chunked_prefill: bool | None = setting(

@@ -137,9 +137,9 @@ class Attention(Protocol):
     def __call__(self, layer: int, q: Any, k_pool: Any, v_pool: Any, batch: Any, /) -> Any:
         """``q`` [tokens, query heads, head_dim] for the step's flat batch; ``k_pool`` and ``v_pool``
         [num_blocks, block_size, kv heads, head_dim] already hold the step's new K/V; ``batch`` is the
-        step's :class:`~labkit.kv.paged_batch.PagedBatch` (block tables, context lengths); with an 8-bit cache
-        (``kv_cache_dtype="fp8"``) the pools hold only the step's blocks, dequantized, and the batch's block
-        tables are renumbered into them, so the function reads the model's dtype either way. Returns a tensor
+        step's :class:`~labkit.kv.paged_batch.PagedBatch` (block tables, context lengths); with a narrower
+        cache (``kv_cache_dtype="fp8"``, or "bfloat16" under fp32) the pools hold only the step's blocks, widened,
+        and the batch's block tables are renumbered into them, so the function reads the model's dtype either way. Returns a tensor
         shaped like ``q``: row i attends to its own sequence's keys up to its own position. Called with
         positional arguments only (the ``/``), so a plain function with any parameter names fits."""
         ...

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import torch
 
-# kv_cache_dtype (vLLM's setting) -> the pools' storage; "auto": the model's dtype (None here)
-KV_CACHE_STORAGE: dict[str, torch.dtype | None] = {"auto": None, "fp8": torch.float8_e4m3fn}
+# kv_cache_dtype (vLLM's setting) -> the pools' storage; "auto": the model's dtype (None here). "bfloat16" halves an
+# fp32 model's pool: a rounding of each value to bf16, read back exactly (labkit.kv.blockwise_attention reads it as it is)
+KV_CACHE_STORAGE: dict[str, torch.dtype | None] = {"auto": None, "bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn (it has no infinity)
 
 
 def kv_storage_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
-    """What a pool of ``kv_cache_dtype`` ("auto" or "fp8") stores for a model computing in ``dtype``;
+    """What a pool of ``kv_cache_dtype`` ("auto", "bfloat16" or "fp8") stores for a model computing in ``dtype``;
     ``model.config.kv_bytes_per_token(kv_storage_dtype(...))`` is then the pool's bytes per token."""
     if kv_cache_dtype not in KV_CACHE_STORAGE:
         raise ValueError(
             f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_STORAGE))} "
-            f"('auto': the model's dtype, 'fp8': float8_e4m3fn, 1 byte per value), got {kv_cache_dtype!r}"
+            f"('auto': the model's dtype, 'bfloat16': 2 bytes per value, 'fp8': float8_e4m3fn, 1 byte per value), "
+            f"got {kv_cache_dtype!r}"
         )
     return KV_CACHE_STORAGE[kv_cache_dtype] or dtype
 

@@ -11,7 +11,9 @@ With ``kv_cache_dtype="fp8"`` the pools store float8 (:mod:`labkit.kv.fp8`), but
 sees fp8: before each layer's attention call the cache gathers the blocks the step's sequences
 hold, multiplies them back to the model's dtype and hands the attention function those blocks, as a
 pool of their own, with a batch whose block tables are renumbered to match
-(:func:`~labkit.kv.paged_batch.compact_batch`).
+(:func:`~labkit.kv.paged_batch.compact_batch`). With ``kv_cache_dtype="bfloat16"`` under an fp32 model
+the same happens for an attention function of one's own; labkit's own attention on a CPU reads the
+bfloat16 pools as they are instead (:mod:`labkit.kv.blockwise_attention`), widening only what it reads.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from labkit.kv.blockwise_attention import blockwise_attention, can_walk_blocks
 from labkit.kv.fp8 import dequantize_fp8, kv_storage_dtype, quantize_fp8
 from labkit.kv.paged_attention import paged_attention
 from labkit.kv.paged_batch import PagedBatch, compact_batch
@@ -29,7 +32,8 @@ class PagedKVCache:
     """A K and a V pool per layer, plus the ``attend`` callback the model's forward pass calls.
 
     ``dtype`` is the model's: what attention computes in. ``kv_cache_dtype`` is vLLM's setting for what
-    the pools store: "auto" (the model's dtype) or "fp8" (``torch.float8_e4m3fn``, 1 byte per value).
+    the pools store: "auto" (the model's dtype), "bfloat16" (each value rounded to bf16, 2 bytes) or "fp8"
+    (``torch.float8_e4m3fn``, 1 byte per value).
 
     With "fp8", ``write`` stores ``clamp(x / scale, ±448)`` cast to e4m3, with one scale per layer for K
     (``k_scale[layer]``) and one for V (``v_scale[layer]``). They are 1.0, as in vLLM when no calibrated
@@ -47,6 +51,11 @@ class PagedKVCache:
     prefill blocks and slots are renumbered into it (:func:`~labkit.kv.paged_batch.compact_batch`).
     A learner's attention runs unchanged; only the block numbers it sees differ from the allocator's.
     ``k``/``v`` hold the fp8 pools themselves; :meth:`read` gives blocks of them back in the model's dtype.
+
+    A bfloat16 pool under a wider model goes the same way, except to labkit's own attention on a CPU
+    (:func:`~labkit.kv.paged_attention.paged_attention` or :func:`~labkit.kv.blockwise_attention.blockwise_attention`):
+    :attr:`reads_pools_directly` is then True, decided once from the storage, the function and the device, and
+    :func:`~labkit.kv.blockwise_attention.blockwise_attention` reads the bfloat16 pools themselves.
     """
 
     def __init__(
@@ -71,15 +80,22 @@ class PagedKVCache:
         self.v_scale = [1.0] * num_layers
         self.num_blocks, self.block_size = num_blocks, block_size
         self.attention_fn = attention_fn
+        self.reads_pools_directly = (
+            self.storage_dtype == torch.bfloat16
+            and attention_fn in (paged_attention, blockwise_attention)
+            and can_walk_blocks(torch.device(device))
+        )
 
     @property
     def quantized(self) -> bool:
-        """Whether the pools store fewer bits than the model computes in (kv_cache_dtype "fp8")."""
+        """Whether the pools store fewer bits than the model computes in ("fp8", or "bfloat16" under fp32)."""
         return self.storage_dtype != self.dtype
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Store this step's new K/V [T, kv_heads, D] into their slots (as fp8 with kv_cache_dtype "fp8")."""
-        if self.quantized:
+        """Store this step's new K/V [T, kv_heads, D] into their slots, in the pools' storage dtype."""
+        if self.storage_dtype == torch.bfloat16:
+            k, v = k.to(self.storage_dtype), v.to(self.storage_dtype)
+        elif self.quantized:
             k = quantize_fp8(k, self.k_scale[layer])
             v = quantize_fp8(v, self.v_scale[layer])
         # as bytes: CPU torch has no index_copy_ for float8, and a byte copy is the same copy
@@ -90,6 +106,10 @@ class PagedKVCache:
         """The K and V of ``blocks`` [n] of ``layer``, [n, block_size, kv_heads, D] in the model's dtype."""
         if not self.quantized:
             return self.k[layer].index_select(0, blocks), self.v[layer].index_select(0, blocks)
+        if self.storage_dtype == torch.bfloat16:  # every bf16 value fits the model's wider dtype exactly
+            return self.k[layer].index_select(0, blocks).to(self.dtype), self.v[layer].index_select(0, blocks).to(
+                self.dtype
+            )
         keys = _as_bytes(self.k[layer]).index_select(0, blocks).view(self.storage_dtype)
         values = _as_bytes(self.v[layer]).index_select(0, blocks).view(self.storage_dtype)
         return dequantize_fp8(keys, self.k_scale[layer], self.dtype), dequantize_fp8(
@@ -105,6 +125,8 @@ class PagedKVCache:
         self.write(layer, k, v, batch.slot_mapping)
         if not self.quantized:
             return self.attention_fn(layer, q, self.k[layer], self.v[layer], batch)
+        if self.reads_pools_directly:
+            return blockwise_attention(layer, q, self.k[layer], self.v[layer], batch)
         view = batch.scratch.get("kv_cache_view")  # built once per step, shared by all layers
         if view is None:
             view = batch.scratch["kv_cache_view"] = compact_batch(batch, self.block_size)
