@@ -113,6 +113,40 @@ def _server_ms(tokenizer, answers: list[list[int]], repeats: int) -> float:
     return _median_ms(run, repeats)
 
 
+def _decode_steps(
+    llm, model, ids: torch.Tensor, params: SamplingParams, repeats: int
+) -> list[tuple[float, float, tuple]]:
+    """Serve ``ids``'s rows until ``repeats`` steps decoded them all: each such step's seconds, its forward pass's
+    seconds and the forward's arguments."""
+    batch_size = ids.shape[0]
+    forwards: list[tuple[float, tuple]] = []
+    plain_forward = model.forward
+
+    def timed_forward(*args):
+        started = time.perf_counter()
+        out = plain_forward(*args)
+        synchronize(model.device)
+        forwards.append((time.perf_counter() - started, args))
+        return out
+
+    request_ids = [llm.add_request(row, params, arrival_time=0.0) for row in ids.tolist()]
+    decode: list[tuple[float, float, tuple]] = []
+    model.forward = timed_forward
+    try:
+        while llm.has_unfinished() and len(decode) < repeats:
+            llm.step()
+            step = llm.trace.steps[-1]
+            if step.num_prefill_tokens == 0 and step.num_decode_tokens == batch_size:
+                decode.append((step.end - step.start, *forwards[-1]))
+    finally:
+        del model.forward  # back to the class's method
+        for request_id in request_ids:
+            llm.abort_request(request_id)
+    if len(decode) < repeats:
+        raise RuntimeError(f"only {len(decode)} steps decoded all {batch_size} sequences; raise the pool")
+    return decode
+
+
 def profile_batch(
     model,
     batch_size: int,
@@ -136,33 +170,9 @@ def profile_batch(
         attention=ATTENTIONS[attention],
         kv_cache_dtype=kv_cache_dtype,
     )
-    forwards: list[tuple[float, tuple]] = []
-    plain_forward = model.forward
-
-    def timed_forward(*args):
-        started = time.perf_counter()
-        out = plain_forward(*args)
-        synchronize(model.device)
-        forwards.append((time.perf_counter() - started, args))
-        return out
-
     ids = torch.randint(0, model.config.vocab_size, (batch_size, context), generator=torch.Generator().manual_seed(0))
-    params = SamplingParams(max_tokens=length - context - 1, ignore_eos=True)
-    request_ids = [llm.add_request(row, params, arrival_time=0.0) for row in ids.tolist()]
-    decode: list[tuple[float, float, tuple]] = []  # step seconds, forward seconds, forward's arguments
-    model.forward = timed_forward
-    try:
-        while llm.has_unfinished() and len(decode) < repeats:
-            llm.step()
-            step = llm.trace.steps[-1]
-            if step.num_prefill_tokens == 0 and step.num_decode_tokens == batch_size:
-                decode.append((step.end - step.start, *forwards[-1]))
-    finally:
-        del model.forward  # back to the class's method
-        for request_id in request_ids:
-            llm.abort_request(request_id)
-    if len(decode) < repeats:
-        raise RuntimeError(f"only {len(decode)} steps decoded all {batch_size} sequences; raise the pool")
+    plain_forward = model.forward
+    decode = _decode_steps(llm, model, ids, SamplingParams(max_tokens=length - context - 1, ignore_eos=True), repeats)
     step_ms = 1e3 * statistics.median(step for step, _, _ in decode)
     forward_ms = 1e3 * statistics.median(forward for _, forward, _ in decode)
     input_ids, positions, _, logits_indices = decode[-1][2]
