@@ -1,7 +1,8 @@
-"""One ``labkit`` command, one module per subcommand in this package, one way to fail.
+"""One ``labkit`` command, one module per subcommand, one way to fail.
 
-Each subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int``, and its
-docstring is what ``labkit SUBCOMMAND --help`` shows. Only the module of the subcommand given
+Each subcommand module (in this package, or in the part of labkit that :data:`ELSEWHERE` names)
+defines ``add_arguments(parser)`` and ``run(args) -> int``, and its docstring is what
+``labkit SUBCOMMAND --help`` shows. Only the module of the subcommand given
 is imported, so a light one (``labkit plan``) answers without loading torch. ``plan``,
 ``info``, ``bench`` and ``calibrate`` take ``--json``: one JSON document on stdout, for
 scripts and notebooks, with any progress on stderr.
@@ -21,7 +22,7 @@ import json
 import os
 import sys
 
-# subcommand -> one line of help; its module is labkit.cli.<subcommand, "-" written "_">
+# subcommand -> one line of help; its module is labkit.cli.<subcommand, "-" written "_">, or ELSEWHERE's
 SUBCOMMANDS = {
     "info": "this machine, the model, its size, KV bytes per token and the single-stream decode bound",
     "plan": "the napkin capacity plan: conversations that fit, step time, tokens/s, cost (no torch)",
@@ -33,6 +34,15 @@ SUBCOMMANDS = {
     "serve": "an OpenAI-compatible server over the engine, vLLM's metric names",
     "route": "an OpenAI-compatible router over several labkit serve replicas: round-robin, least or cache-aware",
     "loadtest": "load any OpenAI-compatible server as vllm bench serve does",
+}
+# the subcommands whose module lives in the part of labkit that owns their code
+ELSEWHERE = {
+    "make-labs": "labkit.grading.make_labs",
+    "grade": "labkit.grading.grade",
+    "make-autograder": "labkit.grading.autograder_bundle",
+    "serve": "labkit.serve.serve_cli",
+    "route": "labkit.serve.route_cli",
+    "loadtest": "labkit.serve.loadtest_cli",
 }
 USAGE_ERROR = 2  # argparse's own status for a bad command line
 USER_ERRORS = (ValueError, OSError)
@@ -56,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         # also accepted after the subcommand; SUPPRESS keeps a --debug given before it
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         if name == chosen:
-            module = importlib.import_module(f"labkit.cli.{name.replace('-', '_')}")
+            module = importlib.import_module(ELSEWHERE.get(name) or f"labkit.cli.{name.replace('-', '_')}")
             command.description = module.__doc__
             module.add_arguments(command)
     args = parser.parse_args(argv)
