@@ -1,12 +1,6 @@
-"""Benchmark labkit's engine against Hugging Face generate on real ShareGPT prompts.
-
-Five ways to serve the same seeded workload, in one process: (a) HF ``generate`` one
-request at a time, (b) HF ``generate`` in static batches of 8, (c) labkit static
-batching, (d) labkit continuous batching, (e) labkit continuous batching with chunked
-prefill. One table compares them, each relative to (a). ``--sweep`` adds the decode-step
-time against batch size, beside the roofline bound of this machine; ``--busy N`` runs it all
-while N other cores spin, as on a machine that is not idle. The command is :mod:`labkit.cli.bench`.
-"""
+"""Benchmark labkit's engine against Hugging Face generate on real ShareGPT prompts: the same seeded workload
+served five ways in one process, one table comparing them (the command, and the five ways, are
+:mod:`labkit.cli.bench`'s)."""
 
 from __future__ import annotations
 
@@ -14,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from labkit.metrics import Summary, summarize
-from labkit.trace import Trace
 
 
 @dataclass
@@ -33,8 +26,10 @@ def run_bench(
     hf_batch_size: int = 8,
     progress: Callable[[str], None] = print,
 ) -> list[BenchRow]:
-    """Serve one workload five ways and summarise each run (see the module docstring); ``progress`` gets status lines."""
+    """Serve one workload five ways and summarise each run (see :mod:`labkit.cli.bench`); ``progress`` gets status
+    lines."""
     from labkit.bench.hf_baselines import hf_static_batches
+    from labkit.engine import LLM, serve_workload
     from labkit.workloads import sharegpt_prompts
 
     workload = sharegpt_prompts(
@@ -46,30 +41,22 @@ def run_bench(
     )
     prompts = [_token_ids(model, spec.prompt) for spec in workload]
     lengths = [spec.output_len for spec in workload]
-    runs = [
-        ("(a) HF generate, one at a time", lambda: hf_static_batches(model, prompts, lengths, 1, "hf-1")),
-        (
-            f"(b) HF generate, static batches of {hf_batch_size}",
-            lambda: hf_static_batches(model, prompts, lengths, hf_batch_size, f"hf-{hf_batch_size}"),
-        ),
-    ]
-    for label, policy in [
+    max_model_len, rows = max_prompt_tokens + max_output_tokens, []
+    engines: list[tuple[str, int | str]] = [  # HF generate's batch size, or labkit's scheduler policy
+        ("(a) HF generate, one at a time", 1),
+        (f"(b) HF generate, static batches of {hf_batch_size}", hf_batch_size),
         ("(c) labkit static batching", "static"),
         ("(d) labkit continuous batching", "continuous"),
         ("(e) labkit chunked prefill", "chunked"),
-    ]:
-        runs.append(
-            (
-                label,
-                lambda policy=policy: _labkit_run(
-                    model, policy, workload, max_num_seqs, max_prompt_tokens + max_output_tokens
-                ),
-            )
-        )
-    rows = []
-    for label, run in runs:
+    ]
+    for label, engine in engines:
         progress(f"running {label} ...")
-        rows.append(BenchRow(label, summarize(run())))
+        if isinstance(engine, int):
+            trace = hf_static_batches(model, prompts, lengths, engine, f"hf-{engine}")
+        else:
+            llm = LLM(model, policy=engine, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+            trace = serve_workload(llm, workload)
+        rows.append(BenchRow(label, summarize(trace)))
     return rows
 
 
@@ -77,12 +64,6 @@ def _token_ids(model, prompt) -> list[int]:
     from labkit.models.tokens import encode_prompt
 
     return encode_prompt(model.tokenizer, prompt)
-
-
-def _labkit_run(model, policy: str, workload, max_num_seqs: int, max_model_len: int) -> Trace:
-    from labkit.engine import LLM, serve_workload
-
-    return serve_workload(LLM(model, policy=policy, max_num_seqs=max_num_seqs, max_model_len=max_model_len), workload)
 
 
 def format_table(rows: list[BenchRow]) -> str:
