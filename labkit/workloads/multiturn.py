@@ -25,7 +25,7 @@ import numpy as np
 
 from labkit.workloads.sharegpt import load_sharegpt
 from labkit.workloads.spec import RequestSpec, Workload
-from labkit.workloads.tokens import estimate_tokens, stand_in_token_ids
+from labkit.workloads.tokens import count_tokens, estimate_tokens, stand_in_token_ids
 
 ROLES = {"human": "user", "gpt": "assistant"}
 TEMPLATE_TOKENS_PER_TURN = 4  # the estimate's allowance for a chat turn's header, without a tokenizer
@@ -62,10 +62,6 @@ def _length(messages: list[dict[str, str]], tokenizer) -> int:
     return len(encode_prompt(tokenizer, messages))
 
 
-def _count(text: str, tokenizer) -> int:
-    return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer else estimate_tokens(text)
-
-
 def _check_shape(
     num_conversations: int, min_turns: int, max_turns: int, think_time_s: float, conversation_gap_s: float
 ) -> None:
@@ -96,7 +92,7 @@ def _turns(
         prompt_len = _length(messages, tokenizer)
         if max_prompt_tokens is not None and prompt_len > max_prompt_tokens:
             break
-        output_len = max(1, _count(pairs[turn][1], tokenizer))
+        output_len = max(1, count_tokens(pairs[turn][1], tokenizer))
         if max_output_tokens is not None:
             output_len = min(output_len, max_output_tokens)
         turns.append(

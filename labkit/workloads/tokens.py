@@ -21,6 +21,11 @@ def estimate_tokens(text: str) -> int:
     return max(1, round(len(text.split()) * TOKENS_PER_WORD))
 
 
+def count_tokens(text: str, tokenizer=None) -> int:
+    """``text``'s tokens: exactly with ``tokenizer`` (no special tokens added), else :func:`estimate_tokens`."""
+    return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer else estimate_tokens(text)
+
+
 STAND_IN_VOCAB = 49152  # SmolLM2's vocabulary size; any fixed size works
 _PIECE = re.compile(r"\w{1,4}|[^\w\s]")
 
