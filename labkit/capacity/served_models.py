@@ -9,6 +9,8 @@ mixtures of 2024 and 2025 in bf16, DeepSeek-V3 in fp8 and gpt-oss with its exper
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from labkit.sim.cost_model import ModelSpec
 
 # MXFP4 (the OCP microscaling format gpt-oss ships its experts in): 4-bit values, one 8-bit
@@ -82,20 +84,13 @@ num_local_experts 128, experts_per_token 4, sliding_window 128, and layer_types 
 sliding_attention and full_attention (18 of each), max_position_embeddings 131,072. The rest of the
 weights (attention, router, embeddings) are bf16."""
 
-GPT_OSS_20B = ModelSpec(
-    "gpt-oss-20b",
-    20.9e9,
+GPT_OSS_20B = replace(
+    GPT_OSS_120B,
+    name="gpt-oss-20b",
+    parameters=20.9e9,
     layers=24,
-    kv_heads=8,
-    head_dim=64,
-    query_heads=64,
-    context_length=131_072,
-    hidden_size=2880,
     active_parameters=3.6e9,
     experts=32,
-    experts_per_token=4,
-    expert_bytes_per_param=MXFP4_BYTES_PER_PARAM,
-    sliding_window=128,
     sliding_layers=12,
 )
 """gpt-oss-20b: 20.9B parameters, 3.6B active, MoE weights in MXFP4 (model card, arXiv 2508.10925, and

@@ -44,6 +44,11 @@ from labkit.sim.hardware import GB, PRESETS, TB, TFLOPS, get_hardware
 EXAMPLES = {"sale": SALE_EXAMPLE, "sale-70b": SALE_70B_EXAMPLE, "friends": FRIENDS_EXAMPLE}
 # An example whose model fits no single card is planned, unless told otherwise, on the split chapter 8's fleet picks.
 EXAMPLE_TENSOR_PARALLEL = {"sale-70b": 8}
+# the model's flags whose value goes into the ModelSpec field of the same name as it is given
+MODEL_FLAGS = (
+    "bytes_per_param layers kv_heads head_dim experts experts_per_token shared_experts kv_lora_rank "
+    "qk_rope_head_dim sliding_window sliding_layers"
+).split()
 DEFAULTS = dict(hardware="a100-80gb", model="llama-3.1-8b", prompt_len=1000, answer_len=300)
 
 
@@ -145,25 +150,10 @@ def _inputs(args: argparse.Namespace) -> dict:
         if value is not None
     }
     model = planner_model(args.model or inputs["model"])
-    model_changes = {
-        field: value
-        for field, value in (
-            ("parameters", None if args.params_b is None else args.params_b * 1e9),
-            ("bytes_per_param", args.bytes_per_param),
-            ("layers", args.layers),
-            ("kv_heads", args.kv_heads),
-            ("head_dim", args.head_dim),
-            ("active_parameters", None if args.active_params_b is None else args.active_params_b * 1e9),
-            ("experts", args.experts),
-            ("experts_per_token", args.experts_per_token),
-            ("shared_experts", args.shared_experts),
-            ("kv_lora_rank", args.kv_lora_rank),
-            ("qk_rope_head_dim", args.qk_rope_head_dim),
-            ("sliding_window", args.sliding_window),
-            ("sliding_layers", args.sliding_layers),
-        )
-        if value is not None
-    }
+    model_changes = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name) is not None}
+    for name, billions in (("parameters", args.params_b), ("active_parameters", args.active_params_b)):
+        if billions is not None:
+            model_changes[name] = billions * 1e9
     if hardware_changes:
         hardware = replace(hardware, name=f"{hardware.name}, as changed", **hardware_changes)
     if args.tflops is not None:  # a datasheet figure, rated like every other
