@@ -65,15 +65,8 @@ def reload_against_recompute(model, lengths: list[int], repeats: int) -> tuple[l
         blocks = length // BLOCK_SIZE
         host = reload_seconds(llm, HostTier(blocks), blocks, repeats)
         disk = reload_seconds(llm, DiskTier(blocks), blocks, repeats)
-        rows.append(
-            dict(
-                tokens=length,
-                blocks=blocks,
-                host_s=host,
-                disk_s=disk,
-                recompute_s=prefill_seconds(llm, length, repeats),
-            )
-        )
+        recompute = prefill_seconds(llm, length, repeats)
+        rows.append(dict(tokens=length, blocks=blocks, host_s=host, disk_s=disk, recompute_s=recompute))
     first, last = rows[0], rows[-1]
     per_block = max((last["host_s"] - first["host_s"]) / max(last["blocks"] - first["blocks"], 1), 0.0)
     costs = TierCosts(
