@@ -291,15 +291,10 @@ def plan(
     assumed full: every conversation that fits is on board, the average one halfway through its answer. See
     :func:`load_within_promise` for the algebra of the promise. ``plan(**SALE_EXAMPLE)`` is the lesson's worked example.
 
-    ``tensor_parallel=N`` splits each replica over N GPUs of a node (weights, KV heads and
-    arithmetic N ways, plus the all-reduces of :mod:`labkit.capacity.parallel`, which need the
-    card's ``interconnect_bandwidth`` and the model's ``hidden_size``); ``replicas=R`` runs R
-    such copies behind a router, so the fleet serves R times one replica.
-
-    The models served now plan the same way (:mod:`labkit.capacity.served_models`): a mixture of
-    experts holds all its weights, computes with its active ones and reads, each decode step, the
-    experts its batch touches; multi-head latent attention caches its latent; sliding-window layers
-    cap their cache at the window. ``compute="fp8"`` doubles the arithmetic rate on a GPU with fp8
+    ``tensor_parallel=N`` splits each replica over N GPUs of a node (:mod:`labkit.capacity.parallel`: it needs the
+    card's ``interconnect_bandwidth`` and the model's ``hidden_size``); ``replicas=R`` runs R such copies behind a
+    router. The models served now (mixtures of experts, latent attention, sliding windows) plan the same way
+    (:mod:`labkit.capacity.served_models`). ``compute="fp8"`` doubles the arithmetic rate on a GPU with fp8
     tensor cores (:meth:`~labkit.sim.hardware.Hardware.with_compute`).
     """
     hardware = get_hardware(hardware).achievable().with_compute(compute)
