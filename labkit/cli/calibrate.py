@@ -73,13 +73,8 @@ def run(args: argparse.Namespace) -> int:
         )
     say = say_for(args)
     model = load_model(args.model)
-    llm = LLM(
-        model,
-        max_num_seqs=MAX_NUM_SEQS,
-        max_model_len=MAX_MODEL_LEN,
-        num_blocks=MAX_NUM_SEQS * MAX_MODEL_LEN // 16,
-        block_size=16,
-    )
+    blocks = MAX_NUM_SEQS * MAX_MODEL_LEN // 16
+    llm = LLM(model, max_num_seqs=MAX_NUM_SEQS, max_model_len=MAX_MODEL_LEN, num_blocks=blocks, block_size=16)
     dtype = str(model.dtype).removeprefix("torch.")
     if args.load:
         path = args.path or calibration_path(machine_name(), model.config.name, dtype)
