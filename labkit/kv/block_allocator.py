@@ -89,7 +89,8 @@ class FreeListBlockAllocator:
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        """Blocks some sequence holds (KV cache usage counts only these)."""
+        return self.num_blocks - self.num_free_blocks
 
     @property
     def usage(self) -> float:

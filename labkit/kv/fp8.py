@@ -29,6 +29,11 @@ def kv_storage_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
     return KV_CACHE_STORAGE[kv_cache_dtype] or dtype
 
 
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A 1-byte float (fp8) tensor's storage as uint8, for the copies CPU torch lacks for float8; others as they are."""
+    return t.view(torch.uint8) if t.element_size() == 1 and t.is_floating_point() else t
+
+
 def quantize_fp8(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """``x / scale`` as float8_e4m3fn, clamped to its ±448 first, so nothing turns NaN whatever a device's cast does."""
     scaled = x if scale == 1.0 else x / scale

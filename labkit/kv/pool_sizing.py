@@ -11,13 +11,6 @@ from labkit.device import available_ram_bytes
 CPU_KV_CACHE_CAP_BYTES = 1024**3
 
 
-def num_blocks_for_memory(
-    bytes_per_token: int, block_size: int, device: torch.device, gpu_memory_utilization: float, max_useful_tokens: int
-) -> int:
-    """How many blocks fit, vLLM style (see :func:`kv_pool_size`, which also says why)."""
-    return kv_pool_size(bytes_per_token, block_size, device, gpu_memory_utilization, max_useful_tokens)[0]
-
-
 def kv_pool_size(
     bytes_per_token: int,
     block_size: int,
