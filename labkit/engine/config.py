@@ -2,9 +2,8 @@
 
 :class:`EngineConfig` holds the dials, with vLLM's names and labkit's one set of defaults. The real
 engine (:class:`labkit.engine.LLM`) and the simulator (:func:`labkit.sim.simulator.simulate`) both
-turn it into a core with :func:`build_core`, so a setting means the same on either clock, and each
-keeps the resolved config (``llm.config``) for whoever needs the engine's settings: the server, the
-simulator beside a real run, the labs. Plain Python, no torch: the simulator imports it.
+turn it into a core with :func:`build_core`, so a setting means the same on either clock. Plain Python,
+no torch: the simulator imports it.
 """
 
 from __future__ import annotations
@@ -197,10 +196,7 @@ def build_core(
 
     The caller sets what only it knows: ``max_model_len`` (the model's context, or the longest request),
     ``num_blocks`` unless ``block_allocator`` is a ready instance (which decides its own size), and
-    ``proposer`` for a parsed ``speculative_config``. ``block_allocator`` is a class built as
-    ``cls(num_blocks, block_size)`` or an instance (default: a prefix-caching one, or the plain one with
-    ``enable_prefix_caching=False``). Every part is held against :mod:`labkit.engine.interfaces` here, once,
-    for the features that are on.
+    ``proposer`` for a parsed ``speculative_config``; the parts are :class:`~labkit.engine.llm.LLM`'s.
     """
     if config.max_model_len is None:
         raise ValueError("build_core needs config.max_model_len set: the model's context, or the longest request")

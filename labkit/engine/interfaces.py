@@ -3,11 +3,9 @@ or router must offer, and the one check that says so at construction, not with a
 
 Each lab replaces one part of a working engine (lab 4 the policy and the victim chooser, lab 5 the block
 allocator and attention, lab 6 the chunked policy, lab 7 the prefix cache, lab 8 speculation). The
-:class:`typing.Protocol` classes below say which calls the engine makes on each part, what it guarantees
-when it makes them, and what it expects back. They are the contract, stated once: :func:`check_parts` holds the
-parts plugged into one engine against them, for the features that are on, with the calls each needs read off the
-protocol itself (:func:`members`), and :func:`implements` answers whether an optional part is there. Plain Python,
-no torch: the simulator shares it.
+:class:`typing.Protocol` classes below are the contract, stated once: which calls the engine makes on each part,
+what it guarantees then, and what it expects back. :func:`check_parts` reads the calls off them. Plain Python, no
+torch: the simulator shares it.
 """
 
 from __future__ import annotations
@@ -250,18 +248,13 @@ def members(protocol: type) -> tuple[str, ...]:
     return (*methods, *data)
 
 
-def _data(protocol: type) -> set[str]:
-    """The members of ``protocol`` that are values, not calls."""
-    return {name for name in members(protocol) if not inspect.isfunction(getattr(protocol, name, None))}
-
-
 def missing(part: object, protocol: type) -> list[str]:
     """The members of ``protocol`` that ``part`` lacks; a method the engine calls must also be callable."""
-    data = _data(protocol)
     return [
         name
         for name in members(protocol)
-        if not hasattr(part, name) or (name not in data and not callable(getattr(part, name)))
+        if not hasattr(part, name)
+        or (inspect.isfunction(getattr(protocol, name, None)) and not callable(getattr(part, name)))
     ]
 
 
