@@ -1,8 +1,5 @@
-"""Prefill on one engine, decode on another, in one process: each request handed over with its KV cache.
-
-Why: it shows disaggregated serving's hand-off on real engines (the same greedy tokens as one engine), with
-the K/V travelling as :class:`~labkit.kv.handoff.KVHandoff` objects through :meth:`LLM.export_request` and
-:meth:`LLM.import_request`; the simulator's :mod:`labkit.sim.disagg` prices the link between two pools.
+"""Prefill on one engine, decode on another, in one process, each request handed over with its KV cache: the same
+greedy tokens as one engine (the simulator's :mod:`labkit.sim.disagg` prices the link between two pools).
 """
 
 from __future__ import annotations

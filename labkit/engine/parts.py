@@ -1,9 +1,6 @@
-"""What :class:`~labkit.engine.llm.LLM` builds beside its core: the model, the drafting side, the KV pool and its tier.
-
-The core (scheduler, allocator, trace) is :func:`~labkit.engine.config.build_core`'s, the same for the simulator;
-these are the parts only a real engine has: weights to load, a pool sized to the device's memory, the K/V tensors
-themselves and a slower tier for evicted prefix blocks. Each is a function of the settings, so ``LLM.__init__``
-reads as the list of steps it is.
+"""What :class:`~labkit.engine.llm.LLM` builds beside its core (:func:`~labkit.engine.config.build_core`'s, shared
+with the simulator): the model, the drafting side, a KV pool sized to the device, its tensors and its slower tier.
+Each is a function of the settings, so ``LLM.__init__`` reads as the list of steps it is.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """A request's life in the engine: its tokens, its progress, and the times its record keeps.
 
-Plain Python with no tensors, so the real engine and the simulator share it. Progress is
-counted the vLLM V1 way: there is no "prefill phase" flag, only ``num_computed_tokens``
-(tokens whose K/V are in the cache) against ``num_tokens`` (prompt plus output so far).
-A step computes some of the missing tokens; once none are missing, the step yields the
-next output token.
+Plain Python, shared by the real engine and the simulator. Progress is counted the vLLM V1 way: no "prefill phase"
+flag, only ``num_computed_tokens`` (tokens whose K/V are cached) against ``num_tokens`` (prompt plus output so far).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Speculative decoding's part of the step loop, in one place: drafts before the plan, checks after the pass.
 
-The step loop (:mod:`labkit.engine.core`) calls three hooks when a proposer is on, and nothing of
-speculation otherwise: :meth:`Speculation.propose` before the policy plans (every decoding request gets
-its drafts), :meth:`Speculation.fit_to_plan` after (a request verifies only the drafts its tokens
-cover), and :meth:`Speculation.verify` while the step is booked (the accepted drafts are checked and
-the rejected ones' KV is undone). A policy sees drafts only as extra missing tokens; the one helper it
-calls, :func:`fit_drafts`, shrinks them before they cost anyone else a token or a block.
+The step loop (:mod:`labkit.engine.core`) calls :class:`Speculation`'s three hooks when a proposer is on, and
+nothing of speculation otherwise. A policy sees drafts only as extra missing tokens; the one helper it calls,
+:func:`fit_drafts`, shrinks them before they cost anyone else a token or a block.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Reading a checkpoint folder (config.json, safetensors weights) without importing transformers.
 
-labkit runs its own forward pass, so all it needs from a checkpoint is the shape and the
-tensors by name. Importing transformers for them costs about six seconds per process on a
-small CPU (every notebook kernel, grader kernel and server pays it); transformers is still
-used where the course compares with its forward pass (``LlamaModel.hf``).
+labkit runs its own forward pass, so it needs only the shape and the tensors by name, and importing transformers
+for them costs about six seconds per process on a small CPU (every notebook kernel, grader kernel and server).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""A model whose linear layers multiply in int8: what ``--quantization int8`` serves.
-
-Every decoder projection (q/k/v, o, gate/up, down) becomes an :func:`~labkit.models.int8_linear.int8_linear`
-(lab 10's per-channel int8 weights, activations quantized per token). The embedding stays as it was
-(a lookup reads only the rows it needs); the LM head, which the default model ties to the embedding,
-is quantized too only when ``lm_head=True`` (see :data:`QUANTIZE_LM_HEAD` for what was measured).
+"""A model whose linear layers multiply in int8 (:func:`~labkit.models.int8_linear.int8_linear`): what
+``--quantization int8`` serves. The embedding stays as it was; the LM head is quantized when ``lm_head=True``.
 """
 
 from __future__ import annotations

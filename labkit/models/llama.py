@@ -1,13 +1,9 @@
 """A readable Llama-family forward pass (Llama, Qwen2, Qwen3) over a flat batch of tokens.
 
-The weights are the checkpoint's tensors by their Hugging Face names; q/k/v and gate/up are
-fused into one matrix each (the named entries become views of it, and transformers' model,
-built only when asked for, is pointed at those views, so nothing is stored twice).
-Each matrix multiply goes through ``prepacked_linear``: plain ``F.linear`` in meaning, with
-the weight laid out once for the CPU's kernels where that is faster (see fast_linear.py).
-That copy is taken when the model is built: to change weights afterwards, build it again.
-The pass takes any number of sequences at once, flattened into T tokens: the ``attend``
-callback owns the KV cache, which is exactly the part the labs and the engine swap out.
+The weights are the checkpoint's tensors by their Hugging Face names; q/k/v and gate/up are fused into one matrix
+each (the named entries become views of it, so nothing is stored twice, transformers' model included). Each matrix
+multiply goes through ``prepacked_linear`` (fast_linear.py), whose copy is taken when the model is built: to change
+weights afterwards, build it again. The ``attend`` callback owns the KV cache: the part the labs and the engine swap.
 """
 
 from __future__ import annotations
