@@ -52,13 +52,9 @@ def setting(
 class EngineConfig:
     """The engine's dials (vLLM's names, except ``trace_window``); None means "the engine chooses".
 
-    ``kv_offloading_size`` (GiB, vLLM's ``--kv-offloading-size``) turns on a slower tier for evicted prefix
-    blocks, in host memory (``kv_offloading_backend="native"``) or files on disk ("disk", labkit's own); the
-    simulator ignores it (its allocator keeps no K/V to spill), so a simulated run is the same with it or not.
-
-    Checked when made, so a bad value is an error that names it. ``llm.config`` is the resolved one:
-    every None the engine filled in (the model's context, the pool it sized, the policy's token
-    budget, whether prefix caching is on) and ``speculative_config`` parsed.
+    Checked when made, so a bad value is an error that names it. ``llm.config`` is the resolved one: every None
+    the engine filled in and ``speculative_config`` parsed. The simulator ignores ``kv_offloading_size`` (its
+    allocator keeps no K/V to spill), so a simulated run is the same with it or not.
     """
 
     max_model_len: int | None = setting(

@@ -342,12 +342,9 @@ class LLM:
 
 
 def serve_workload(llm: LLM, workload, use_tqdm: bool = False) -> Trace:
-    """Serve a :class:`~labkit.workloads.Workload` on ``llm``: each request arrives when the workload
-    says, on the engine's clock, and answers exactly its intended length (``ignore_eos``).
-
-    The one way calibration, the labs and ``labkit bench`` put a workload through the engine.
-    Returns the run's :class:`~labkit.trace.Trace` (also left in ``llm.trace``).
-    """
+    """Serve a :class:`~labkit.workloads.Workload` on ``llm``, each request arriving when the workload says and
+    answering exactly its intended length (``ignore_eos``); returns the run's trace (the labs, calibration and
+    ``labkit bench`` all serve workloads this way)."""
     params = [SamplingParams(max_tokens=int(spec.output_len), ignore_eos=True) for spec in workload]
     llm.generate(
         [spec.prompt for spec in workload],

@@ -1,11 +1,9 @@
 """``speculative_config``: the dict ``LLM`` and ``simulate`` take, checked once, with vLLM's names.
 
-vLLM's keys: ``method`` ("ngram" or "draft_model"), ``num_speculative_tokens`` (k, draft tokens per
-step), ``prompt_lookup_max`` / ``prompt_lookup_min`` (n-gram sizes tried, longest first), ``model``
-(the draft model). labkit's own, so a lab can plug a learner's function in: ``propose``,
-``accept_greedy``, ``accept_sampling``, ``rollback`` (defaults: :mod:`labkit.speculative`'s), and, for the
-simulator only, ``acceptance_rate`` (the chance that each draft token is accepted).
-No torch here: the simulator reads it too.
+vLLM's keys: ``method`` ("ngram" or "draft_model"), ``num_speculative_tokens`` (k, draft tokens per step),
+``prompt_lookup_max`` / ``prompt_lookup_min`` (n-gram sizes tried, longest first), ``model`` (the draft model).
+labkit's own: a learner's ``propose``, ``accept_greedy``, ``accept_sampling``, ``rollback`` (lab 8), and, for
+the simulator only, ``acceptance_rate`` (the chance that each draft token is accepted). No torch here.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Prompt lookup (n-gram) drafting: guess the next tokens by finding the sequence's tail earlier in itself.
 
-When an answer repeats its prompt (editing a text, quoting code, filling a form), the last few
-tokens usually occurred before, and what followed them then is a good guess for what follows
-now. No model runs: the draft is a list search. vLLM calls this method "ngram".
+When an answer repeats its prompt (editing a text, quoting code, filling a form), what followed its last few tokens
+before is a good guess for what follows now. No model runs: the draft is a list search (vLLM's "ngram").
 """
 
 from __future__ import annotations
