@@ -38,6 +38,9 @@ _OPTIONAL_COUNTS = ("max_model_len", "max_num_batched_tokens", "num_blocks", "tr
 _SWITCHES = ("enable_chunked_prefill", "enable_prefix_caching", "deterministic")  # True, False or None
 # vLLM's kv_cache_dtype values that labkit stores: the model's dtype, bfloat16 or float8_e4m3fn (labkit.kv.fp8)
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")
+_DESCRIBED = (  # the settings describe() gives as they are, in this order
+    "max_model_len max_num_seqs max_num_batched_tokens num_blocks block_size kv_cache_dtype enable_prefix_caching"
+).split()
 
 
 def setting(
@@ -150,13 +153,7 @@ class EngineConfig:
         """The settings as plain values, for ``LLM.describe()`` and a trace's meta (JSON-safe)."""
         speculation = parse_speculative_config(self.speculative_config, simulated=True)
         return dict(
-            max_model_len=self.max_model_len,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            num_blocks=self.num_blocks,
-            block_size=self.block_size,
-            kv_cache_dtype=self.kv_cache_dtype,
-            enable_prefix_caching=self.enable_prefix_caching,
+            {name: getattr(self, name) for name in _DESCRIBED},
             speculative_decoding="off" if speculation is None else speculation.describe(),
             kv_offloading="off"
             if self.kv_offloading_size is None

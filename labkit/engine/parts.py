@@ -6,19 +6,18 @@ Each is a function of the settings, so ``LLM.__init__`` reads as the list of ste
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Sequence, cast
+from typing import cast
 
 from labkit.engine.config import EngineConfig
 from labkit.engine.interfaces import Attention, BlockAllocator, Proposer, TieredPrefixCachingAllocator, require
 from labkit.kv.fp8 import kv_storage_dtype
 from labkit.kv.paged_cache import PagedKVCache
 from labkit.kv.pool_sizing import kv_pool_size
+from labkit.kv.prefix_cache import ReloadPolicy
 from labkit.kv.tier import KVTier, make_tier
 from labkit.speculative import parse_speculative_config
 from labkit.speculative.config import SpeculativeConfig
 from labkit.speculative.proposers import DraftModelProposer, NgramProposer
-
-ReloadPolicy = Callable[[int, int, int, int], Sequence[int]]
 
 
 def resolve_model(model):

@@ -56,7 +56,7 @@ class ModelRunner:
         samplers: list[Request] = []  # the requests that get a token this step
         for request, num_new in work:
             start = request.num_computed_tokens
-            ids.extend(request.token_ids_with_drafts[start : start + num_new])
+            ids.extend((request.all_token_ids + request.spec_token_ids)[start : start + num_new])  # drafts last
             positions.extend(range(start, start + num_new))
             table = list(blocks.block_table(request.request_id))  # any sequence of ints, as a list
             sequences.append(SequenceSlice(len(ids) - num_new, num_new, start + num_new, table))

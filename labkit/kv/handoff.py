@@ -42,11 +42,9 @@ class KVLayout:
 class KVHandoff:
     """One request after its prefill, with everything another engine needs to continue it.
 
-    ``keys[layer]`` and ``values[layer]`` are [num_computed_tokens, kv_heads, head_dim] in the pools'
-    storage dtype (token t's K/V in row t): the request's first ``num_computed_tokens`` tokens, which are
-    its prompt (its output so far is ``output_token_ids``; the last of those has no K/V yet: the target's
-    first decode step computes it). ``generator_state`` is its random stream's state (None when greedy),
-    so a seeded sampled answer continues as it would have on one engine.
+    ``keys[layer]`` and ``values[layer]`` are [num_computed_tokens, kv_heads, head_dim] in the pools' storage dtype
+    (token t in row t); the last output token has no K/V yet (the target's first decode step computes it).
+    ``generator_state`` (None when greedy) lets a seeded sampled answer continue as it would on one engine.
     """
 
     request_id: str

@@ -136,11 +136,8 @@ def _decode_group(
 
 def compact_batch(batch: PagedBatch, block_size: int) -> tuple[torch.Tensor, PagedBatch]:
     """The blocks ``batch``'s sequences hold (every block of their tables, sorted), and ``batch`` with its
-    block numbers renumbered into them: block ``blocks[i]`` becomes block ``i``.
-
-    What an fp8 cache hands attention: a pool of those blocks in the model's dtype reads, through the
-    renumbered tables, exactly what the full pool reads through the original ones. Padding (block 0 in
-    the decode groups) maps to block 0 of the compact pool, masked out as before.
+    block numbers renumbered into them: block ``blocks[i]`` becomes block ``i``, so a pool of just those blocks
+    reads exactly what the full pool reads (padding, block 0, maps to block 0, masked out as before).
     """
     held = sorted({block for seq in batch.sequences for block in seq.block_table})
     device = batch.slot_mapping.device

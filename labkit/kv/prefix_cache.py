@@ -178,13 +178,8 @@ class PrefixCachingBlockAllocator(FreeListBlockAllocator):
 
     # --- prefix caching ----------------------------------------------------------------
     def take_cached_prefix(self, seq_id: str, token_ids: Sequence[int]) -> int:
-        """Hold for ``seq_id`` the longest run of cached full blocks that starts ``token_ids``; return its tokens.
-
-        The blocks go first into the table at the sequence's next :meth:`allocate`, so they are
-        not counted by :meth:`num_new_blocks` for it; :meth:`free` lets them go. The caller
-        leaves out the tokens it must compute (at least the last one, whose logits it needs), so
-        ``token_ids`` is a prompt one token short.
-        """
+        """Hold for ``seq_id`` the longest run of cached full blocks that starts ``token_ids`` (a prompt one token
+        short: its logits are needed); return its tokens. The blocks join the table at the next :meth:`allocate`."""
         if seq_id in self._tables or seq_id in self._held:
             raise ValueError(f"sequence {seq_id!r} already holds blocks; look up its prefix before allocating")
         hashes = self.hash_blocks(token_ids)

@@ -162,9 +162,6 @@ class DiskTier(KVTier):
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-# --- sizing ------------------------------------------------------------------------------------------
-
-
 def block_bytes(cache: PagedKVCache) -> int:
     """Bytes one block takes in the pool, K and V of every layer (what the tier keeps per block)."""
     return cache.nbytes() // cache.num_blocks
@@ -178,9 +175,6 @@ def make_tier(backend: str, size_gib: float, cache: PagedKVCache, directory: str
     if backend == "disk":
         return DiskTier(capacity, directory)
     raise ValueError(f"kv_offloading_backend must be one of {BACKENDS}, got {backend!r}")
-
-
-# --- moving blocks between the pool and the tier (the runner calls this) ------------------------------
 
 
 def read_block(cache: PagedKVCache, block: int) -> torch.Tensor:

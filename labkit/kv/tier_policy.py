@@ -25,9 +25,6 @@ def capacity_in_blocks(size_gib: float, bytes_per_block: int) -> int:
     return blocks
 
 
-# --- the decision: reload a run found in the tier, or compute its tokens again -------------------------
-
-
 @dataclass(frozen=True)
 class TierCosts:
     """Measured costs (``scripts/kv_tier_bench.py`` measures them on this machine): a reload costs

@@ -17,10 +17,6 @@ WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"  # a checkpoint sharded into several safetensors files
 
 
-class ConfigFields(SimpleNamespace):
-    """config.json's fields as attributes, as transformers' config object offers them to ModelConfig."""
-
-
 def is_checkpoint(folder: Path) -> bool:
     """A folder labkit can read by itself: a config and safetensors weights."""
     return (folder / CONFIG_FILE).is_file() and (
@@ -28,8 +24,9 @@ def is_checkpoint(folder: Path) -> bool:
     )
 
 
-def read_config(folder: Path) -> ConfigFields:
-    return ConfigFields(**json.loads((folder / CONFIG_FILE).read_text()))
+def read_config(folder: Path) -> SimpleNamespace:
+    """config.json's fields as attributes, as transformers' config object offers them to ModelConfig."""
+    return SimpleNamespace(**json.loads((folder / CONFIG_FILE).read_text()))
 
 
 def read_weights(folder: Path, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:

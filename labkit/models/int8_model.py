@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from labkit.models.int8_linear import Int8Backend, int8_linear
 from labkit.models.llama import LlamaModel
 from labkit.models.quant import QuantizedMatmul
@@ -31,16 +29,7 @@ class Int8Model(LlamaModel):
             raise ValueError(f"cannot compute in int8 here: {backend.reason}")
         vars(self).update(vars(model))
         self.backend = backend
-        self.layers = [
-            replace(
-                layer,
-                **{
-                    name: int8_linear(weight, bias, backend)
-                    for name, (weight, bias) in model.projection_weights(index).items()
-                },
-            )
-            for index, layer in enumerate(model.layers)
-        ]
+        self.layers = model.layers_with(lambda weight, bias: int8_linear(weight, bias, backend))
         self.quantized_lm_head = lm_head
         if lm_head:
             self.lm_head = int8_linear(self.weights["lm_head.weight"], None, backend)

@@ -8,7 +8,7 @@ weights afterwards, build it again. The ``attend`` callback owns the KV cache: t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -100,6 +100,16 @@ class LlamaModel:
             bias = w.get(f"{prefix}self_attn.q_proj.bias") if name == "qkv" else None
             out[name] = (weight, None if bias is None else torch.cat([w[f"{prefix}{m}.bias"] for m in modules]))
         return out
+
+    def layers_with(self, linear: Callable[[torch.Tensor, torch.Tensor | None], LinearFn]) -> list[DecoderLayer]:
+        """The decoder layers with each projection computed by ``linear(weight, bias)`` (as :meth:`projection_weights`
+        gives them), everything else shared: how a quantized model is made."""
+        return [
+            replace(
+                layer, **{name: linear(weight, bias) for name, (weight, bias) in self.projection_weights(i).items()}
+            )
+            for i, layer in enumerate(self.layers)
+        ]
 
     @property
     def device(self) -> torch.device:

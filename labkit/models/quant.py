@@ -14,14 +14,14 @@ here). What transfers to a GPU with real int8/int4 kernels is the bytes, not thi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from labkit.models.fast_linear import MatmulPath
-from labkit.models.llama import DecoderLayer, LlamaModel
+from labkit.models.llama import LlamaModel
 from labkit.models.tokens import Prompt, encode_prompt
 
 SCHEMES = ("int8", "int4")
@@ -179,32 +179,18 @@ class QuantizedMatmul(MatmulPath):
         return self.reason
 
 
-def _quantized_layer(projections: dict, layer: DecoderLayer, scheme: str, group_size: int) -> DecoderLayer:
-    """``layer`` with its four projections quantized (``projections``: LlamaModel.projection_weights)."""
-    return replace(
-        layer,
-        **{
-            name: QuantizedLinear.from_weight(weight, bias, scheme, group_size)
-            for name, (weight, bias) in projections.items()
-        },
-    )
-
-
 class QuantizedModel(LlamaModel):
     """A :class:`LlamaModel` whose decoder linears are quantized; it shares everything else with the original."""
 
     def __init__(self, model: LlamaModel, scheme: str, group_size: int = GROUP_SIZE):
-        if scheme not in SCHEMES:
-            raise ValueError(f"unknown quantization scheme {scheme!r}; use one of {SCHEMES}")
         if isinstance(model, QuantizedModel):
             raise ValueError("this model is already quantized; quantize the original model instead")
         vars(self).update(vars(model))  # embeddings, norms, LM head, config, tokenizer: shared, not copied
         self.scheme = scheme
         self.original = model
-        self.layers = [
-            _quantized_layer(model.projection_weights(index), layer, scheme, group_size)
-            for index, layer in enumerate(model.layers)
-        ]
+        self.layers = model.layers_with(
+            lambda weight, bias: QuantizedLinear.from_weight(weight, bias, scheme, group_size)
+        )
         self.matmul = QuantizedMatmul(False, f"{scheme} weights, dequantized per call (no fused int kernel)")
         self.prepacked = False
 
@@ -245,13 +231,9 @@ class Quality:
 
 @torch.inference_mode()
 def quality(model: LlamaModel, quantized: LlamaModel, prompts: list[Prompt], n_tokens: int = 32) -> Quality:
-    """Compare ``quantized`` with ``model`` on the original's own greedy continuation of each prompt.
-
-    The original decodes ``n_tokens`` greedily; then both models read prompt + continuation in
-    one pass, and at each of the ``n_tokens`` positions we compare their next-token choice
-    (agreement: the quantized argmax is the original's token) and distributions (KL). Scoring
-    on one shared text, rather than letting each model wander its own way, keeps one early
-    disagreement from counting against every token after it.
+    """Compare ``quantized`` with ``model`` on the original's own greedy continuation (``n_tokens``) of each prompt:
+    both read prompt + continuation in one pass, and at each position we compare their next-token choice and
+    distributions (KL). One shared text keeps one early disagreement from counting against every token after it.
     """
     if not prompts:
         raise ValueError(
