@@ -51,11 +51,3 @@ def compare_to_solo(batched: list[int], solo: SoloRun, near_tie: float = NEAR_TI
     if len(batched) != len(solo.tokens):
         return f"batched run made {len(batched)} tokens, alone it made {len(solo.tokens)}"
     return None
-
-
-def is_near_tie_divergence(batched: list[int], solo: SoloRun, near_tie: float = NEAR_TIE) -> bool:
-    """True if the runs differ only from a near-tie on (so a test can say so)."""
-    for index, (got, want) in enumerate(zip(batched, solo.tokens)):
-        if got != want:
-            return solo.gaps[index] < near_tie
-    return False
