@@ -198,11 +198,9 @@ def build_core(
     resolved_policy = resolve_policy(policy, config.enable_chunked_prefill)
     budget = token_budget(config.max_num_batched_tokens, config.max_model_len, resolved_policy.chunked)
     blocks = _make_allocator(block_allocator, config)
-    caching = (
-        implements(blocks, PrefixCachingAllocator)
-        if config.enable_prefix_caching is None
-        else config.enable_prefix_caching
-    )
+    caching = config.enable_prefix_caching
+    if caching is None:  # on by default, as in vLLM V1, where the allocator can do it
+        caching = implements(blocks, PrefixCachingAllocator)
     check_parts(
         blocks=blocks,
         policy=resolved_policy,

@@ -204,20 +204,16 @@ class LLM:
         outside = [token for token in (params.logit_bias or {}) if token >= vocab_size]
         if outside:
             raise ValueError(f"logit_bias names token id {outside[0]}, but the vocabulary has {vocab_size} ids")
-        if self.config.speculative_config is not None:
-            extras = [
-                name
-                for name, asked in [
-                    ("logprobs", params.logprobs is not None),
-                    ("logits processors (penalties, logit_bias, min_tokens)", params.processes_logits),
-                ]
-                if asked
-            ]
-            if extras:
-                raise ValueError(
-                    f"SamplingParams with {' and '.join(extras)} cannot be combined with speculative_config: the "
-                    "verifier accepts drafts from unprocessed logits and records no logprobs; run without speculation"
-                )
+        extras = {
+            "logprobs": params.logprobs is not None,
+            "logits processors (penalties, logit_bias, min_tokens)": params.processes_logits,
+        }
+        asked = [name for name, wanted in extras.items() if wanted]
+        if asked and self.config.speculative_config is not None:
+            raise ValueError(
+                f"SamplingParams with {' and '.join(asked)} cannot be combined with speculative_config: the "
+                "verifier accepts drafts from unprocessed logits and records no logprobs; run without speculation"
+            )
 
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
