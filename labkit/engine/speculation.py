@@ -45,10 +45,8 @@ class Speculation:
         self._blocks = rollback_blocks(blocks)  # the allocator, able to free_tail
 
     def propose(self, state: SchedulerState) -> None:
-        """Give every running request that is decoding (prompt done, one token to compute) its draft tokens.
-
-        Requests still prefilling do not speculate. A draft never reaches past ``max_tokens`` or
-        ``max_model_len``: every token a step may emit must be one the request may still have.
+        """Give every running request that is decoding (prompt done, one token to compute) its draft tokens, never
+        past ``max_tokens`` or ``max_model_len``: every token a step may emit must be one the request may still have.
         """
         k = self.proposer.num_speculative_tokens
         for request in state.running:
@@ -96,10 +94,8 @@ def check_verified(request: Request, drafts: list[int], tokens: list[int]) -> in
 
 
 def fit_drafts(state: SchedulerState, request: Request, budget: int) -> None:
-    """Speculative decoding: cut a request's draft tokens to what the token budget and free blocks allow.
-
-    Drafts are a bet, so they never cost anyone else a token or a block: they shrink (or go) before the
-    request's own next token would be cut or another request preempted.
+    """Speculative decoding: cut a request's draft tokens to what the token budget and free blocks allow. Drafts are
+    a bet, so they shrink (or go) before the request's own next token would be cut or another request preempted.
     """
     request.trim_drafts(budget - 1)
     needed = request.num_computed_tokens + request.num_missing_tokens

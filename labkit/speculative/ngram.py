@@ -8,12 +8,9 @@ from __future__ import annotations
 
 
 def propose_ngram(token_ids: list[int], k: int, min_n: int = 1, max_n: int = 4) -> list[int]:
-    """Prompt lookup: for n from max_n down to min_n, find the most recent EARLIER occurrence of the sequence's
-    last n tokens and return up to k tokens that followed it ([] when no n matches).
-
-    Longer n-grams are tried first (a longer match is a more specific guess); among the occurrences of
-    one n-gram, the most recent wins. The tail itself does not count as an occurrence.
-    """
+    """Prompt lookup: for n from max_n down to min_n (a longer match is a more specific guess), find the most
+    recent EARLIER occurrence of the sequence's last n tokens (not the tail itself) and return up to k tokens that
+    followed it ([] when no n matches)."""
     if k < 1 or min_n < 1 or max_n < min_n:
         raise ValueError(f"need k >= 1 and 1 <= min_n <= max_n, got k={k}, min_n={min_n}, max_n={max_n}")
     length = len(token_ids)
