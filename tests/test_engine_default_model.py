@@ -7,7 +7,7 @@ alone, except from a near-tie on (solo top-2 logits within 1e-4), which the test
 import pytest
 
 from labkit.engine import LLM
-from labkit.engine.reference import compare_to_solo, is_near_tie_divergence, solo_greedy
+from labkit.engine.reference import compare_to_solo, solo_greedy
 from labkit.models.tokens import encode_prompt
 from labkit.sampling import SamplingParams
 
@@ -50,7 +50,7 @@ def test_chat_prompts_match_solo_decoding(default_model_on_path, solo_runs, poli
     for output, solo in zip(outputs, solos):
         problem = compare_to_solo(output.token_ids, solo)
         assert problem is None, f"chat {output.request_id} ({output.prompt[0]['content']!r}): {problem}"
-        near_ties += is_near_tie_divergence(output.token_ids, solo)
+        near_ties += output.token_ids != solo.tokens  # compare_to_solo forgave them: a near-tie
     print(f"{policy}: {near_ties} of {len(CHATS)} chats parted from solo at a near-tie (top-2 gap < 1e-4)")
     assert all(output.text for output in outputs)
     assert llm.state.blocks.num_free_blocks == 128

@@ -12,7 +12,7 @@ import pytest
 
 from labkit.device import default_device
 from labkit.engine import LLM
-from labkit.engine.reference import compare_to_solo, is_near_tie_divergence, solo_greedy
+from labkit.engine.reference import compare_to_solo, solo_greedy
 from labkit.kv.block_allocator import FreeListBlockAllocator
 from labkit.kv.paged_attention import paged_attention
 from labkit.models import tiny_model
@@ -47,7 +47,7 @@ def check_against_solo(outputs, solos):
     for output, solo in zip(outputs, solos):
         problem = compare_to_solo(output.token_ids, solo)
         assert problem is None, f"request {output.request_id}: {problem}"
-        near_ties += is_near_tie_divergence(output.token_ids, solo)
+        near_ties += output.token_ids != solo.tokens  # compare_to_solo forgave them: a near-tie
     return near_ties
 
 

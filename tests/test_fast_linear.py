@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit.models import fast_linear
-from labkit.models.fast_linear import matmul_path, prepack_enabled, prepacked_linear, probe_prepack
+from labkit.models.fast_linear import matmul_path, prepacked_linear, probe_prepack
 
 CPU = torch.device("cpu")
 
@@ -52,7 +52,7 @@ def test_views_of_a_fused_weight_and_batched_inputs_work():
 
 def test_it_falls_back_to_f_linear_when_switched_off_or_for_other_dtypes(monkeypatch):
     weight = torch.randn(8, 4, dtype=torch.float64)
-    assert not prepack_enabled(weight.device, weight.dtype)
+    assert not matmul_path(weight.device, weight.dtype).prepacked
     assert "float64" in probe_prepack(CPU, torch.float64).reason
     x = torch.randn(3, 4, dtype=torch.float64)
     assert torch.equal(prepacked_linear(weight)(x), F.linear(x, weight))
@@ -73,7 +73,7 @@ def test_a_kernel_that_refuses_this_cpu_means_the_plain_path(monkeypatch, fresh_
     path = probe_prepack(CPU, torch.bfloat16)
     assert not path.prepacked and "avx_ne_convert" in path.reason and "more" not in path.reason
     assert path.describe().startswith("plain F.linear (oneDNN refused bfloat16")
-    assert not prepack_enabled(CPU, torch.bfloat16)
+    assert not matmul_path(CPU, torch.bfloat16).prepacked
     assert calls == [torch.bfloat16]  # tried once, then remembered for the process
 
 
@@ -121,8 +121,8 @@ def test_a_model_too_big_for_a_second_copy_is_not_packed(monkeypatch):
     assert tiny_model().prepacked
     assert not tiny_model(prepack=False).prepacked
     monkeypatch.setattr(fast_linear, "available_ram_bytes", lambda: 1000)
-    assert not prepack_enabled(CPU, torch.float32, weight_bytes=600)
-    assert prepack_enabled(CPU, torch.float32, weight_bytes=400)
+    assert not matmul_path(CPU, torch.float32, weight_bytes=600).prepacked
+    assert matmul_path(CPU, torch.float32, weight_bytes=400).prepacked
     model = tiny_model()
     assert not model.prepacked and "half the free RAM" in model.matmul.reason
     ids = torch.tensor([1, 2, 3])

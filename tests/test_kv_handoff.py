@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from labkit.engine import LLM, kv_transfer
+from labkit.engine import LLM
 from labkit.engine.disaggregated import serve_disaggregated
 from labkit.kv.handoff import read_tokens, slots, write_tokens
 from labkit.models import tiny_model
@@ -39,7 +39,7 @@ def engine(model, **dials):
 
 def first_token_out(llm: LLM, request_id: str) -> None:
     """Step ``llm`` until the request's prefill is done and its first token out."""
-    while request_id not in kv_transfer.ready_to_export(llm):
+    while request_id not in [request.request_id for request in llm.core.ready_to_hand_over()]:
         llm.step()
 
 

@@ -1,8 +1,7 @@
 """The serving engine: requests, scheduler policies, the step loop, model runner.
 
-``LLM`` (the engine over a real model) and ``serve_workload`` are imported on first use:
-the scheduler, the requests and the step loop are plain Python that the simulator shares,
-and importing them must not load torch and the model code.
+``LLM`` and ``serve_workload`` are imported on first use: the rest is plain Python that the simulator shares,
+and importing it must not load torch and the model code.
 """
 
 from labkit.engine.request import CompletionOutput, Request, RequestOutput, RequestStatus

@@ -2,9 +2,8 @@
 
 :class:`EngineConfig` holds the dials, with vLLM's names and labkit's one set of defaults. The real
 engine (:class:`labkit.engine.LLM`) and the simulator (:func:`labkit.sim.simulator.simulate`) both
-turn it into a core with :func:`build_core`, so a setting means the same on either clock, and each
-keeps the resolved config (``llm.config``) for whoever needs the engine's settings: the server, the
-simulator beside a real run, the labs. Plain Python, no torch: the simulator imports it.
+turn it into a core with :func:`build_core`, so a setting means the same on either clock. Plain Python,
+no torch: the simulator imports it.
 """
 
 from __future__ import annotations
@@ -39,6 +38,9 @@ _OPTIONAL_COUNTS = ("max_model_len", "max_num_batched_tokens", "num_blocks", "tr
 _SWITCHES = ("enable_chunked_prefill", "enable_prefix_caching", "deterministic")  # True, False or None
 # vLLM's kv_cache_dtype values that labkit stores: the model's dtype, bfloat16 or float8_e4m3fn (labkit.kv.fp8)
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")
+_DESCRIBED = (  # the settings describe() gives as they are, in this order
+    "max_model_len max_num_seqs max_num_batched_tokens num_blocks block_size kv_cache_dtype enable_prefix_caching"
+).split()
 
 
 def setting(
@@ -53,13 +55,9 @@ def setting(
 class EngineConfig:
     """The engine's dials (vLLM's names, except ``trace_window``); None means "the engine chooses".
 
-    ``kv_offloading_size`` (GiB, vLLM's ``--kv-offloading-size``) turns on a slower tier for evicted prefix
-    blocks, in host memory (``kv_offloading_backend="native"``) or files on disk ("disk", labkit's own); the
-    simulator ignores it (its allocator keeps no K/V to spill), so a simulated run is the same with it or not.
-
-    Checked when made, so a bad value is an error that names it. ``llm.config`` is the resolved one:
-    every None the engine filled in (the model's context, the pool it sized, the policy's token
-    budget, whether prefix caching is on) and ``speculative_config`` parsed.
+    Checked when made, so a bad value is an error that names it. ``llm.config`` is the resolved one: every None
+    the engine filled in and ``speculative_config`` parsed. The simulator ignores ``kv_offloading_size`` (its
+    allocator keeps no K/V to spill), so a simulated run is the same with it or not.
     """
 
     max_model_len: int | None = setting(
@@ -155,13 +153,7 @@ class EngineConfig:
         """The settings as plain values, for ``LLM.describe()`` and a trace's meta (JSON-safe)."""
         speculation = parse_speculative_config(self.speculative_config, simulated=True)
         return dict(
-            max_model_len=self.max_model_len,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            num_blocks=self.num_blocks,
-            block_size=self.block_size,
-            kv_cache_dtype=self.kv_cache_dtype,
-            enable_prefix_caching=self.enable_prefix_caching,
+            {name: getattr(self, name) for name in _DESCRIBED},
             speculative_decoding="off" if speculation is None else speculation.describe(),
             kv_offloading="off"
             if self.kv_offloading_size is None
@@ -197,10 +189,7 @@ def build_core(
 
     The caller sets what only it knows: ``max_model_len`` (the model's context, or the longest request),
     ``num_blocks`` unless ``block_allocator`` is a ready instance (which decides its own size), and
-    ``proposer`` for a parsed ``speculative_config``. ``block_allocator`` is a class built as
-    ``cls(num_blocks, block_size)`` or an instance (default: a prefix-caching one, or the plain one with
-    ``enable_prefix_caching=False``). Every part is held against :mod:`labkit.engine.interfaces` here, once,
-    for the features that are on.
+    ``proposer`` for a parsed ``speculative_config``; the parts are :class:`~labkit.engine.llm.LLM`'s.
     """
     if config.max_model_len is None:
         raise ValueError("build_core needs config.max_model_len set: the model's context, or the longest request")
@@ -209,11 +198,9 @@ def build_core(
     resolved_policy = resolve_policy(policy, config.enable_chunked_prefill)
     budget = token_budget(config.max_num_batched_tokens, config.max_model_len, resolved_policy.chunked)
     blocks = _make_allocator(block_allocator, config)
-    caching = (
-        implements(blocks, PrefixCachingAllocator)
-        if config.enable_prefix_caching is None
-        else config.enable_prefix_caching
-    )
+    caching = config.enable_prefix_caching
+    if caching is None:  # on by default, as in vLLM V1, where the allocator can do it
+        caching = implements(blocks, PrefixCachingAllocator)
     check_parts(
         blocks=blocks,
         policy=resolved_policy,

@@ -1,8 +1,5 @@
-"""Prefill on one engine, decode on another, in one process: each request handed over with its KV cache.
-
-Why: it shows disaggregated serving's hand-off on real engines (the same greedy tokens as one engine), with
-the K/V travelling as :class:`~labkit.kv.handoff.KVHandoff` objects through :meth:`LLM.export_request` and
-:meth:`LLM.import_request`; the simulator's :mod:`labkit.sim.disagg` prices the link between two pools.
+"""Prefill on one engine, decode on another, in one process, each request handed over with its KV cache: the same
+greedy tokens as one engine (the simulator's :mod:`labkit.sim.disagg` prices the link between two pools).
 """
 
 from __future__ import annotations
@@ -22,15 +19,10 @@ def serve_disaggregated(
     prompts: Sequence[Prompt],
     params: SamplingParams | Sequence[SamplingParams] | None = None,
 ) -> list[RequestOutput]:
-    """Serve ``prompts`` with ``prefill`` computing every prompt and ``decode`` every token after the first:
-    each request is handed over (:meth:`~labkit.engine.LLM.export_request`, then
-    :meth:`~labkit.engine.LLM.import_request`) as soon as its first token is out. The two engines are a fleet
-    (:meth:`~labkit.engine.fleet.Fleet.serve`, every prompt arriving at time 0 and routed to ``prefill``) in this
-    process, taking turns; the outputs come back in the order given (a request whose first token ends it is answered by the
-    prefill engine alone).
-
-    A request the decode engine cannot take yet (no free seat or blocks) stays on the prefill engine, which
-    keeps decoding it meanwhile; it is handed over, with its longer KV, once the decode engine has room.
+    """Serve ``prompts`` with ``prefill`` computing every prompt and ``decode`` every token after the first; the
+    outputs come back in the order given. The two engines take turns as a fleet in this process, every prompt
+    arriving at time 0 on ``prefill``; each request is handed over as soon as its first token is out, or, while
+    the decode engine has no free seat or blocks, later, with its longer KV (the prefill engine decodes it meanwhile).
     """
     all_params = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
     if len(all_params) != len(prompts):

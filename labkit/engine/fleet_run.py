@@ -1,8 +1,5 @@
-"""What a fleet's run leaves: each replica's trace and where every request went, whichever clock drove it.
-
-The simulator's fleet (:func:`labkit.sim.fleet.simulate_fleet`) and real engines behind a router
-(:func:`labkit.engine.fleet.serve_workload_on_fleet`) both hand back a :class:`FleetRun`, so one table of
-hit rates and latencies reads either.
+"""What a fleet's run leaves, whichever clock drove it: each replica's trace and where every request went, so one
+table of hit rates and latencies reads the simulator's fleet and real engines behind a router alike.
 """
 
 from __future__ import annotations

@@ -3,11 +3,9 @@ or router must offer, and the one check that says so at construction, not with a
 
 Each lab replaces one part of a working engine (lab 4 the policy and the victim chooser, lab 5 the block
 allocator and attention, lab 6 the chunked policy, lab 7 the prefix cache, lab 8 speculation). The
-:class:`typing.Protocol` classes below say which calls the engine makes on each part, what it guarantees
-when it makes them, and what it expects back. They are the contract, stated once: :func:`check_parts` holds the
-parts plugged into one engine against them, for the features that are on, with the calls each needs read off the
-protocol itself (:func:`members`), and :func:`implements` answers whether an optional part is there. Plain Python,
-no torch: the simulator shares it.
+:class:`typing.Protocol` classes below are the contract, stated once: which calls the engine makes on each part,
+what it guarantees then, and what it expects back. :func:`check_parts` reads the calls off them. Plain Python, no
+torch: the simulator shares it.
 """
 
 from __future__ import annotations
@@ -199,11 +197,9 @@ class Router(Protocol):
 class RequestView:
     """One request as a router sees it when it arrives: what it may know before tokenizing, and after.
 
-    Where the router runs decides which it has. The engines' and the simulator's fleets route requests already
-    tokenized (``prompt_token_ids``; ``prompt_text`` too where the prompt came as text). ``labkit route`` reads
-    the HTTP body: ``prompt_text`` always (a chat's messages flattened in order, see
-    :func:`labkit.serve.router_policies.prompt_text`), and ``prompt_token_ids`` where it tokenizes, as the replicas
-    do (with the fleet's tokenizer and chat template; ``cache_aware`` does, to know what is cached), else None.
+    The engines' and the simulator's fleets route requests already tokenized (``prompt_text`` too where the prompt
+    came as text). ``labkit route`` reads the HTTP body: ``prompt_text`` always (a chat flattened,
+    :func:`labkit.serve.router_policies.prompt_text`), ``prompt_token_ids`` where it tokenizes (``cache_aware``).
     """
 
     request_id: str
@@ -215,12 +211,9 @@ class RequestView:
 class ReplicaView:
     """One replica as a router sees it when a request arrives: how busy it is and what it has cached for it.
 
-    ``cached_tokens`` is in tokens everywhere. In the engines' and the simulator's fleets both fields come from the
-    replica itself (its unfinished requests, its prefix cache's lookup). ``labkit route`` sees its replicas from
-    outside: ``unfinished`` is the requests it has in flight there, and ``cached_tokens`` what the replica's own
-    KV events say it holds (exact when nothing else is in flight there), or, for a replica that publishes none,
-    its shadow index's guess from the prompts it sent there, blind to evictions (see
-    :mod:`labkit.serve.router_caches`); 0 where the router keeps no cache view (round_robin, least_loaded).
+    In the engines' and the simulator's fleets both fields come from the replica itself. ``labkit route`` sees
+    its replicas from outside: the requests it has in flight there, and what the replica's KV events say it
+    holds, or a guess from the prompts it sent there (:mod:`labkit.serve.router_caches`).
     """
 
     index: int
@@ -250,18 +243,13 @@ def members(protocol: type) -> tuple[str, ...]:
     return (*methods, *data)
 
 
-def _data(protocol: type) -> set[str]:
-    """The members of ``protocol`` that are values, not calls."""
-    return {name for name in members(protocol) if not inspect.isfunction(getattr(protocol, name, None))}
-
-
 def missing(part: object, protocol: type) -> list[str]:
     """The members of ``protocol`` that ``part`` lacks; a method the engine calls must also be callable."""
-    data = _data(protocol)
     return [
         name
         for name in members(protocol)
-        if not hasattr(part, name) or (name not in data and not callable(getattr(part, name)))
+        if not hasattr(part, name)
+        or (inspect.isfunction(getattr(protocol, name, None)) and not callable(getattr(part, name)))
     ]
 
 
@@ -316,10 +304,7 @@ def check_parts(
 ) -> None:
     """Hold the parts of one engine against their protocols, for the features that are on; called once when
     the engine is built, so a missing call is a :class:`MissingPartError` naming it, its feature and its lab.
-
-    Speculation's ``free_tail`` is optional (an allocator without it keeps rejected drafts' blocks until the
-    sequence ends), and so is nothing else.
-    """
+    Only speculation's ``free_tail`` is optional (see :class:`TailFreeingAllocator`)."""
     require(blocks, "serving")
     if enable_prefix_caching:
         require(blocks, "prefix caching")

@@ -1,9 +1,5 @@
-"""A request moved between two engines after its prefill: prefill on one, decode on another.
-
-:func:`export_request` takes a request whose prefill is done (first token out) out of one
-:class:`~labkit.engine.llm.LLM` with its K/V, read through its block table; :func:`import_request` continues it
-on another, its K/V written into blocks that engine's allocator gives. The K/V travel as a
-:class:`~labkit.kv.handoff.KVHandoff`; ``LLM.export_request`` and ``LLM.import_request`` call these.
+"""A request moved between two engines after its prefill, with its K/V (:class:`~labkit.kv.handoff.KVHandoff`):
+``LLM.export_request`` and ``LLM.import_request`` call these.
 """
 
 from __future__ import annotations
@@ -16,11 +12,6 @@ from labkit.sampling import make_generator
 
 if TYPE_CHECKING:
     from labkit.engine.llm import LLM
-
-
-def ready_to_export(llm: LLM) -> list[str]:
-    """Ids of the requests whose prefill is done and first token out: those :func:`export_request` takes."""
-    return [request.request_id for request in llm.core.ready_to_hand_over()]
 
 
 def kv_layout(llm: LLM) -> KVLayout:

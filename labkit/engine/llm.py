@@ -1,17 +1,8 @@
 """The engine's front door: ``LLM(...).generate(prompts)`` offline, or step by step for the labs.
 
-One step = arrivals join the queue, the scheduler policy plans the step, the model runner
-runs it as one forward pass, new tokens are appended, finished requests release their
-blocks, and the step is written to the trace. The loop itself is
-:class:`~labkit.engine.core.EngineCore`, the one the simulator runs too; this class adds
-the model, the KV pools and the wall clock. The policy, the block allocator and the
-attention function are plain arguments, so a lab can swap in a learner's own.
-
-The settings are one :class:`~labkit.engine.config.EngineConfig` with vLLM's names
-(``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``, ``num_blocks`` or
-``gpu_memory_utilization``, ``block_size``, ``kv_cache_dtype``, ``enable_chunked_prefill``, ``enable_prefix_caching``,
-``speculative_config``: speculative decoding, see :mod:`labkit.speculative`), built into the core by
-:func:`~labkit.engine.config.build_core`, as the simulator builds its own.
+The step loop is :class:`~labkit.engine.core.EngineCore`, the one the simulator runs too, built from one
+:class:`~labkit.engine.config.EngineConfig` by :func:`~labkit.engine.config.build_core`; this class adds the
+model, the KV pools and the wall clock.
 """
 
 from __future__ import annotations
@@ -50,51 +41,33 @@ from labkit.trace import StepRecord, Trace
 class LLM:
     """A serving engine over one model: chunked-prefill continuous batching on a paged KV cache by default.
 
-    ``model``: a labkit model, a checkpoint name for :func:`labkit.models.load_model`, or None
-    for the default one. The settings are :class:`~labkit.engine.config.EngineConfig`'s, as keyword
-    arguments (``LLM(max_num_seqs=8, num_blocks=64)``) or as a ``config`` (the two combine, the
-    keywords win); ``llm.config`` is the resolved one. ``max_model_len`` (default: the model's
-    context) caps prompt plus output. ``num_blocks`` sizes the KV pool directly; otherwise
-    ``gpu_memory_utilization`` does (see :func:`labkit.kv.pool_sizing.kv_pool_size`;
-    ``describe()["kv_pool"]`` says why).
-    ``trace_window`` keeps only that many recent steps in ``llm.trace`` (a long-running server's).
-    ``kv_cache_dtype="fp8"`` stores the KV pool as float8_e4m3fn, 1 byte per value, so the same memory
-    holds twice the tokens of a 16-bit pool (see :class:`labkit.kv.paged_cache.PagedKVCache`: scale 1.0,
-    and attention still receives the model's dtype); "auto", the default, stores the model's dtype.
+    ``model``: a labkit model, a checkpoint name for :func:`labkit.models.load_model`, or None for the default
+    one. The settings are :class:`~labkit.engine.config.EngineConfig`'s (each field says what it means), as
+    keyword arguments (``LLM(max_num_seqs=8, num_blocks=64)``) or as a ``config`` (the two combine, the keywords
+    win); ``llm.config`` is the resolved one, and ``describe()`` says how the KV pool was sized and why prefix
+    caching is off, where the engine turned it off.
 
     The parts are plain arguments, so a lab can plug in a learner's own. ``policy`` is "static",
     "continuous", "chunked" or your own :class:`SchedulerPolicy`; ``enable_chunked_prefill`` picks
     between the last two when no policy is given. ``block_allocator`` is a class built as
     ``cls(num_blocks, block_size)`` or a ready instance (default: a prefix-caching one, or the plain
     :class:`FreeListBlockAllocator` with ``enable_prefix_caching=False``). Prefix caching is on by default,
-    as in vLLM V1, and turned off, as ``describe()`` says, for an allocator that cannot do it; asking
-    for it with such an allocator is an error. ``attention`` is called as
-    ``attention(layer, q, k_pool, v_pool, batch)``; ``choose_victim(state, request)`` names whom to
-    preempt when blocks run out (default: the newest running request, lab 4); ``clock`` returns
-    seconds (swap in a fake one to control arrivals in a test). Every part is checked once, here,
-    against :mod:`labkit.engine.interfaces` for the features that are on.
+    as in vLLM V1, and turned off for an allocator that cannot do it; asking for it with such an allocator
+    is an error. ``attention`` is called as ``attention(layer, q, k_pool, v_pool, batch)``;
+    ``choose_victim(state, request)`` names whom to preempt when blocks run out (default: the newest running
+    request, lab 4); ``clock`` returns seconds (swap in a fake one to control arrivals in a test). Every part
+    is checked once, here, against :mod:`labkit.engine.interfaces` for the features that are on.
 
-    ``speculative_config`` turns on speculative decoding, with vLLM's keys:
-    ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 1}``
-    (prompt lookup) or ``{"method": "draft_model", "model": <smaller model or name>, "num_speculative_tokens": k}``.
-    Each decoding request then verifies up to k drafts in the step's one pass (1 + k query tokens).
-    labkit's own keys ``propose``, ``accept_greedy``, ``accept_sampling`` and ``rollback`` plug in
-    a learner's function (lab 8). The default model, SmolLM2-135M, is already the smallest of its
-    family, so it has no smaller draft model: with it, use "ngram".
+    ``speculative_config`` turns on speculative decoding with vLLM's keys (:mod:`labkit.speculative.config`),
+    e.g. ``{"method": "ngram", "num_speculative_tokens": 3}``: each decoding request then verifies up to k
+    drafts in the step's one pass. The default model, SmolLM2-135M, is already the smallest of its family, so
+    it has no smaller draft model: with it, use "ngram".
 
-    ``kv_offloading_size`` (GiB, vLLM's name) keeps the prefix blocks the pool evicts in a slower tier,
-    host memory (``kv_offloading_backend="native"``) or files ("disk"), and reloads them when a prompt's
-    chain runs on past the pool (:mod:`labkit.kv.tier`); ``reload_policy(prompt_tokens, cached_tokens,
-    tier_blocks, block_size)`` picks the blocks worth reloading (default: every one found, lab 12 has learners
-    weigh measured costs). ``kv_tier`` is the tier (None when off); ``describe()["kv_tier"]`` its counters.
-
-    ``quantization="int8"`` (vLLM's name; off by default) computes the model's linears in int8, weights per
-    channel and activations per token, on the fastest int8 kernel that works here
-    (:mod:`labkit.engine.quantization`); ``llm.quantization.describe()`` says what was chosen and why.
-
-    ``deterministic=True`` (vLLM's ``VLLM_BATCH_INVARIANT=1``; off by default, it costs speed) runs batch-invariant
-    matmuls, norms and attention (:mod:`labkit.batch_invariant`): a request's tokens are the same alone or in any
-    batch, however its prompt is chunked, from the prefix cache or not, after a preemption, with speculation on.
+    ``reload_policy(prompt_tokens, cached_tokens, tier_blocks, block_size)`` picks the blocks worth reloading
+    from the tier ``kv_offloading_size`` turns on (default: every one found; lab 12 has learners weigh measured
+    costs); ``kv_tier`` is that tier (None when off). ``quantization="int8"`` (vLLM's name; off by default)
+    computes the model's linears in int8 (:mod:`labkit.engine.quantization`; ``llm.quantization.describe()``
+    says what was chosen and why).
     """
 
     def __init__(
@@ -231,20 +204,16 @@ class LLM:
         outside = [token for token in (params.logit_bias or {}) if token >= vocab_size]
         if outside:
             raise ValueError(f"logit_bias names token id {outside[0]}, but the vocabulary has {vocab_size} ids")
-        if self.config.speculative_config is not None:
-            extras = [
-                name
-                for name, asked in [
-                    ("logprobs", params.logprobs is not None),
-                    ("logits processors (penalties, logit_bias, min_tokens)", params.processes_logits),
-                ]
-                if asked
-            ]
-            if extras:
-                raise ValueError(
-                    f"SamplingParams with {' and '.join(extras)} cannot be combined with speculative_config: the "
-                    "verifier accepts drafts from unprocessed logits and records no logprobs; run without speculation"
-                )
+        extras = {
+            "logprobs": params.logprobs is not None,
+            "logits processors (penalties, logit_bias, min_tokens)": params.processes_logits,
+        }
+        asked = [name for name, wanted in extras.items() if wanted]
+        if asked and self.config.speculative_config is not None:
+            raise ValueError(
+                f"SamplingParams with {' and '.join(asked)} cannot be combined with speculative_config: the "
+                "verifier accepts drafts from unprocessed logits and records no logprobs; run without speculation"
+            )
 
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
@@ -258,8 +227,7 @@ class LLM:
 
     # --- hand-offs: prefill here, decode on another engine (see labkit.engine.kv_transfer) ------
     def export_request(self, request_id: str) -> KVHandoff:
-        """Take a request out of this engine after its prefill, with its KV cache, for another engine's
-        :meth:`import_request` (:func:`labkit.engine.kv_transfer.export_request`)."""
+        """Take a request out of this engine after its prefill, with its KV cache, for another's :meth:`import_request`."""
         return kv_transfer.export_request(self, request_id)
 
     def can_import(self, num_computed_tokens: int) -> bool:
@@ -267,16 +235,11 @@ class LLM:
         return self.core.can_adopt(num_computed_tokens)
 
     def import_request(self, handoff: KVHandoff) -> str:
-        """Continue a request another engine prefilled (:func:`labkit.engine.kv_transfer.import_request`);
-        returns its request id."""
+        """Continue a request another engine prefilled and exported; returns its request id."""
         return kv_transfer.import_request(self, handoff)
 
     def step(self) -> list[RequestOutput]:
-        """Run one step; return an output for every request that got a token or finished.
-
-        The step's record (who ran, with how many tokens, the queues) is ``self.last_step``
-        afterwards, None if nothing ran.
-        """
+        """Run one step; return an output for every request that got a token or finished (its record: ``last_step``)."""
         start = self.now()
         outcome = self.core.step(start, self._execute)
         if outcome.record is None and self.core.next_arrival is not None:  # idle: wait for the next arrival
@@ -375,12 +338,9 @@ class LLM:
 
 
 def serve_workload(llm: LLM, workload, use_tqdm: bool = False) -> Trace:
-    """Serve a :class:`~labkit.workloads.Workload` on ``llm``: each request arrives when the workload
-    says, on the engine's clock, and answers exactly its intended length (``ignore_eos``).
-
-    The one way calibration, the labs and ``labkit bench`` put a workload through the engine.
-    Returns the run's :class:`~labkit.trace.Trace` (also left in ``llm.trace``).
-    """
+    """Serve a :class:`~labkit.workloads.Workload` on ``llm``, each request arriving when the workload says and
+    answering exactly its intended length (``ignore_eos``); returns the run's trace (the labs, calibration and
+    ``labkit bench`` all serve workloads this way)."""
     params = [SamplingParams(max_tokens=int(spec.output_len), ignore_eos=True) for spec in workload]
     llm.generate(
         [spec.prompt for spec in workload],

@@ -1,27 +1,23 @@
-"""What :class:`~labkit.engine.llm.LLM` builds beside its core: the model, the drafting side, the KV pool and its tier.
-
-The core (scheduler, allocator, trace) is :func:`~labkit.engine.config.build_core`'s, the same for the simulator;
-these are the parts only a real engine has: weights to load, a pool sized to the device's memory, the K/V tensors
-themselves and a slower tier for evicted prefix blocks. Each is a function of the settings, so ``LLM.__init__``
-reads as the list of steps it is.
+"""What :class:`~labkit.engine.llm.LLM` builds beside its core (:func:`~labkit.engine.config.build_core`'s, shared
+with the simulator): the model, the drafting side, a KV pool sized to the device, its tensors and its slower tier.
+Each is a function of the settings, so ``LLM.__init__`` reads as the list of steps it is.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Sequence, cast
+from typing import cast
 
 from labkit.engine.config import EngineConfig
 from labkit.engine.interfaces import Attention, BlockAllocator, Proposer, TieredPrefixCachingAllocator, require
 from labkit.kv.fp8 import kv_storage_dtype
 from labkit.kv.paged_cache import PagedKVCache
 from labkit.kv.pool_sizing import kv_pool_size
+from labkit.kv.prefix_cache import ReloadPolicy
 from labkit.kv.tier import KVTier, make_tier
 from labkit.speculative import parse_speculative_config
 from labkit.speculative.config import SpeculativeConfig
 from labkit.speculative.proposers import DraftModelProposer, NgramProposer
-
-ReloadPolicy = Callable[[int, int, int, int], Sequence[int]]
 
 
 def resolve_model(model):

@@ -1,10 +1,7 @@
 """A request's life in the engine: its tokens, its progress, and the times its record keeps.
 
-Plain Python with no tensors, so the real engine and the simulator share it. Progress is
-counted the vLLM V1 way: there is no "prefill phase" flag, only ``num_computed_tokens``
-(tokens whose K/V are in the cache) against ``num_tokens`` (prompt plus output so far).
-A step computes some of the missing tokens; once none are missing, the step yields the
-next output token.
+Plain Python, shared by the real engine and the simulator. Progress is counted the vLLM V1 way: no "prefill phase"
+flag, only ``num_computed_tokens`` (tokens whose K/V are cached) against ``num_tokens`` (prompt plus output so far).
 """
 
 from __future__ import annotations
@@ -70,11 +67,6 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
-
-    @property
-    def token_ids_with_drafts(self) -> list[int]:
-        """What the next pass feeds the model: the sequence, then this step's draft tokens."""
-        return self.prompt_token_ids + self.output_token_ids + self.spec_token_ids
 
     def set_drafts(self, token_ids: list[int], probs: object = None) -> None:
         self.spec_token_ids = list(token_ids)
@@ -156,10 +148,9 @@ class CompletionOutput:
 class RequestOutput:
     """What the engine hands back for a request: its tokens so far, and whether it is done.
 
-    ``text`` is decoded once the request finishes (None before, and for a model without tokenizer).
-    ``outputs`` lists the prompt's answers, as in vLLM: several with ``SamplingParams(n=...)``
-    (``generate`` groups them; ``token_ids`` and ``text`` are then the first answer's), else one.
-    ``logprobs`` has one :class:`~labkit.sampling_params.TokenLogprob` per token when the params asked.
+    ``text`` is decoded once the request finishes (None before, and for a model without tokenizer). ``outputs``
+    lists the prompt's answers, as in vLLM: several with ``SamplingParams(n=...)`` (``token_ids`` and ``text``
+    are then the first answer's), else one.
     """
 
     request_id: str

@@ -1,15 +1,9 @@
 """Turn one scheduled step into one forward pass over a ragged batch, and pick the next tokens.
 
-The scheduler said "request r computes n new tokens". The runner flattens all of them into
-one batch of T tokens (prefill chunks and decodes of different lengths side by side), tells
-the paged cache where each new token's K/V goes and which blocks each sequence reads (a
-:class:`~labkit.kv.paged_batch.PagedBatch` handed to attention as an argument), runs
-``model.forward`` once, and samples a token for each request the engine core named as a
-sampler (its missing tokens are now all computed: the end of a prompt, or a decode).
-
-A sampler whose params ask for them gets its logits processors (penalties, ``logit_bias``,
-``min_tokens``) applied to its row before the choice, and its chosen token's log-probability
-(from the raw row) recorded on the request; every other row is sampled exactly as it comes.
+The runner flattens every scheduled request's new tokens into one batch (prefill chunks and decodes side by
+side), says where their K/V go and which blocks each sequence reads (a :class:`~labkit.kv.paged_batch.PagedBatch`,
+handed to attention), runs ``model.forward`` once, and samples a token for each request the engine core named
+as a sampler (the end of a prompt, or a decode), through its logits processors where its params ask for them.
 """
 
 from __future__ import annotations
@@ -62,7 +56,7 @@ class ModelRunner:
         samplers: list[Request] = []  # the requests that get a token this step
         for request, num_new in work:
             start = request.num_computed_tokens
-            ids.extend(request.token_ids_with_drafts[start : start + num_new])
+            ids.extend((request.all_token_ids + request.spec_token_ids)[start : start + num_new])  # drafts last
             positions.extend(range(start, start + num_new))
             table = list(blocks.block_table(request.request_id))  # any sequence of ints, as a list
             sequences.append(SequenceSlice(len(ids) - num_new, num_new, start + num_new, table))

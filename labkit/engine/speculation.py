@@ -1,11 +1,8 @@
 """Speculative decoding's part of the step loop, in one place: drafts before the plan, checks after the pass.
 
-The step loop (:mod:`labkit.engine.core`) calls three hooks when a proposer is on, and nothing of
-speculation otherwise: :meth:`Speculation.propose` before the policy plans (every decoding request gets
-its drafts), :meth:`Speculation.fit_to_plan` after (a request verifies only the drafts its tokens
-cover), and :meth:`Speculation.verify` while the step is booked (the accepted drafts are checked and
-the rejected ones' KV is undone). A policy sees drafts only as extra missing tokens; the one helper it
-calls, :func:`fit_drafts`, shrinks them before they cost anyone else a token or a block.
+The step loop (:mod:`labkit.engine.core`) calls :class:`Speculation`'s three hooks when a proposer is on, and
+nothing of speculation otherwise. A policy sees drafts only as extra missing tokens; the one helper it calls,
+:func:`fit_drafts`, shrinks them before they cost anyone else a token or a block.
 """
 
 from __future__ import annotations
@@ -48,10 +45,8 @@ class Speculation:
         self._blocks = rollback_blocks(blocks)  # the allocator, able to free_tail
 
     def propose(self, state: SchedulerState) -> None:
-        """Give every running request that is decoding (prompt done, one token to compute) its draft tokens.
-
-        Requests still prefilling do not speculate. A draft never reaches past ``max_tokens`` or
-        ``max_model_len``: every token a step may emit must be one the request may still have.
+        """Give every running request that is decoding (prompt done, one token to compute) its draft tokens, never
+        past ``max_tokens`` or ``max_model_len``: every token a step may emit must be one the request may still have.
         """
         k = self.proposer.num_speculative_tokens
         for request in state.running:
@@ -99,10 +94,8 @@ def check_verified(request: Request, drafts: list[int], tokens: list[int]) -> in
 
 
 def fit_drafts(state: SchedulerState, request: Request, budget: int) -> None:
-    """Speculative decoding: cut a request's draft tokens to what the token budget and free blocks allow.
-
-    Drafts are a bet, so they never cost anyone else a token or a block: they shrink (or go) before the
-    request's own next token would be cut or another request preempted.
+    """Speculative decoding: cut a request's draft tokens to what the token budget and free blocks allow. Drafts are
+    a bet, so they shrink (or go) before the request's own next token would be cut or another request preempted.
     """
     request.trim_drafts(budget - 1)
     needed = request.num_computed_tokens + request.num_missing_tokens

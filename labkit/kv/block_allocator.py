@@ -1,9 +1,6 @@
-"""Hand out fixed-size KV blocks to sequences, PagedAttention style.
-
-The cache is cut into ``num_blocks`` blocks of ``block_size`` token slots. A sequence
-owns a list of blocks (its *block table*), grown one block at a time as it gets longer,
-so no sequence reserves memory it does not use yet. Plain Python, no tensors: the real
-engine and the simulator both use it, and lab 5 has learners write their own.
+"""Hand out fixed-size KV blocks to sequences, PagedAttention style: a sequence owns a list of blocks (its *block
+table*), grown one block at a time, so none reserves memory it does not use yet. Plain Python, no tensors: the
+engine and the simulator share it, and lab 5 has learners write their own.
 """
 
 from __future__ import annotations
@@ -89,7 +86,8 @@ class FreeListBlockAllocator:
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        """Blocks some sequence holds (KV cache usage counts only these)."""
+        return self.num_blocks - self.num_free_blocks
 
     @property
     def usage(self) -> float:

@@ -1,23 +1,17 @@
 """Decode attention over the paged pools without the padded copy, on a CPU: each row's block table walked a few
 block positions at a time, every part's softmax merged into a running one, as lab 11's kernel does on a GPU.
 
-:func:`~labkit.kv.paged_attention.paged_attention` copies the blocks of a group of decode rows into one buffer padded
-to the group's longest row, as large as the keys and values it then reads again. Here a group is read in parts of
-about ``PART_BYTES`` of keys (and as much of values): the blocks at positions [j, j + n) of every row's table, copied
-into a buffer small enough to stay in the CPU's cache, read by torch's CPU flash-attention kernel, which gives back each
-query's log-sum-exp beside its output. Parts merge exactly: with ``lse`` the running log-sum-exp and ``out`` the
-running output, a part (``o``, ``l``) makes ``m = logaddexp(lse, l)`` and ``out = out·e^(lse-m) + o·e^(l-m)``; a
-row with no key in a part gives it ``l = -inf``, so weight 0. A group of one part is the gather path's own call.
+:func:`~labkit.kv.paged_attention.paged_attention` copies a group of decode rows' blocks into one buffer padded to the
+longest row. Here a group is read in parts of about ``PART_BYTES`` of keys, small enough to stay in the CPU's cache,
+by torch's CPU flash-attention kernel, which also returns each query's log-sum-exp. Parts merge exactly: with ``lse``
+and ``out`` the running ones, a part (``o``, ``l``) makes ``m = logaddexp(lse, l)`` and
+``out = out·e^(lse-m) + o·e^(l-m)``; a row with no key in a part gives it ``l = -inf``, so weight 0. A narrower pool
+(``kv_cache_dtype="bfloat16"``) is widened part by part, never whole.
 
-A pool narrower than the model's dtype (``kv_cache_dtype="bfloat16"``) is read as it is: only each part is widened,
-in the cache, so no copy of the whole pool in the model's dtype is ever made
-(:class:`~labkit.kv.paged_cache.PagedKVCache` hands such pools to this function directly).
-
-Which one serves is decided by a rule, never by timing at start: an fp32 pool keeps the gather, a bfloat16 pool
-under an fp32 model is read here. The rule comes from measuring both, in turns, on a 2-core AMD EPYC (AVX2 only):
-over an fp32 pool neither was faster in every round (the CPU's attention kernel, not the copy, is most of the time),
-over a bfloat16 pool the walk was, in every round, since widening the whole pool first costs more than each part.
-``labkit bench --profile --attention gather,blockwise --kv-cache-dtype auto,bfloat16`` measures all four on any CPU.
+Which one serves is a rule, never a timing at start: an fp32 pool keeps the gather, a bfloat16 pool under an fp32
+model is read here. Measured in turns on a 2-core AMD EPYC (AVX2 only): over an fp32 pool neither was faster in every
+round, over a bfloat16 pool the walk was, in every round. ``labkit bench --profile --attention gather,blockwise
+--kv-cache-dtype auto,bfloat16`` measures all four on any CPU.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The simplest KV cache: one growing K and V tensor per layer for a single sequence.
-
-This is what labs 1-2 build and what the paged cache later improves on: it must be
-allocated per sequence, and it grows by copying.
+"""The simplest KV cache, what labs 1-2 build: one growing K and V tensor per layer for a single sequence, allocated
+per sequence and grown by copying (what the paged cache improves on).
 """
 
 from __future__ import annotations

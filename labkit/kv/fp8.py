@@ -1,10 +1,7 @@
 """What the KV pools store: vLLM's ``kv_cache_dtype`` setting, and the fp8 round trip that halves a 16-bit pool.
 
-``kv_cache_dtype="fp8"`` stores the pools as ``torch.float8_e4m3fn``, one byte per value, so the
-same memory holds twice the tokens of a 16-bit pool (four times those of an fp32 one). Every value
-is divided by its layer's scale (one for K, one for V; 1.0 here, vLLM's default for e4m3 when no
-calibrated scales are loaded) and clamped to e4m3's ±448 before the cast (:func:`quantize_fp8`);
-:func:`dequantize_fp8` brings values back in the model's dtype before attention sees them.
+``kv_cache_dtype="fp8"`` stores ``torch.float8_e4m3fn``, one byte per value: the same memory holds twice the
+tokens of a 16-bit pool (the scales and their precision: :class:`~labkit.kv.paged_cache.PagedKVCache`).
 """
 
 from __future__ import annotations
@@ -27,6 +24,11 @@ def kv_storage_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
             f"got {kv_cache_dtype!r}"
         )
     return KV_CACHE_STORAGE[kv_cache_dtype] or dtype
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A 1-byte float (fp8) tensor's storage as uint8, for the copies CPU torch lacks for float8; others as they are."""
+    return t.view(torch.uint8) if t.element_size() == 1 and t.is_floating_point() else t
 
 
 def quantize_fp8(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:

@@ -2,15 +2,9 @@
 
 Why: a prompt's prefill is a long arithmetic-bound pass, and every decode sharing its step waits for it.
 Disaggregated serving (DistServe, Splitwise, vLLM's KV connectors) prefills on one pool of GPUs and
-decodes on another; between the two, each request's K/V travel as a self-contained object. Here that
-object is a :class:`KVHandoff`: the request's tokens, its sampling params, its random stream, and for
-every layer the K and V of its computed tokens, read through its block table in order, the last
-partial block included (:func:`read_tokens`). The target allocates blocks through its allocator (the
-engine's seam) and writes each token into the slot its own table names (:func:`write_tokens`), so the
-two pools need not share block numbers, nor even a block size: the tensors travel token by token.
-
-:meth:`labkit.engine.LLM.export_request` and :meth:`~labkit.engine.LLM.import_request` use these;
-:func:`labkit.engine.disaggregated.serve_disaggregated` runs a prefill engine and a decode engine side by side.
+decodes on another, each request's K/V travelling between them as a :class:`KVHandoff`. The K/V are read
+token by token through the source's block table (:func:`read_tokens`) and written through the target's
+(:func:`write_tokens`), so the two pools need not share block numbers, nor even a block size.
 """
 
 from __future__ import annotations
@@ -20,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from labkit.kv.fp8 import as_bytes
 from labkit.sampling_params import SamplingParams
 
 
@@ -47,11 +42,9 @@ class KVLayout:
 class KVHandoff:
     """One request after its prefill, with everything another engine needs to continue it.
 
-    ``keys[layer]`` and ``values[layer]`` are [num_computed_tokens, kv_heads, head_dim] in the pools'
-    storage dtype (token t's K/V in row t): the request's first ``num_computed_tokens`` tokens, which are
-    its prompt (its output so far is ``output_token_ids``; the last of those has no K/V yet: the target's
-    first decode step computes it). ``generator_state`` is its random stream's state (None when greedy),
-    so a seeded sampled answer continues as it would have on one engine.
+    ``keys[layer]`` and ``values[layer]`` are [num_computed_tokens, kv_heads, head_dim] in the pools' storage dtype
+    (token t in row t); the last output token has no K/V yet (the target's first decode step computes it).
+    ``generator_state`` (None when greedy) lets a seeded sampled answer continue as it would on one engine.
     """
 
     request_id: str
@@ -86,11 +79,6 @@ class KVHandoff:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
 
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A 1-byte float (fp8) tensor as uint8, for the copies CPU torch lacks for float8; others as they are."""
-    return t.view(torch.uint8) if t.element_size() == 1 and t.is_floating_point() else t
-
-
 def slots(table: Sequence[int], num_tokens: int, block_size: int) -> torch.Tensor:
     """The pool slot of each of a sequence's first ``num_tokens`` tokens: token t sits in
     ``table[t // block_size]`` at offset ``t % block_size``, slot ``block * block_size + offset``."""
@@ -108,7 +96,7 @@ def slots(table: Sequence[int], num_tokens: int, block_size: int) -> torch.Tenso
 def read_tokens(pool: torch.Tensor, table: Sequence[int], num_tokens: int) -> torch.Tensor:
     """A sequence's first ``num_tokens`` rows of one layer's pool [num_blocks, block_size, heads, dim], in token
     order (through its block table, the last partial block included): [num_tokens, heads, dim], a copy."""
-    flat = _as_bytes(pool).reshape(-1, *pool.shape[2:])
+    flat = as_bytes(pool).reshape(-1, *pool.shape[2:])
     index = slots(table, num_tokens, pool.shape[1]).to(pool.device)
     return flat.index_select(0, index).view(pool.dtype)
 
@@ -120,6 +108,6 @@ def write_tokens(pool: torch.Tensor, table: Sequence[int], rows: torch.Tensor) -
             f"rows of {rows.dtype} shaped {tuple(rows.shape[1:])} per token do not fit a pool of {pool.dtype} "
             f"shaped {tuple(pool.shape[2:])} per token"
         )
-    flat = _as_bytes(pool).view(-1, *pool.shape[2:])
+    flat = as_bytes(pool).view(-1, *pool.shape[2:])
     index = slots(table, rows.shape[0], pool.shape[1]).to(pool.device)
-    flat.index_copy_(0, index, _as_bytes(rows).to(pool.device))
+    flat.index_copy_(0, index, as_bytes(rows).to(pool.device))

@@ -1,19 +1,12 @@
 """What a prefix cache tells the world: the blocks it stored, removed and cleared, each named by its hash.
 
-vLLM publishes such events when ``kv_events_config`` is set (``vllm/distributed/kv_events.py``: ``BlockStored``,
-``BlockRemoved``, ``AllBlocksCleared``), so a router can know what each replica holds instead of remembering what
-it sent there (llm-d's precise prefix-cache routing). The names are the prefix cache's own block hashes
-(:func:`~labkit.kv.prefix_cache.block_hashes`: a hash of the parent's hash and the block's tokens), so a router
-that tokenizes a prompt with the same tokenizer finds, block by block, what the replica would find (Python's
-``hash`` of a tuple of ints is the same in every process of one Python version: only str and bytes hashes are
-salted per process; a replica on another Python version names its blocks otherwise, and is never matched). vLLM's
-``BlockStored`` also carries the blocks' token ids; labkit's leaves them out, since a router needs only the names
-and a prompt's tokens are not for whoever can reach the endpoint.
-
-:class:`KVEventLog` numbers the events in order, keeps the most recent for readers that poll with the number they
-got to (``labkit serve``'s ``GET /kv_events``, as vLLM's replay socket answers from a sequence number), and keeps
-the hashes held now, so a reader that fell behind the kept window, started late or read another run of the server
-gets those instead. Thread-safe: the engine's thread publishes, the server's event loop reads.
+vLLM publishes such events when ``kv_events_config`` is set (``vllm/distributed/kv_events.py``), so a router can
+know what each replica holds instead of remembering what it sent there (llm-d's precise prefix-cache routing).
+The names are the prefix cache's own block hashes (:func:`~labkit.kv.prefix_cache.block_hashes`), so a router
+that tokenizes a prompt alike finds, block by block, what the replica would find (Python's ``hash`` of a tuple
+of ints is the same in every process of one Python version; only str and bytes hashes are salted). vLLM's
+``BlockStored`` also carries the token ids; labkit's leaves them out: a router needs only the names, and a
+prompt's tokens are not for whoever can reach the endpoint.
 """
 
 from __future__ import annotations
@@ -72,7 +65,8 @@ def apply_event(held: dict[int, None], event: KVEvent | dict) -> None:
 
 
 class KVEventLog:
-    """A prefix cache's events, numbered from 0 in order of publication, the recent ones kept for polling readers."""
+    """A prefix cache's events, numbered from 0 in order of publication, the recent ones kept for polling readers
+    (``labkit serve``'s ``GET /kv_events``). Thread-safe: the engine's thread publishes, the server's loop reads."""
 
     def __init__(self, block_size: int, max_events: int = DEFAULT_MAX_EVENTS):
         if max_events < 1:

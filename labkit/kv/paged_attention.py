@@ -1,13 +1,9 @@
 """Attention over the paged pools: every query row reads its sequence's keys and values through its block table.
 
-Plain PyTorch, so it runs on CPU and CUDA alike. The step's :class:`~labkit.kv.paged_batch.PagedBatch`
-already holds the slots, padded tables and masks; what is left per layer is reading. The
-single-token (decode) rows are read in their few groups of similar length: each group is one
-``index_select`` gather into a buffer reused across layers, padded to its longest member, and
-one ``scaled_dot_product_attention`` call with the query heads grouped under their KV head.
-Each longer (prefill) row gathers its own blocks and calls :func:`~labkit.kv.attention.attention`
-(:func:`rows_attention`, shared with :mod:`labkit.kv.blockwise_attention`, which reads the decode rows
-without the padded copy).
+Plain PyTorch, so it runs on CPU and CUDA alike. The decode rows are read in their few groups of similar length,
+each one ``index_select`` gather into a buffer reused across layers and one ``scaled_dot_product_attention`` call
+with the query heads grouped under their KV head; each longer (prefill) row gathers its own blocks
+(:func:`rows_attention`, shared with :mod:`labkit.kv.blockwise_attention`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """What one step tells paged attention, built once and shared by every layer: slots to write, block tables to read.
 
-A token's K/V live in *slot* ``block * block_size + offset`` of a layer's pools; a sequence's
-block table says which blocks are its own, in order. The engine describes each step once in a
-:class:`PagedBatch` (the slot of each new token, each sequence's part of the flat batch, masks),
-and every layer's attention reuses it, so the bookkeeping is done once per step, not per layer.
-
-Single-token rows (decodes) come first, cut into a few groups of similar length
-(:func:`group_rows`), each padded to its longest member and read with one gather. Grouping
-matters once contexts differ: one group padded to the longest of 64 chat contexts would
-gather and attend over about twice the tokens that are really there.
-
-:func:`compact_batch` renumbers a batch into a pool of only the blocks its sequences hold: what
-an fp8 cache hands attention (see :class:`~labkit.kv.paged_cache.PagedKVCache`).
+A token's K/V live in *slot* ``block * block_size + offset`` of a layer's pools. Single-token rows (decodes) come
+first, cut into a few groups of similar length (:func:`group_rows`), each padded to its longest member and read
+with one gather: one group padded to the longest of 64 chat contexts would read about twice the tokens there are.
+:func:`compact_batch` renumbers a batch into a pool of only the blocks its sequences hold (what an fp8 cache hands
+attention).
 """
 
 from __future__ import annotations
@@ -143,11 +136,8 @@ def _decode_group(
 
 def compact_batch(batch: PagedBatch, block_size: int) -> tuple[torch.Tensor, PagedBatch]:
     """The blocks ``batch``'s sequences hold (every block of their tables, sorted), and ``batch`` with its
-    block numbers renumbered into them: block ``blocks[i]`` becomes block ``i``.
-
-    What an fp8 cache hands attention: a pool of those blocks in the model's dtype reads, through the
-    renumbered tables, exactly what the full pool reads through the original ones. Padding (block 0 in
-    the decode groups) maps to block 0 of the compact pool, masked out as before.
+    block numbers renumbered into them: block ``blocks[i]`` becomes block ``i``, so a pool of just those blocks
+    reads exactly what the full pool reads (padding, block 0, maps to block 0, masked out as before).
     """
     held = sorted({block for seq in batch.sequences for block in seq.block_table})
     device = batch.slot_mapping.device

@@ -6,14 +6,6 @@ argument, writes the step's new K/V into their slots (one ``index_copy_`` per la
 attention function such as :func:`~labkit.kv.paged_attention.paged_attention` that gathers each
 sequence's blocks. The batch is never stored on the cache, so a pass that fails leaves nothing
 stale behind for the next one.
-
-With ``kv_cache_dtype="fp8"`` the pools store float8 (:mod:`labkit.kv.fp8`), but attention never
-sees fp8: before each layer's attention call the cache gathers the blocks the step's sequences
-hold, multiplies them back to the model's dtype and hands the attention function those blocks, as a
-pool of their own, with a batch whose block tables are renumbered to match
-(:func:`~labkit.kv.paged_batch.compact_batch`). With ``kv_cache_dtype="bfloat16"`` under an fp32 model
-the same happens for an attention function of one's own; labkit's own attention on a CPU reads the
-bfloat16 pools as they are instead (:mod:`labkit.kv.blockwise_attention`), widening only what it reads.
 """
 
 from __future__ import annotations
@@ -23,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from labkit.kv.blockwise_attention import blockwise_attention, can_walk_blocks
-from labkit.kv.fp8 import dequantize_fp8, kv_storage_dtype, quantize_fp8
+from labkit.kv.fp8 import as_bytes, dequantize_fp8, kv_storage_dtype, quantize_fp8
 from labkit.kv.paged_attention import paged_attention
 from labkit.kv.paged_batch import PagedBatch, compact_batch
 
@@ -45,17 +37,12 @@ class PagedKVCache:
     2^-6 up, and an absolute one of at most 2^-10 below (the subnormals; about half the values of the
     default model's first-layer V sit there). Set the scales before the first write to change them.
 
-    The attention function still receives pools in the model's dtype: :meth:`attend` dequantizes the
-    blocks the step's sequences hold (their whole block tables, so any correct attention reads only
-    those) into a pool of just those blocks, and passes a batch whose block tables, decode groups,
-    prefill blocks and slots are renumbered into it (:func:`~labkit.kv.paged_batch.compact_batch`).
-    A learner's attention runs unchanged; only the block numbers it sees differ from the allocator's.
-    ``k``/``v`` hold the fp8 pools themselves; :meth:`read` gives blocks of them back in the model's dtype.
-
-    A bfloat16 pool under a wider model goes the same way, except to labkit's own attention on a CPU
-    (:func:`~labkit.kv.paged_attention.paged_attention` or :func:`~labkit.kv.blockwise_attention.blockwise_attention`):
-    :attr:`reads_pools_directly` is then True, decided once from the storage, the function and the device, and
-    :func:`~labkit.kv.blockwise_attention.blockwise_attention` reads the bfloat16 pools themselves.
+    Attention never sees fp8: :meth:`attend` widens the blocks the step's sequences hold (their whole block
+    tables) into a pool of just those blocks, and passes a batch renumbered into it
+    (:func:`~labkit.kv.paged_batch.compact_batch`), so a learner's attention runs unchanged. A bfloat16 pool
+    under a wider model goes the same way, except to labkit's own attention on a CPU
+    (:attr:`reads_pools_directly`), where :func:`~labkit.kv.blockwise_attention.blockwise_attention` reads the
+    bfloat16 pools themselves, widening only what it reads.
     """
 
     def __init__(
@@ -99,29 +86,20 @@ class PagedKVCache:
             k = quantize_fp8(k, self.k_scale[layer])
             v = quantize_fp8(v, self.v_scale[layer])
         # as bytes: CPU torch has no index_copy_ for float8, and a byte copy is the same copy
-        _as_bytes(self.k[layer]).view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, _as_bytes(k))
-        _as_bytes(self.v[layer]).view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, _as_bytes(v))
+        as_bytes(self.k[layer]).view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, as_bytes(k))
+        as_bytes(self.v[layer]).view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, as_bytes(v))
 
     def read(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V of ``blocks`` [n] of ``layer``, [n, block_size, kv_heads, D] in the model's dtype."""
-        if not self.quantized:
-            return self.k[layer].index_select(0, blocks), self.v[layer].index_select(0, blocks)
-        if self.storage_dtype == torch.bfloat16:  # every bf16 value fits the model's wider dtype exactly
-            return self.k[layer].index_select(0, blocks).to(self.dtype), self.v[layer].index_select(0, blocks).to(
-                self.dtype
-            )
-        keys = _as_bytes(self.k[layer]).index_select(0, blocks).view(self.storage_dtype)
-        values = _as_bytes(self.v[layer]).index_select(0, blocks).view(self.storage_dtype)
-        return dequantize_fp8(keys, self.k_scale[layer], self.dtype), dequantize_fp8(
-            values, self.v_scale[layer], self.dtype
-        )
+        k = as_bytes(self.k[layer]).index_select(0, blocks).view(self.storage_dtype)
+        v = as_bytes(self.v[layer]).index_select(0, blocks).view(self.storage_dtype)
+        if self.storage_dtype != torch.float8_e4m3fn:  # the model's dtype, or bf16, which a wider dtype holds exactly
+            return k.to(self.dtype), v.to(self.dtype)
+        return dequantize_fp8(k, self.k_scale[layer], self.dtype), dequantize_fp8(v, self.v_scale[layer], self.dtype)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
         """Write one step's new K/V, then attend through the pool; bind ``batch`` to get ``model.forward``'s
-        ``attend`` callback (``functools.partial(cache.attend, batch=batch)``).
-
-        With an fp8 pool, the attention function gets the step's blocks in the model's dtype and the
-        batch renumbered into them (see the class's docstring)."""
+        ``attend`` callback (``functools.partial(cache.attend, batch=batch)``)."""
         self.write(layer, k, v, batch.slot_mapping)
         if not self.quantized:
             return self.attention_fn(layer, q, self.k[layer], self.v[layer], batch)
@@ -136,8 +114,3 @@ class PagedKVCache:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
-
-
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A float8 tensor's storage as uint8 (for the copies CPU torch lacks for float8); others as they are."""
-    return t.view(torch.uint8) if t.element_size() == 1 and t.is_floating_point() else t

@@ -11,13 +11,6 @@ from labkit.device import available_ram_bytes
 CPU_KV_CACHE_CAP_BYTES = 1024**3
 
 
-def num_blocks_for_memory(
-    bytes_per_token: int, block_size: int, device: torch.device, gpu_memory_utilization: float, max_useful_tokens: int
-) -> int:
-    """How many blocks fit, vLLM style (see :func:`kv_pool_size`, which also says why)."""
-    return kv_pool_size(bytes_per_token, block_size, device, gpu_memory_utilization, max_useful_tokens)[0]
-
-
 def kv_pool_size(
     bytes_per_token: int,
     block_size: int,
@@ -28,15 +21,10 @@ def kv_pool_size(
 ) -> tuple[int, str]:
     """How many blocks fit, vLLM style: a fraction of device memory, less what is in use now; and why, in words.
 
-    On CUDA, the budget is ``gpu_memory_utilization`` × total memory minus what torch already
-    holds (the weights), so call it after loading the model. Elsewhere it is that fraction of
-    the RAM available now (MemAvailable: page cache the OS would drop counts as available),
-    capped at ``CPU_KV_CACHE_CAP_BYTES``. Either way the pool never exceeds ``max_useful_tokens``
-    (max_num_seqs × max_model_len): more could never be used.
-
-    ``bytes_per_token`` is what the pool stores per token: ``model.config.kv_bytes_per_token(dtype)`` with
-    the pool's storage dtype (:func:`~labkit.kv.fp8.kv_storage_dtype`), so an fp8 pool counts 1 byte per
-    value and fits twice the tokens of a 16-bit one; ``kv_cache_dtype`` only names it in the reason.
+    On CUDA, the budget is ``gpu_memory_utilization`` × total memory minus what torch already holds (the
+    weights), so call it after loading the model; elsewhere it is that fraction of the RAM available now, capped
+    at ``CPU_KV_CACHE_CAP_BYTES``. The pool never exceeds ``max_useful_tokens`` (max_num_seqs × max_model_len).
+    ``bytes_per_token`` is in the pool's storage dtype (fp8: 1 byte per value); ``kv_cache_dtype`` only names it.
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")

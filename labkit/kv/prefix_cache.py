@@ -12,20 +12,10 @@ freed block that has a hash keeps it and waits on an LRU list of *evictable* blo
 free to reuse, yet still findable. Allocation takes blocks that hold nothing reusable first,
 then evicts the least recently freed cached block, which leaves the map.
 
-Plain Python, no tensors: the real engine and the simulator both use it, through the same
-interface as :class:`~labkit.kv.block_allocator.FreeListBlockAllocator` plus two calls the engine
-makes: :meth:`take_cached_prefix` when a request is about to be admitted, and
-:meth:`cache_full_blocks` after each step.
-
-With a slower tier attached (:meth:`attach_tier`, off by default; :mod:`labkit.kv.tier`), an evicted block
-is noted as a pending *spill* (its hash, its block), so the model runner copies its K/V out before new
-tokens overwrite it; and where a prompt's run in the pool ends, the chain goes on in the tier: the
-blocks the reload policy picks are taken fresh, named, and noted as pending *reloads* the runner copies
-in before the step's attention. Their tokens count as cached. The simulator attaches no tier.
-
-With a publisher attached (:meth:`publish_events`, off by default; :mod:`labkit.kv.kv_events`), every change to
-what the map can find is told as it happens, as vLLM's KV events: blocks named (stored), evicted (removed), and
-the whole cache reset (:meth:`reset_prefix_cache`, cleared). ``labkit serve`` publishes them for its router.
+Plain Python, no tensors: the real engine and the simulator both use it. Two optional parts are off by
+default: a slower tier for evicted blocks (:meth:`~PrefixCachingBlockAllocator.attach_tier`,
+:mod:`labkit.kv.tier`) and vLLM's KV events (:meth:`~PrefixCachingBlockAllocator.publish_events`,
+:mod:`labkit.kv.kv_events`).
 """
 
 from __future__ import annotations
@@ -188,13 +178,8 @@ class PrefixCachingBlockAllocator(FreeListBlockAllocator):
 
     # --- prefix caching ----------------------------------------------------------------
     def take_cached_prefix(self, seq_id: str, token_ids: Sequence[int]) -> int:
-        """Hold for ``seq_id`` the longest run of cached full blocks that starts ``token_ids``; return its tokens.
-
-        The blocks go first into the table at the sequence's next :meth:`allocate`, so they are
-        not counted by :meth:`num_new_blocks` for it; :meth:`free` lets them go. The caller
-        leaves out the tokens it must compute (at least the last one, whose logits it needs), so
-        ``token_ids`` is a prompt one token short.
-        """
+        """Hold for ``seq_id`` the longest run of cached full blocks that starts ``token_ids`` (a prompt one token
+        short: its logits are needed); return its tokens. The blocks join the table at the next :meth:`allocate`."""
         if seq_id in self._tables or seq_id in self._held:
             raise ValueError(f"sequence {seq_id!r} already holds blocks; look up its prefix before allocating")
         hashes = self.hash_blocks(token_ids)
@@ -359,11 +344,6 @@ class PrefixCachingBlockAllocator(FreeListBlockAllocator):
     def num_free_blocks(self) -> int:
         """Blocks no sequence references: never used, or cached and evictable."""
         return len(self._free) + len(self._evictable)
-
-    @property
-    def num_used_blocks(self) -> int:
-        """Blocks some sequence references (KV cache usage counts only these)."""
-        return self.num_blocks - self.num_free_blocks
 
     @property
     def num_cached_blocks(self) -> int:

@@ -1,21 +1,15 @@
 """A second, slower tier for prefix blocks the pool evicts: host memory outside the pool, or files on disk.
 
-When the prefix cache needs a block and evicts a cached one, that block's K/V (every layer's) can be
-copied out to a tier keyed by the block's hash, instead of being lost. A later prompt whose chain of
-hashes runs on past what the pool still holds finds the next blocks here and copies them back into
-fresh pool blocks, instead of computing their tokens again (vLLM's offloading connector, LMCache,
-SGLang's hierarchical cache do this between GPU and host memory; our own code).
+An evicted block's K/V (every layer's) are copied out to the tier under the block's hash instead of being lost,
+and a later prompt whose hash chain runs on past what the pool still holds copies them back into fresh blocks
+instead of computing their tokens again (vLLM's offloading connector, LMCache and SGLang's hierarchical cache
+do this between GPU and host memory; our own code). The tier is bounded (the least recently used block goes),
+trusts a block by its hash, as vLLM's offloading does, and keeps the pool's own bytes (fp8 ones too), so a
+reloaded block is bitwise the one evicted.
 
-The tier is bounded: ``capacity_blocks`` entries, the least recently used dropped when a new one
-comes. A tier entry is trusted by its hash, as vLLM's offloading trusts its block hashes. It stores
-the pool's own bytes (float8 ones too, with ``kv_cache_dtype="fp8"``), so a reloaded block is bitwise
-the block that was evicted.
-
-Who does what: the allocator (plain Python, :mod:`labkit.kv.prefix_cache`) decides which blocks
-move and notes them as pending spills and reloads; the model runner calls :func:`move_blocks` before
-each forward pass, which reads the reloads out of the tier, copies the spills out of the pool, then
-writes the reloads into it. Whether a run found in the tier is worth reloading is
-:func:`labkit.kv.tier_policy.reload_or_recompute`, with costs measured on this machine (``scripts/kv_tier_bench.py``).
+The allocator (:mod:`labkit.kv.prefix_cache`) decides which blocks move, the model runner moves them
+(:func:`move_blocks`) before each forward pass, and :func:`labkit.kv.tier_policy.reload_or_recompute` decides
+whether a run found here is worth reloading.
 """
 
 from __future__ import annotations
@@ -29,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from labkit.kv.paged_cache import PagedKVCache, _as_bytes
+from labkit.kv.fp8 import as_bytes
+from labkit.kv.paged_cache import PagedKVCache
 from labkit.kv.tier_policy import BACKENDS, capacity_in_blocks
 
 
@@ -167,9 +162,6 @@ class DiskTier(KVTier):
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-# --- sizing ------------------------------------------------------------------------------------------
-
-
 def block_bytes(cache: PagedKVCache) -> int:
     """Bytes one block takes in the pool, K and V of every layer (what the tier keeps per block)."""
     return cache.nbytes() // cache.num_blocks
@@ -185,14 +177,11 @@ def make_tier(backend: str, size_gib: float, cache: PagedKVCache, directory: str
     raise ValueError(f"kv_offloading_backend must be one of {BACKENDS}, got {backend!r}")
 
 
-# --- moving blocks between the pool and the tier (the runner calls this) ------------------------------
-
-
 def read_block(cache: PagedKVCache, block: int) -> torch.Tensor:
     """One pool block's K and V of every layer, as stored (fp8 as bytes): [layers, 2, block_size, heads, dim]."""
     return torch.stack(
         [
-            torch.stack([_as_bytes(cache.k[layer][block]), _as_bytes(cache.v[layer][block])])
+            torch.stack([as_bytes(cache.k[layer][block]), as_bytes(cache.v[layer][block])])
             for layer in range(len(cache.k))
         ]
     )
@@ -205,8 +194,8 @@ def write_block(cache: PagedKVCache, block: int, data: torch.Tensor) -> None:
         raise ValueError(f"a tier block shaped {tuple(data.shape)} does not fit this pool's blocks {tuple(expected)}")
     data = data.to(cache.k[0].device)
     for layer in range(len(cache.k)):
-        _as_bytes(cache.k[layer])[block].copy_(data[layer, 0])
-        _as_bytes(cache.v[layer])[block].copy_(data[layer, 1])
+        as_bytes(cache.k[layer])[block].copy_(data[layer, 0])
+        as_bytes(cache.v[layer])[block].copy_(data[layer, 1])
 
 
 def move_blocks(

@@ -1,9 +1,5 @@
-"""The tier's plain-Python side: its size in blocks, and whether a run found there is worth reloading.
-
-No torch here: the engine's config and the prefix-caching allocator (shared with the simulator) use it. The
-decision, :func:`reload_or_recompute`, is the one lab 12 has learners write: reloading a block costs a copy,
-computing it again costs a prefill of its tokens, and which is cheaper is measured, not assumed
-(``scripts/kv_tier_bench.py`` measures both on this machine).
+"""The tier's plain-Python side (the engine's config and the allocator, shared with the simulator, use it): its
+size in blocks, and :func:`reload_or_recompute`, lab 12's decision whether a run found there is worth reloading.
 """
 
 from __future__ import annotations
@@ -27,9 +23,6 @@ def capacity_in_blocks(size_gib: float, bytes_per_block: int) -> int:
             f"({bytes_per_block / GIB:.2e} GiB); give at least that"
         )
     return blocks
-
-
-# --- the decision: reload a run found in the tier, or compute its tokens again -------------------------
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,7 @@
 """Reading a checkpoint folder (config.json, safetensors weights) without importing transformers.
 
-labkit runs its own forward pass, so all it needs from a checkpoint is the shape and the
-tensors by name. Importing transformers for them costs about six seconds per process on a
-small CPU (every notebook kernel, grader kernel and server pays it); transformers is still
-used where the course compares with its forward pass (``LlamaModel.hf``).
+labkit runs its own forward pass, so it needs only the shape and the tensors by name, and importing transformers
+for them costs about six seconds per process on a small CPU (every notebook kernel, grader kernel and server).
 """
 
 from __future__ import annotations
@@ -19,10 +17,6 @@ WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"  # a checkpoint sharded into several safetensors files
 
 
-class ConfigFields(SimpleNamespace):
-    """config.json's fields as attributes, as transformers' config object offers them to ModelConfig."""
-
-
 def is_checkpoint(folder: Path) -> bool:
     """A folder labkit can read by itself: a config and safetensors weights."""
     return (folder / CONFIG_FILE).is_file() and (
@@ -30,8 +24,9 @@ def is_checkpoint(folder: Path) -> bool:
     )
 
 
-def read_config(folder: Path) -> ConfigFields:
-    return ConfigFields(**json.loads((folder / CONFIG_FILE).read_text()))
+def read_config(folder: Path) -> SimpleNamespace:
+    """config.json's fields as attributes, as transformers' config object offers them to ModelConfig."""
+    return SimpleNamespace(**json.loads((folder / CONFIG_FILE).read_text()))
 
 
 def read_weights(folder: Path, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:

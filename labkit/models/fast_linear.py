@@ -1,18 +1,12 @@
 """``F.linear`` with the weight rearranged once, up front, for the CPU's matrix kernels.
 
-A plain ``F.linear`` hands the weight to the BLAS library in its natural row-major layout,
-and the library re-tiles it on every call. oneDNN (shipped inside CPU builds of PyTorch) can
-do that tiling once: ``torch.ops.mkldnn._reorder_linear_weight`` stores a blocked copy, and
-``torch.ops.mkldnn._linear_pointwise`` multiplies by it. On the small matrices of a decode
-step that saves much of the time (about 2x at batch 1 on the 2-core machine this course was
-built on). These two ops are internal to PyTorch (its compiler uses them) and undocumented,
-and whether they work depends on the CPU (oneDNN's bf16 path needs AVX-512 or AVX-NE-CONVERT).
-So the choice is made by trying, never by CPU name: once per (device, dtype) and process,
-:func:`probe_prepack` packs a tiny weight and compares the product with ``F.linear``; an
-error or a mismatch means the plain ``F.linear`` path, with the reason kept for ``labkit info``.
-``LABKIT_PREPACK=0`` forces the plain path. The packed copy sits beside the original weights
-(the HF model still uses those), so a model is only packed when a second copy of its weights
-fits in half the free memory.
+A plain ``F.linear`` hands the weight to BLAS in its row-major layout, which it re-tiles on every call. oneDNN
+(inside CPU builds of PyTorch) can tile it once (``torch.ops.mkldnn._reorder_linear_weight``) and multiply by the
+blocked copy (``_linear_pointwise``): about 2x at batch 1 on the small matrices of a decode step, on the 2-core
+machine this course was built on. These ops are internal and undocumented, and whether they work depends on the
+CPU, so the choice is made by trying (:func:`probe_prepack`), never by CPU name; ``LABKIT_PREPACK=0`` forces the
+plain path. The packed copy sits beside the original weights (the HF model still uses those), so a model is
+packed only when a second copy of its weights fits in half the free memory.
 """
 
 from __future__ import annotations
@@ -94,18 +88,13 @@ def matmul_path(device: torch.device, dtype: torch.dtype, weight_bytes: int = 0)
     return probed
 
 
-def prepack_enabled(device: torch.device, dtype: torch.dtype, weight_bytes: int = 0) -> bool:
-    """Whether to use oneDNN for weights on this device and dtype, ``weight_bytes`` of them in all."""
-    return matmul_path(device, dtype, weight_bytes).prepacked
-
-
 def prepacked_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, enabled: bool | None = None) -> LinearFn:
     """Return ``f`` with ``f(x) == F.linear(x, weight, bias)`` (to float rounding), as fast as we can.
 
-    ``enabled`` is the caller's :func:`prepack_enabled` answer for the whole model (asked once).
+    ``enabled`` is the caller's :func:`matmul_path` answer for the whole model (asked once).
     """
     if enabled is None:
-        enabled = prepack_enabled(weight.device, weight.dtype, weight.numel() * weight.element_size())
+        enabled = matmul_path(weight.device, weight.dtype, weight.numel() * weight.element_size()).prepacked
     if not enabled:
         return lambda x: F.linear(x, weight, bias)
     packed = _reorder_weight(weight.detach().contiguous(), PACKING_ROWS_HINT)

@@ -1,24 +1,16 @@
 """A linear layer in int8 (int8 weights times int8 activations) on PyTorch's own int8 kernels.
 
-Lab 10's int8 weights (one scale per output channel, :func:`labkit.models.quant.quantize_int8`)
-only save bytes while they are dequantized before a float matmul. A real int8 matmul also
-multiplies in int8, accumulating in int32: PyTorch ships such kernels for CPUs, fbgemm and
-oneDNN, behind ``torch.ops.quantized.linear_dynamic`` ("dynamic": the activations are quantized
-on the fly, at each call). Those kernels quantize the activations with ONE scale for the whole
-input, taken from its min and max. In a server that input is the step's batch, so a request's
-numbers would depend on which other requests share its step. labkit quantizes per row instead:
-each row (token) is rounded to whole numbers in [-127, 127] with its own scale ``absmax / 127``
-first, and one guard row holding 127 and -128 is appended, so the kernel always sees the range
-[-128, 127]: its scale is exactly 1 whatever the batch, and it takes the codes as they are. The
-int32 sums are exact, so a row's result is the same alone or in a batch (the probe checks that too).
+Lab 10's int8 weights (:func:`labkit.models.quant.quantize_int8`) save bytes only while they are dequantized before
+a float matmul; PyTorch's fbgemm and oneDNN kernels (``torch.ops.quantized.linear_dynamic``) also multiply in int8,
+accumulating in int32. They quantize the activations with ONE scale for the whole input, so in a server a
+request's numbers would depend on which others share its step. labkit quantizes each row (token) with its own
+scale ``absmax / 127`` first and appends one guard row holding 127 and -128, so the kernel's own scale is exactly
+1 whatever the batch: the int32 sums are exact, and a row's result is the same alone or in a batch.
 
-Which kernel runs, if any, is decided by trying (never by CPU name): :func:`choose_int8_backend`
-packs a small weight with each quantized engine this torch build lists, compares the product
-with fp32 ``F.linear`` (on random rows, and on a row built to overflow the 16-bit intermediate
-sums some CPUs without VNNI use), and times the ones that match, once per machine: the timing is kept
-(:mod:`labkit.kept_measurements`) and every later start picks the same kernel from it, so two starts
-compute with the same kernel whatever the load. Quantized tensors are deprecated
-in PyTorch (github.com/pytorch/pytorch/issues/184982); when they go, the probe fails and the server says so and stays unquantized.
+Which kernel runs, if any, is decided by trying, never by CPU name (:func:`choose_int8_backend`); the fastest is
+timed once per machine and kept (:mod:`labkit.kept_measurements`), so every start computes with the same one.
+Quantized tensors are deprecated in PyTorch (github.com/pytorch/pytorch/issues/184982); when they go, the probe
+fails and the server says so and stays unquantized.
 """
 
 from __future__ import annotations
@@ -63,9 +55,6 @@ class Int8Backend:
     @property
     def works(self) -> bool:
         return self.engine is not None
-
-    def describe(self) -> str:
-        return self.reason
 
 
 @contextlib.contextmanager

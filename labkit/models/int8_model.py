@@ -1,14 +1,8 @@
-"""A model whose linear layers multiply in int8: what ``--quantization int8`` serves.
-
-Every decoder projection (q/k/v, o, gate/up, down) becomes an :func:`~labkit.models.int8_linear.int8_linear`
-(lab 10's per-channel int8 weights, activations quantized per token). The embedding stays as it was
-(a lookup reads only the rows it needs); the LM head, which the default model ties to the embedding,
-is quantized too only when ``lm_head=True`` (see :data:`QUANTIZE_LM_HEAD` for what was measured).
+"""A model whose linear layers multiply in int8 (:func:`~labkit.models.int8_linear.int8_linear`): what
+``--quantization int8`` serves. The embedding stays as it was; the LM head is quantized when ``lm_head=True``.
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 from labkit.models.int8_linear import Int8Backend, int8_linear
 from labkit.models.llama import LlamaModel
@@ -35,16 +29,7 @@ class Int8Model(LlamaModel):
             raise ValueError(f"cannot compute in int8 here: {backend.reason}")
         vars(self).update(vars(model))
         self.backend = backend
-        self.layers = [
-            replace(
-                layer,
-                **{
-                    name: int8_linear(weight, bias, backend)
-                    for name, (weight, bias) in model.projection_weights(index).items()
-                },
-            )
-            for index, layer in enumerate(model.layers)
-        ]
+        self.layers = model.layers_with(lambda weight, bias: int8_linear(weight, bias, backend))
         self.quantized_lm_head = lm_head
         if lm_head:
             self.lm_head = int8_linear(self.weights["lm_head.weight"], None, backend)

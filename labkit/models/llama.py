@@ -1,18 +1,14 @@
 """A readable Llama-family forward pass (Llama, Qwen2, Qwen3) over a flat batch of tokens.
 
-The weights are the checkpoint's tensors by their Hugging Face names; q/k/v and gate/up are
-fused into one matrix each (the named entries become views of it, and transformers' model,
-built only when asked for, is pointed at those views, so nothing is stored twice).
-Each matrix multiply goes through ``prepacked_linear``: plain ``F.linear`` in meaning, with
-the weight laid out once for the CPU's kernels where that is faster (see fast_linear.py).
-That copy is taken when the model is built: to change weights afterwards, build it again.
-The pass takes any number of sequences at once, flattened into T tokens: the ``attend``
-callback owns the KV cache, which is exactly the part the labs and the engine swap out.
+The weights are the checkpoint's tensors by their Hugging Face names; q/k/v and gate/up are fused into one matrix
+each (the named entries become views of it, so nothing is stored twice, transformers' model included). Each matrix
+multiply goes through ``prepacked_linear`` (fast_linear.py), whose copy is taken when the model is built: to change
+weights afterwards, build it again. The ``attend`` callback owns the KV cache: the part the labs and the engine swap.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -104,6 +100,16 @@ class LlamaModel:
             bias = w.get(f"{prefix}self_attn.q_proj.bias") if name == "qkv" else None
             out[name] = (weight, None if bias is None else torch.cat([w[f"{prefix}{m}.bias"] for m in modules]))
         return out
+
+    def layers_with(self, linear: Callable[[torch.Tensor, torch.Tensor | None], LinearFn]) -> list[DecoderLayer]:
+        """The decoder layers with each projection computed by ``linear(weight, bias)`` (as :meth:`projection_weights`
+        gives them), everything else shared: how a quantized model is made."""
+        return [
+            replace(
+                layer, **{name: linear(weight, bias) for name, (weight, bias) in self.projection_weights(i).items()}
+            )
+            for i, layer in enumerate(self.layers)
+        ]
 
     @property
     def device(self) -> torch.device:

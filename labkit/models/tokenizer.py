@@ -1,10 +1,8 @@
 """A checkpoint's tokenizer and chat template, read with `tokenizers` and jinja2 alone.
 
-transformers' tokenizer wraps the same Rust `tokenizers` library, but importing transformers
-takes about six seconds on a small CPU, and every notebook kernel, grader kernel and server
-that loads the course model would pay it. This class reads the same files (tokenizer.json,
-tokenizer_config.json, chat_template.jinja) and offers the few methods labkit uses, with the
-same results (tests/test_tokenizer.py compares them with transformers' own tokenizer).
+transformers' tokenizer wraps the same Rust `tokenizers` library, but importing transformers takes about six
+seconds on a small CPU. This class reads the same files and offers the few methods labkit uses, with the same
+results (tests/test_tokenizer.py compares them with transformers' own tokenizer).
 """
 
 from __future__ import annotations

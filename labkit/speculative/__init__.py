@@ -1,9 +1,7 @@
 """Speculative decoding: draft k tokens cheaply, let the target model check them all in one pass.
 
-The four pieces a learner can replace (lab 8), each in its own short module:
-:func:`propose_ngram` (prompt lookup), :func:`accept_greedy` and :func:`accept_sampling`
-(verification), :func:`rollback` (undo the KV of rejected drafts). The engine wires them in
-through ``LLM(..., speculative_config={...})`` (see :mod:`labkit.speculative.config`).
+The four pieces a learner can replace (lab 8): :func:`propose_ngram`, :func:`accept_greedy` and
+:func:`accept_sampling`, :func:`rollback`; ``LLM(..., speculative_config={...})`` wires them in.
 """
 
 from labkit.speculative.accept import accept_greedy, accept_sampling, one_hot_probs

@@ -1,11 +1,8 @@
 """Verification: which draft tokens the target model agrees with, and the one token it adds itself.
 
-The target scored the context and every draft prefix in one pass, so for each position we know
-what the target itself would have produced there. Greedy: keep the draft while it equals the
-target's argmax. Sampling: the rule of Leviathan et al. (ICML 2023) and Chen et al. (2023), which
-keeps the output distribution exactly the target's, however bad the draft.
-Either way the step yields at least one token (the target's own), so speculation never slows
-the token count per pass below plain decoding.
+The target scored the context and every draft prefix in one pass. Greedy: keep the draft while it equals the
+target's argmax. Sampling: the rule of Leviathan et al. (ICML 2023) and Chen et al. (2023), which keeps the output
+distribution exactly the target's, however bad the draft. Either way a step yields at least one token.
 """
 
 from __future__ import annotations

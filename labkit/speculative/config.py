@@ -1,16 +1,14 @@
 """``speculative_config``: the dict ``LLM`` and ``simulate`` take, checked once, with vLLM's names.
 
-vLLM's keys: ``method`` ("ngram" or "draft_model"), ``num_speculative_tokens`` (k, draft tokens per
-step), ``prompt_lookup_max`` / ``prompt_lookup_min`` (n-gram sizes tried, longest first), ``model``
-(the draft model). labkit's own, so a lab can plug a learner's function in: ``propose``,
-``accept_greedy``, ``accept_sampling``, ``rollback`` (defaults: :mod:`labkit.speculative`'s), and, for the
-simulator only, ``acceptance_rate`` (the chance that each draft token is accepted).
-No torch here: the simulator reads it too.
+vLLM's keys: ``method`` ("ngram" or "draft_model"), ``num_speculative_tokens`` (k, draft tokens per step),
+``prompt_lookup_max`` / ``prompt_lookup_min`` (n-gram sizes tried, longest first), ``model`` (the draft model).
+labkit's own: a learner's ``propose``, ``accept_greedy``, ``accept_sampling``, ``rollback`` (lab 8), and, for
+the simulator only, ``acceptance_rate`` (the chance that each draft token is accepted). No torch here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from labkit.speculative.accept import accept_greedy, accept_sampling
@@ -18,18 +16,7 @@ from labkit.speculative.ngram import propose_ngram
 from labkit.speculative.rollback import rollback
 
 METHODS = ("ngram", "draft_model")
-KEYS = {
-    "method",
-    "num_speculative_tokens",
-    "prompt_lookup_max",
-    "prompt_lookup_min",
-    "model",
-    "propose",
-    "accept_greedy",
-    "accept_sampling",
-    "rollback",
-    "acceptance_rate",
-}
+PIECES = ("propose", "accept_greedy", "accept_sampling", "rollback")  # a learner's functions plug in here (lab 8)
 
 
 @dataclass(frozen=True)
@@ -61,6 +48,9 @@ class SpeculativeConfig:
         if self.acceptance_rate is not None:
             line += f", acceptance rate {self.acceptance_rate} (simulated)"
         return line
+
+
+KEYS = {field.name for field in fields(SpeculativeConfig)}  # what a speculative_config dict may hold
 
 
 def parse_speculative_config(config: dict | SpeculativeConfig | None, *, simulated: bool = False):
@@ -99,12 +89,10 @@ def parse_speculative_config(config: dict | SpeculativeConfig | None, *, simulat
         raise ValueError(f"acceptance_rate must be in [0, 1], got {rate!r}")
     if rate is not None and not simulated:
         raise ValueError("acceptance_rate is a simulator parameter: the real engine measures it; leave it out for LLM")
-    for name in ("propose", "accept_greedy", "accept_sampling", "rollback"):
-        if name in config and not callable(config[name]):
-            raise TypeError(f"speculative_config[{name!r}] must be a function, got {type(config[name]).__name__}")
-    pieces = {
-        name: config[name] for name in ("propose", "accept_greedy", "accept_sampling", "rollback") if name in config
-    }
+    pieces = {name: config[name] for name in PIECES if name in config}
+    for name, piece in pieces.items():
+        if not callable(piece):
+            raise TypeError(f"speculative_config[{name!r}] must be a function, got {type(piece).__name__}")
     return SpeculativeConfig(
         method=method,
         num_speculative_tokens=k,

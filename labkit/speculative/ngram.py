@@ -1,20 +1,16 @@
 """Prompt lookup (n-gram) drafting: guess the next tokens by finding the sequence's tail earlier in itself.
 
-When an answer repeats its prompt (editing a text, quoting code, filling a form), the last few
-tokens usually occurred before, and what followed them then is a good guess for what follows
-now. No model runs: the draft is a list search. vLLM calls this method "ngram".
+When an answer repeats its prompt (editing a text, quoting code, filling a form), what followed its last few tokens
+before is a good guess for what follows now. No model runs: the draft is a list search (vLLM's "ngram").
 """
 
 from __future__ import annotations
 
 
 def propose_ngram(token_ids: list[int], k: int, min_n: int = 1, max_n: int = 4) -> list[int]:
-    """Prompt lookup: for n from max_n down to min_n, find the most recent EARLIER occurrence of the sequence's
-    last n tokens and return up to k tokens that followed it ([] when no n matches).
-
-    Longer n-grams are tried first (a longer match is a more specific guess); among the occurrences of
-    one n-gram, the most recent wins. The tail itself does not count as an occurrence.
-    """
+    """Prompt lookup: for n from max_n down to min_n (a longer match is a more specific guess), find the most
+    recent EARLIER occurrence of the sequence's last n tokens (not the tail itself) and return up to k tokens that
+    followed it ([] when no n matches)."""
     if k < 1 or min_n < 1 or max_n < min_n:
         raise ValueError(f"need k >= 1 and 1 <= min_n <= max_n, got k={k}, min_n={min_n}, max_n={max_n}")
     length = len(token_ids)

@@ -29,11 +29,9 @@ class NgramProposer:
 class DraftModelProposer(NgramProposer):
     """A smaller model of the same vocabulary drafts ``k`` tokens, one at a time (vLLM's "draft_model" method).
 
-    The simplest correct way: at each proposal the draft model re-runs the request's whole context
-    (a prefill on its own contiguous cache) and then decodes ``k - 1`` more tokens; it keeps no KV
-    between steps, so rollback concerns only the target's cache. Greedy requests get the draft's
-    argmax; sampling requests get tokens sampled from the draft's own filtered distribution q,
-    returned with q so that :func:`labkit.speculative.accept_sampling` can keep the target's distribution.
+    The simplest correct way: each proposal re-runs the request's whole context on the draft model's own cache, so
+    it keeps no KV between steps and rollback concerns only the target's. Sampling requests get tokens sampled from
+    the draft's filtered distribution q, returned with q for :func:`labkit.speculative.accept_sampling`.
     """
 
     def __init__(self, config: SpeculativeConfig, draft, target):

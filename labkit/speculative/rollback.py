@@ -1,10 +1,6 @@
-"""Undo the KV cache of rejected draft tokens: the verification pass wrote K/V for every draft token.
-
-The cached K/V of a rejected token (and of every token after it) describe a sequence that will never
-exist. Nothing needs erasing: moving ``num_computed_tokens`` back makes the next step overwrite
-those slots, and blocks that now hold only such slots go back to the pool, through the allocator's
-declared ``free_tail`` (see :class:`labkit.engine.interfaces.TailFreeingAllocator`; an allocator without it
-is handed over as :class:`labkit.engine.speculation.TailKeeping`).
+"""Undo the KV cache of rejected draft tokens: nothing needs erasing, since moving ``num_computed_tokens`` back makes
+the next step overwrite their slots; blocks left holding only such slots go back through the allocator's
+``free_tail`` (:class:`labkit.engine.interfaces.TailFreeingAllocator`).
 """
 
 from __future__ import annotations
