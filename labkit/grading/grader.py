@@ -1,8 +1,8 @@
 """The autograder: run each submission in its own sandboxed kernel, then judge it outside.
 
-Before any learner code runs, the grader imports each lab's checks, computes an
-expected answer once (so the model and every module the oracles need are loaded)
-and starts the judging processes. Then, per submission: read the notebook (a broken
+Before any learner code runs, the grader imports each lab's checks, computes the first
+submission's expected answers (so the model and every module the oracles need are loaded,
+and no oracle runs for nothing) and starts the judging processes. Then, per submission: read the notebook (a broken
 file becomes an error entry), draw its own secret seed, compute its expected answers,
 and run its code cells in a `KernelSession` inside a private folder (timeouts, crash
 recovery), in a bubblewrap sandbox of its own unless told otherwise (with a card of its own
@@ -298,7 +298,8 @@ class Grader:
     def grade(self, path: Path, name: str, slot: int = 0) -> SubmissionGrade:
         """Grade one submission (`slot` numbers its sandbox user); a file that cannot be graded gives
         an entry with `error` set."""
-        grade = SubmissionGrade(name=name, path=str(path), lab=self.settings.lab, seed=self.seed_for(name))
+        seed = self.seed_for(name)
+        grade = SubmissionGrade(name=name, path=str(path), lab=self.settings.lab, seed=seed)
         grade.notes += filter(None, [rename_note(path, name)])
         if self.settings.hint_penalty:
             grade.notes.append(self_reported(self.settings.hint_penalty))
@@ -309,8 +310,8 @@ class Grader:
             grade.notes += lab_notes(notebook, grade.lab)
             exercises = _exercises(grade.lab)
             with self._oracle_lock:  # before this submission's code runs
-                expected = {exercise.id: self._expected(exercise, grade.seed) for exercise in exercises}
-            self._run_and_judge(path, notebook, exercises, expected, grade, sandbox.sandbox_uid(1 + slot))
+                expected = {exercise.id: self._expected(exercise, seed) for exercise in exercises}
+            self._run_and_judge(path, notebook, exercises, expected, grade, seed, sandbox.sandbox_uid(1 + slot))
         except SubmissionError as error:
             grade.error = report_text(str(error))
         except Exception as error:  # keep grading the others; the report says what broke
@@ -402,6 +403,7 @@ class Grader:
         exercises: list[Exercise],
         expected: dict[str, Any],
         grade: SubmissionGrade,
+        seed: int,
         uid: int,
     ) -> None:
         settings = self.settings
@@ -419,7 +421,7 @@ class Grader:
                     # result is taken before the next request arrives, so nothing a later one carries can change it.
                     name = f"result-{secrets.token_hex(16)}.pt"
                     with self._oracle_lock:  # building the inputs may use the model, as the oracles do
-                        request = _write_request(folder, exercise, grade.seed)
+                        request = _write_request(folder, exercise, seed)
                     outcome = session.run_grader_code(attempt_code(str(folder / request), str(folder / name)))
                     with contextlib.suppress(OSError):  # the kernel may have put something else there
                         (folder / request).unlink()
