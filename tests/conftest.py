@@ -11,8 +11,9 @@ import torch
 from labkit.bench.busy import busy_cores
 from labkit.labs.manifest import LABS
 
-# Modules whose tests each stand alone (one notebook executed or graded per test): spread over the workers.
-SPREAD = {"test_labs_execute.py", "test_grading_labs.py", "test_grading_seeds.py"}
+# Modules whose tests each stand alone (one notebook executed, graded or walked on a stand-in device per test): spread
+# over the workers.
+SPREAD = {"test_labs_execute.py", "test_grading_labs.py", "test_grading_seeds.py", "test_check_devices.py"}
 # Modules that share one fixture through module state: they must run on the same worker.
 SAME_WORKER = {"test_book.py": "book", "test_browser_book.py": "book", "test_browser_interactive.py": "book"}
 # The costliest work first, so that no worker is handed a long unit at the end while the other has nothing left:
@@ -23,6 +24,7 @@ COSTLIEST_FIRST = [
     "test_labs_execute.py",
     "test_grading_seeds.py",
     "test_grading_labs.py",
+    "test_check_devices.py",
     "test_gpu_check_script.py",
     "test_browser_lab.py",
     "test_grading_sandbox.py",

@@ -1,11 +1,13 @@
-"""``labkit grade`` grades the real labs: solved exercises earn every point, handed-out blanks none.
+"""``labkit grade`` grades the real labs: solved exercises earn every point, through the sandboxed kernel.
 
 The demo grader test uses a toy lab; these make sure labs whose checks run the engine on a
 learner's pieces (lab 7's allocator, lab 8's speculation, lab 9's server loop, policy and sweep),
-graded with a seed of their own, go through the same path. The submissions keep each notebook's first code
+graded with a seed of their own, go through the same path. The submission keeps the notebook's first code
 cell (its imports) and its exercise cells: the measurements and the server demos would only cost
 time, and no check depends on them (lab 9's checks that start servers run in the sandbox here, on
-its loopback).
+its loopback). That the handed-out blanks earn nothing, on every lab, is proven through the grader's request
+path in test_grading_seeds.py (a blank raises before any oracle is needed), and through the kernel on the demo
+lab's learner notebook in test_grading_grader.py.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from labkit.labs.manifest import LABS as MANIFEST
 from labkit.models import default_model
 
 LABS = Path(__file__).resolve().parents[1] / "labs"
-# The labs the manifest says are graded here, end to end: every exercise of each must pass solved, none handed out.
+# The labs the manifest says are graded here, end to end: every exercise of each must pass solved.
 GRADED = [
     pytest.param(
         lab.stem, {e.id for e in exercises_for_lab(lab.name)}, lab.needs_model, marks=getattr(pytest.mark, lab.name)
@@ -57,21 +59,15 @@ def use_model_cache(needs_model: bool, tmp_path: Path, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("name, exercises, needs_model", GRADED)
-def test_solved_exercises_earn_full_marks_and_blanks_none(name, exercises, needs_model, tmp_path, monkeypatch):
+def test_solved_exercises_earn_full_marks(name, exercises, needs_model, tmp_path, monkeypatch):
     use_model_cache(needs_model, tmp_path, monkeypatch)
-    paths = []
-    for kind, notebook in (("solved", LABS / "source" / f"{name}.ipynb"), ("handed_out", LABS / f"{name}.ipynb")):
-        paths.append(tmp_path / f"{kind}.ipynb")
-        nbformat.write(exercises_only(notebook), paths[-1])
+    solved = tmp_path / "solved.ipynb"
+    nbformat.write(exercises_only(LABS / "source" / f"{name}.ipynb"), solved)
     out = tmp_path / "grades"
     no_sandbox = ["--no-sandbox"] if sandbox.sandbox_problem() else []
-    args = ["grade", *map(str, paths), "--out", str(out), "--cell-timeout", "300", "--seed", "7"]
+    args = ["grade", str(solved), "--out", str(out), "--cell-timeout", "300", "--seed", "7"]
     assert main(args + no_sandbox) == 0
-    solved, handed_out = (json.loads((out / f"{kind}.json").read_text()) for kind in ("solved", "handed_out"))
-    lab = name.split("_")[0]
-    assert solved["lab"] == handed_out["lab"] == lab and solved["error"] is None
-    assert {e["id"]: e["status"] for e in solved["exercises"]} == dict.fromkeys(exercises, "pass"), solved
-    assert solved["score"] == solved["max_score"] > 0
-    assert {e["id"]: e["status"] for e in handed_out["exercises"]} == dict.fromkeys(exercises, "not_done")
-    assert handed_out["score"] == 0
-    assert all("NotImplementedError" in e["message"] for e in handed_out["exercises"])
+    report = json.loads((out / "solved.json").read_text())
+    assert report["lab"] == name.split("_")[0] and report["error"] is None
+    assert {e["id"]: e["status"] for e in report["exercises"]} == dict.fromkeys(exercises, "pass"), report
+    assert report["score"] == report["max_score"] > 0

@@ -7,21 +7,26 @@ grader does with them for each seed: the request (inputs and run) goes through t
 writes for the kernel, the learner's half is run from it and saved as the kernel saves it, the
 file is loaded back under the budget drawn from the expected answer, and the verdict must be PASS.
 (The sandboxed path itself is tested once per lab in test_grading_labs.py and test_grading_grader.py.)
+
+And the other side: a learner who hands the notebook in blank earns nothing, with a verdict that says what to
+write, on every lab: each handed-out exercise, through the same request, is NOT DONE.
 """
 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
+import nbformat
 import pytest
 import torch
-from lab_sources import solved_namespace
+from lab_sources import is_exercise, solved_namespace
 
 from labkit.grading.checks import exercises_for_lab
 from labkit.grading.judge import expected_outputs, judge, verdict
 from labkit.grading.judge_process import _attempt
 from labkit.grading.request import build_request, load_request, request_bytes
-from labkit.grading.result import ERROR
+from labkit.grading.result import ERROR, NOT_DONE
 from labkit.grading.result_check import ResultRefused, budget_for, file_limit, load_result
 from labkit.labs.manifest import LABS
 
@@ -29,6 +34,7 @@ from labkit.labs.manifest import LABS
 # seeds of 10, so 10 clean seeds leave a 1-in-10,000 chance), 3 where the course model runs about 20 s a seed (lab 8's
 # solo decodes, lab 10's quantized models): with the grader's seed 7 (test_grading_labs.py) and the notebook's own,
 # five draws all the same.
+HANDED_OUT = Path(__file__).resolve().parents[1] / "labs"
 EACH_LAB = [pytest.param(lab.name, range(1, lab.seeds + 1), marks=getattr(pytest.mark, lab.name)) for lab in LABS]
 
 
@@ -84,3 +90,27 @@ def test_solved_exercises_earn_every_point_under_every_seed(lab, seeds):
             if not result.passed:
                 lost.append(f"seed {seed}: {result.message}")
     assert not lost, "\n\n".join(lost)
+
+
+def handed_out_namespace(stem: str) -> dict:
+    """What a learner who wrote nothing has: the handed-out notebook's first code cell, then its exercise cells."""
+    notebook = nbformat.read(HANDED_OUT / f"{stem}.ipynb", as_version=4)
+    cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    namespace: dict = {}
+    for cell in [cells[0], *filter(is_exercise, cells)]:
+        exec(cell.source, namespace)
+    return namespace
+
+
+@pytest.mark.parametrize(
+    "lab, stem", [pytest.param(lab.name, lab.stem, marks=getattr(pytest.mark, lab.name), id=lab.name) for lab in LABS]
+)
+def test_handed_out_exercises_earn_nothing_and_say_what_to_write(lab, stem):
+    """No oracle is needed: the blank raises NotImplementedError before there is anything to compare."""
+    namespace = handed_out_namespace(stem)
+    verdicts = {}
+    for exercise in exercises_for_lab(lab):
+        record = load_request(request_bytes(build_request(exercise, 1))).attempt(namespace).to_record()
+        verdicts[exercise.id] = judge(exercise, _attempt(record), expected=None)
+    assert {key: result.status for key, result in verdicts.items()} == dict.fromkeys(verdicts, NOT_DONE)
+    assert all(result.points == 0 and "NotImplementedError" in result.message for result in verdicts.values())

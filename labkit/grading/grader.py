@@ -1,8 +1,8 @@
 """The autograder: run each submission in its own sandboxed kernel, then judge it outside.
 
-Before any learner code runs, the grader imports each lab's checks, computes an
-expected answer once (so the model and every module the oracles need are loaded)
-and starts the judging processes. Then, per submission: read the notebook (a broken
+Before any learner code runs, the grader imports each lab's checks, computes the first
+submission's expected answers (so the model and every module the oracles need are loaded,
+and no oracle runs for nothing) and starts the judging processes. Then, per submission: read the notebook (a broken
 file becomes an error entry), draw its own secret seed, compute its expected answers,
 and run its code cells in a `KernelSession` inside a private folder (timeouts, crash
 recovery), in a bubblewrap sandbox of its own unless told otherwise (with a card of its own
@@ -242,11 +242,16 @@ class Grader:
         self.run_seed = seed  # given: every submission's seed follows from it and its name, to repeat a run
         self._oracle_lock = threading.Lock()  # one oracle at a time: they share the model and the cores
         self._cards: gpu_access.CardPool | None = None  # under --gpu: the cards, handed out one submission each
+        self._seeds: dict[str, int] = {}  # submission name -> its seed, drawn once
+        self._prepared: dict[tuple[str, int], Any] = {}  # (exercise id, seed) -> expected answer made by prepare
 
-    def prepare(self, labs: set[str]) -> None:
+    def prepare(self, labs: set[str], first: str | None = None) -> None:
         """Everything judging needs, made before any learner code runs: each lab's checks imported, an
         expected answer computed once (the model and the modules the oracles use are loaded) and the
-        judging processes started with those checks imported."""
+        judging processes started with those checks imported.
+
+        The expected answers computed are those of submission `first` (the first to be graded), under its
+        own seed: kept, they are its answers, so no oracle runs only to load what the oracles need."""
         if self.settings.sandbox and (problem := sandbox.sandbox_problem()):
             raise SetupError(f"no sandbox can be made here: {problem}")
         if self.settings.gpu:  # the cards, once a cgroup is known to hold a sandbox's memory without --as
@@ -261,9 +266,10 @@ class Grader:
             except ValueError:  # an unknown lab: reported per submission
                 continue
             try:
+                seed = self.seed_for(first) if first is not None else 0
                 with contents_verified():  # a model the oracles load must match its conversion's checksums
                     for exercise in exercises_for_lab(lab):
-                        expected_outputs(exercise, 0)
+                        self._prepared[exercise.id, seed] = expected_outputs(exercise, seed)
             except ModelCacheError as error:
                 raise SetupError(str(error)) from None
         if self.settings.sandbox and (hidden := sandbox.unreadable_in_sandbox(cache_root())):
@@ -278,15 +284,22 @@ class Grader:
         return min(jobs, self._cards.size) if self._cards else jobs
 
     def seed_for(self, name: str) -> int:
-        """A submission's own seed: secret and fresh, or derived from the run's seed and its name."""
-        if self.run_seed is None:
-            return secrets.randbits(63)
-        return int.from_bytes(hashlib.sha256(f"{self.run_seed}:{name}".encode()).digest()[:8], "big") >> 1
+        """A submission's own seed, the same each time it is asked for: secret and fresh, or derived from the
+        run's seed and its name."""
+        if name not in self._seeds:
+            if self.run_seed is None:
+                self._seeds[name] = secrets.randbits(63)
+            else:
+                self._seeds[name] = (
+                    int.from_bytes(hashlib.sha256(f"{self.run_seed}:{name}".encode()).digest()[:8], "big") >> 1
+                )
+        return self._seeds[name]
 
     def grade(self, path: Path, name: str, slot: int = 0) -> SubmissionGrade:
         """Grade one submission (`slot` numbers its sandbox user); a file that cannot be graded gives
         an entry with `error` set."""
-        grade = SubmissionGrade(name=name, path=str(path), lab=self.settings.lab, seed=self.seed_for(name))
+        seed = self.seed_for(name)
+        grade = SubmissionGrade(name=name, path=str(path), lab=self.settings.lab, seed=seed)
         grade.notes += filter(None, [rename_note(path, name)])
         if self.settings.hint_penalty:
             grade.notes.append(self_reported(self.settings.hint_penalty))
@@ -297,8 +310,8 @@ class Grader:
             grade.notes += lab_notes(notebook, grade.lab)
             exercises = _exercises(grade.lab)
             with self._oracle_lock:  # before this submission's code runs
-                expected = {exercise.id: expected_outputs(exercise, grade.seed) for exercise in exercises}
-            self._run_and_judge(path, notebook, exercises, expected, grade, sandbox.sandbox_uid(1 + slot))
+                expected = {exercise.id: self._expected(exercise, seed) for exercise in exercises}
+            self._run_and_judge(path, notebook, exercises, expected, grade, seed, sandbox.sandbox_uid(1 + slot))
         except SubmissionError as error:
             grade.error = report_text(str(error))
         except Exception as error:  # keep grading the others; the report says what broke
@@ -312,6 +325,12 @@ class Grader:
             ]
         grade.elapsed_s = time.monotonic() - started
         return grade
+
+    def _expected(self, exercise: Exercise, seed: int) -> Any:
+        """The exercise's expected answer under `seed`: the one `prepare` made (given out once), or made now."""
+        if (exercise.id, seed) in self._prepared:
+            return self._prepared.pop((exercise.id, seed))
+        return expected_outputs(exercise, seed)
 
     @contextmanager
     def _card(self) -> Iterator[gpu_access.CardAccess | None]:
@@ -384,6 +403,7 @@ class Grader:
         exercises: list[Exercise],
         expected: dict[str, Any],
         grade: SubmissionGrade,
+        seed: int,
         uid: int,
     ) -> None:
         settings = self.settings
@@ -401,7 +421,7 @@ class Grader:
                     # result is taken before the next request arrives, so nothing a later one carries can change it.
                     name = f"result-{secrets.token_hex(16)}.pt"
                     with self._oracle_lock:  # building the inputs may use the model, as the oracles do
-                        request = _write_request(folder, exercise, grade.seed)
+                        request = _write_request(folder, exercise, seed)
                     outcome = session.run_grader_code(attempt_code(str(folder / request), str(folder / name)))
                     with contextlib.suppress(OSError):  # the kernel may have put something else there
                         (folder / request).unlink()
@@ -459,8 +479,8 @@ def grade_submissions(
     processes, and the grader itself mostly waits for them.
     """
     grader = Grader(settings, seed)
-    grader.prepare(labs_of(paths, settings.lab))
     jobs_list = list(zip(paths, names or submission_names(paths), range(len(paths))))
+    grader.prepare(labs_of(paths, settings.lab), jobs_list[0][1] if jobs_list else None)
     with ThreadPoolExecutor(max_workers=grader.concurrent_jobs(jobs)) as pool:
         running = pool.map(lambda job: grader.grade(*job), jobs_list)
         return list(tqdm(running, total=len(jobs_list), desc="grading", unit="notebook", disable=None))
