@@ -3,9 +3,9 @@
 Why: the book is the front door of the course. These tests build it exactly as
 the README does (every chapter executed, `-W --keep-going`), then look at the
 HTML a reader gets: each chapter's computed figures, its math, its folded
-answers and its navigation, and, where Debian's `chromium` is installed, what a
-real browser renders (MathJax typesets offline, screenshots kept in
-test-artifacts/).
+answers and its navigation. What a real browser renders of the same build
+(MathJax typesets offline, screenshots in test-artifacts/) is
+test_browser_book.py's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from browser_helpers import ARTIFACTS, CHROMIUM_FLAGS, chromium
 
 from labkit.labs.manifest import LABS
 
@@ -42,7 +41,6 @@ REPO = Path(__file__).resolve().parents[1]
 SOURCES = Path(__file__).resolve().parents[2] / "shared" / "sources"
 RUN_LENGTH = 8  # no run of this many consecutive words may come from the sources
 BUILD_TIMEOUT_S = 420
-SCREENSHOT_PAGES = ("capacity_planning", "kv_memory")
 
 
 def chapter_docs() -> list[str]:
@@ -844,36 +842,3 @@ def test_bibliography_lists_the_papers_the_chapters_cite(html: Path) -> None:
         assert paper.lower() in text.lower(), f"references page lacks {paper}"
     cited = sum("references.html#" in (html / f"{doc}.html").read_text(encoding="utf-8") for doc in chapter_docs())
     assert cited >= 6, f"only {cited} chapters link a citation to the references page"
-
-
-# --- a real browser --------------------------------------------------------------------------
-
-
-def browse(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=15000", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
-
-
-@pytest.mark.skipif(
-    chromium() is None, reason="Debian's chromium is not installed (apt-get install -y chromium); CI installs it"
-)
-def test_headless_chromium_typesets_math_and_shows_figures(html: Path, tmp_path: Path) -> None:
-    from matplotlib.image import imread
-
-    browser = chromium()
-    ARTIFACTS.mkdir(exist_ok=True)
-    for name in SCREENSHOT_PAGES:
-        url = (html / "book" / f"{name}.html").as_uri()
-        dom = browse(browser, tmp_path / "profile", "--dump-dom", url).stdout
-        assert "<mjx-container" in dom, f"{name}: MathJax did not typeset any math in Chromium"
-        assert "<mjx-merror" not in dom, f"{name}: MathJax reported an error in a formula"
-
-        shot = ARTIFACTS / f"book-{name}.png"
-        shot.unlink(missing_ok=True)
-        browse(browser, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1280,1600", url)
-        assert shot.is_file() and shot.stat().st_size > 30_000, f"{name}: screenshot missing or tiny"
-        pixels = imread(shot)[..., :3]
-        assert pixels.shape[:2] == (1600, 1280), f"{name}: screenshot has shape {pixels.shape}"
-        assert pixels.std() > 0.05, f"{name}: screenshot is nearly one colour (blank page?)"
-        ink = (pixels.mean(axis=2) < 0.5).mean()
-        assert ink > 0.005, f"{name}: screenshot has almost no dark pixels (no text rendered?)"

@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAB = "lab2_kv_cache.ipynb"  # the cheapest lab with an ipywidgets control: the capacity sliders
 START_TIMEOUT_S = 120
 KERNEL_TIMEOUT_MS = 180_000
+UNLOCKED = ("editable", "deletable")  # the negative test's copy: its first check cell editable, its second deletable
 RUN_ALL_TIMEOUT_MS = 600_000  # lab 2 runs in about a minute on a busy 2-core CPU
 # JupyterLab settings for a test: every cell in the page (no windowing), no news or update pop-ups.
 SETTINGS = {
@@ -82,9 +83,9 @@ def is_check(cell) -> bool:
 RACE = "def generate_without_cache(model, prompt_ids, max_new_tokens):\n    # Lab 1's loop"
 
 
-def clean_copy(source: Path, target: Path, unlock: str = "", leave_out: str = "") -> None:
-    """Copy a notebook without outputs (a stored PASS must not stand in for a run); `unlock` its first check cell;
-    `leave_out` the code cell that starts with it."""
+def clean_copy(source: Path, target: Path, unlock: tuple[str, ...] = (), leave_out: str = "") -> None:
+    """Copy a notebook without outputs (a stored PASS must not stand in for a run); set `unlock[i]` (editable or
+    deletable) true on its i-th check cell; `leave_out` the code cell that starts with it."""
     notebook = nbformat.read(source, as_version=4)
     if leave_out:
         kept = [cell for cell in notebook.cells if not cell.source.startswith(leave_out)]
@@ -93,17 +94,17 @@ def clean_copy(source: Path, target: Path, unlock: str = "", leave_out: str = ""
     for cell in notebook.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    if unlock:
-        next(cell for cell in notebook.cells if is_check(cell)).metadata[unlock] = True
+    for cell, key in zip((cell for cell in notebook.cells if is_check(cell)), unlock):
+        cell.metadata[key] = True
     nbformat.write(notebook, target)
 
 
 def serve_copies(folder: Path) -> None:
-    """Solved and learner lab 2, and learner copies whose first check cell is editable or deletable (negative tests)."""
+    """Solved and learner lab 2, and a learner copy whose first check cell is editable and second deletable (the
+    negative tests)."""
     clean_copy(REPO / "labs" / "source" / LAB, folder / "solved.ipynb", leave_out=RACE)
     clean_copy(REPO / "labs" / LAB, folder / "learner.ipynb")
-    for key in ("editable", "deletable"):
-        clean_copy(REPO / "labs" / LAB, folder / f"unlocked-{key}.ipynb", unlock=key)
+    clean_copy(REPO / "labs" / LAB, folder / "unlocked.ipynb", unlock=UNLOCKED)
 
 
 @pytest.fixture(scope="module")
@@ -292,10 +293,12 @@ def test_learner_lab_locks_checks_opens_exercises_and_a_check_says_not_done(lab:
     tab.close()
 
 
-@pytest.mark.parametrize("unlocked", ["editable", "deletable"])
-def test_the_lock_assertion_fails_on_a_check_cell_left_unlocked(lab: Lab, browser, unlocked: str) -> None:
-    """The negative case: with the first check cell's `editable` or `deletable` set to true, assert_locked fails."""
-    tab = open_notebook(browser, lab.url(f"unlocked-{unlocked}.ipynb"))
-    with pytest.raises(AssertionError, match="editable" if unlocked == "editable" else "could be deleted"):
-        assert_locked(tab, min(lab.cells(f"unlocked-{unlocked}.ipynb", "check")))
+def test_the_lock_assertion_fails_on_a_check_cell_left_unlocked(lab: Lab, browser) -> None:
+    """The negative cases, in one notebook: assert_locked fails on the check cell left `editable` and on the one left
+    `deletable`, each for its own reason."""
+    tab = open_notebook(browser, lab.url("unlocked.ipynb"))
+    checks = sorted(lab.cells("unlocked.ipynb", "check"))
+    for index, unlocked in zip(checks, UNLOCKED):
+        with pytest.raises(AssertionError, match="editable" if unlocked == "editable" else "could be deleted"):
+            assert_locked(tab, index)
     tab.close()
