@@ -10,7 +10,6 @@ from labkit.kv.block_allocator import FreeListBlockAllocator
 from labkit.kv.paged_attention import paged_attention
 from labkit.kv.paged_batch import PagedBatch, SequenceSlice, group_rows
 from labkit.kv.paged_cache import PagedKVCache
-from labkit.kv.pool_sizing import kv_pool_size
 
 HEADS, KV_HEADS, DIM, BLOCK = 6, 2, 8, 4
 
@@ -120,14 +119,6 @@ def test_decodes_must_come_first():
         PagedBatch.build(
             [SequenceSlice(0, 3, 3, [0]), SequenceSlice(3, 1, 4, [1])], BLOCK, torch.device("cpu"), torch.float32
         )
-
-
-def test_sizing_from_memory_is_capped_by_what_can_be_used():
-    cpu = torch.device("cpu")
-    assert kv_pool_size(1000, 16, cpu, 0.5, max_useful_tokens=160)[0] == 10
-    assert kv_pool_size(1000, 16, cpu, 0.5, max_useful_tokens=10**12)[0] >= 1
-    with pytest.raises(ValueError, match="gpu_memory_utilization"):
-        kv_pool_size(1000, 16, cpu, 1.5, max_useful_tokens=160)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

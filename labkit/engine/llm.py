@@ -262,8 +262,7 @@ class LLM:
 
     def _execute(self, batch: Batch, start: float) -> tuple[dict[str, int | list[int]], float]:
         """The real executor: one forward pass over the batch, timed on the engine's clock."""
-        tokens = self.runner.execute(batch, self.state.blocks)
-        return tokens, self.now()
+        return self.runner.execute(batch, self.state.blocks), self.now()  # the pass first, then the clock
 
     def _output(self, request: Request) -> RequestOutput:
         tokenizer = self.model.tokenizer

@@ -25,9 +25,8 @@ def kv_pool_size(
     weights), so call it after loading the model; elsewhere it is that fraction of the RAM available now, capped
     at ``CPU_KV_CACHE_CAP_BYTES``. The pool never exceeds ``max_useful_tokens`` (max_num_seqs × max_model_len).
     ``bytes_per_token`` is in the pool's storage dtype (fp8: 1 byte per value); ``kv_cache_dtype`` only names it.
+    ``gpu_memory_utilization`` is in (0, 1], as :class:`~labkit.engine.config.EngineConfig` checks.
     """
-    if not 0 < gpu_memory_utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     gib = 1024**3
     if device.type == "cuda":
         total = torch.cuda.mem_get_info(device)[1]

@@ -4,8 +4,6 @@ size in blocks, and :func:`reload_or_recompute`, lab 12's decision whether a run
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
 GIB = 2**30
@@ -13,9 +11,7 @@ BACKENDS = ("native", "disk")  # vLLM's name for its own CPU offloading, and lab
 
 
 def capacity_in_blocks(size_gib: float, bytes_per_block: int) -> int:
-    """Whole blocks that ``size_gib`` GiB hold (vLLM sizes its offloading in GiB); refused below one block."""
-    if isinstance(size_gib, bool) or not isinstance(size_gib, numbers.Real) or not 0 < size_gib < math.inf:
-        raise ValueError(f"kv_offloading_size must be a number of GiB > 0, got {size_gib!r}; leave it None for no tier")
+    """Whole blocks that ``size_gib`` GiB (a number EngineConfig checked) hold; refused below one block."""
     blocks = int(size_gib * GIB / bytes_per_block + 1e-6)  # the epsilon: a size given as n blocks' bytes is n
     if blocks < 1:
         raise ValueError(

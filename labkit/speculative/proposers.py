@@ -17,10 +17,13 @@ class NgramProposer:
         self.num_speculative_tokens = config.k
 
     def propose(self, request, k: int) -> tuple[list[int], object]:
-        draft = self.config.propose(
-            request.all_token_ids, k, self.config.prompt_lookup_min, self.config.prompt_lookup_max
-        )
-        return _checked(draft, k, "propose"), None
+        config = self.config
+        draft = config.propose(request.all_token_ids, k, config.prompt_lookup_min, config.prompt_lookup_max)
+        if not isinstance(draft, (list, tuple)) or not all(isinstance(t, int) for t in draft):
+            raise TypeError(f"propose must return a list of token ids (ints), got {draft!r}")
+        if len(draft) > k:
+            raise ValueError(f"propose returned {len(draft)} tokens but was asked for at most k={k}")
+        return list(draft), None
 
     def rollback(self, request, num_rejected: int, blocks) -> None:
         self.config.rollback(request, num_rejected, blocks)
@@ -87,11 +90,3 @@ def check_same_vocabulary(draft, target) -> None:
             f"draft model {draft_cfg.name!r} and target {target_cfg.name!r} have different tokenizers "
             f"(the same ids name different tokens); {fix}"
         )
-
-
-def _checked(draft, k: int, name: str) -> list[int]:
-    if not isinstance(draft, (list, tuple)) or not all(isinstance(t, int) for t in draft):
-        raise TypeError(f"{name} must return a list of token ids (ints), got {draft!r}")
-    if len(draft) > k:
-        raise ValueError(f"{name} returned {len(draft)} tokens but was asked for at most k={k}")
-    return list(draft)
