@@ -172,18 +172,14 @@ def _headers(request: Request) -> dict[str, str]:
 
 
 async def forward(request: Request, path: str) -> Response:
-    """Send one completion or chat request to the replica the policy picks, or the next that takes it."""
+    """Send one completion or chat request to the replica the policy picks, or to the next that takes it (see the
+    module's doc)."""
     routing = _routing(request)
     assert routing.client is not None, "the app's lifespan opens the client"
     body = await read_json(request, routing.read_timeout)
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
     content = json.dumps(body).encode()
-    return await _dispatch(routing, request, path, body, content)
-
-
-async def _dispatch(routing: Routing, request: Request, path: str, body: dict, content: bytes) -> Response:
-    """Send the request to the replica the policy picks, or to the next that takes it (see the module's doc)."""
     view = await routing.view(body, path)
     failures: list[str] = []
     tried, cached = routing.pick(view)
