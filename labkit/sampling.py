@@ -68,11 +68,7 @@ def filtered_probabilities(logits: torch.Tensor, p: SamplingParams) -> torch.Ten
 
 
 def process_logits(
-    logits: torch.Tensor,
-    p: SamplingParams,
-    prompt_ids: list[int],
-    output_ids: list[int],
-    stop_ids: list[int],
+    logits: torch.Tensor, p: SamplingParams, prompt_ids: list[int], output_ids: list[int], stop_ids: list[int]
 ) -> torch.Tensor:
     """One row of logits [V] after ``p``'s processors, as a new float32 row (vLLM's order and definitions).
 

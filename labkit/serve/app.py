@@ -1,26 +1,19 @@
 """The HTTP routes of ``labkit serve``: OpenAI's completions API, models, health and metrics (starlette).
 
-``POST /v1/chat/completions`` and ``POST /v1/completions`` answer whole or as server-sent
-events (one event per token, then ``data: [DONE]``); ``GET /v1/models`` names the one model;
-``GET /health`` says whether the engine loop runs; ``GET /metrics`` is for Prometheus;
-``GET /kv_events?since=N&epoch=E`` gives the prefix cache's block events after number N (or, for a
-reader of another run or one too far behind, the hashes held now; see :mod:`labkit.kv.kv_events`), which
-``labkit route`` reads to know what this replica holds; ``POST /reset_prefix_cache`` forgets the prefix
-cache (vLLM's, there a development endpoint) while no request holds blocks. With an
-API key, the ``/v1`` routes and the reset want ``Authorization: Bearer KEY`` (health, metrics and the
-events, which carry block hashes and no tokens, stay open, as vLLM's health and metrics do). A body over ``MAX_BODY_BYTES`` is refused with 413 before it is parsed, and one
-that is not ``Content-Type: application/json`` with 415, so a web page the learner visits cannot
-make a local server generate (a browser sends a cross-site form or ``text/plain`` body without
-asking). A body has ``read_timeout`` seconds to arrive (else 408), and a client that hangs up
-halfway through it costs one log line. Parsing and tokenizing a request run off the event
-loop, so a huge prompt never stalls the other clients' streams. A client found gone (the
-connection lost, or a write to it failing: a token of a stream, or the guard's probe while a
-whole answer is computed) has its request aborted, which frees its KV blocks before the next
-step; one that only half-closed is answered (see :mod:`~labkit.serve.guard`). While the server drains (see :mod:`~labkit.serve.server`), new requests get 503.
-An :class:`Answer` dresses each reply: the echoed prompt first (completions' ``echo``), and each
-event's tokens' logprobs in the request kind's shape (:mod:`~labkit.serve.logprobs`).
-``build_app`` wires each route to its handler; what the handlers share (the worker, the model, the
-settings) is a :class:`Served` in ``app.state.served``.
+Each handler's docstring says what its route answers: the two completions routes (whole, or as server-sent
+events: one per step's tokens, then ``data: [DONE]``), ``/v1/models``, ``/health``, ``/metrics``, ``/kv_events``
+(which ``labkit route`` reads to know what this replica holds) and ``/reset_prefix_cache``. With an API key,
+the ``/v1`` routes and the reset want ``Authorization: Bearer KEY`` (health, metrics and the events, which carry
+block hashes and no tokens, stay open, as vLLM's health and metrics do). A body over ``MAX_BODY_BYTES`` is
+refused with 413 before it is parsed, and one that is not ``Content-Type: application/json`` with 415, so a web
+page the learner visits cannot make a local server generate (a browser sends a cross-site form or
+``text/plain`` body without asking). A body has ``read_timeout`` seconds to arrive (else 408). Parsing and
+tokenizing a request run off the event loop, so a huge prompt never stalls the other clients' streams. A client
+found gone (the connection lost, or a write to it failing) has its request aborted, which frees its KV blocks
+before the next step; one that only half-closed is answered (see :mod:`~labkit.serve.guard`). While the server
+drains (see :mod:`~labkit.serve.server`), new requests get 503.
+An :class:`Answer` dresses each reply (the echoed prompt, the logprobs); what the handlers share is a
+:class:`Served` in ``app.state.served``.
 """
 
 from __future__ import annotations
@@ -29,13 +22,12 @@ import asyncio
 import hmac
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -43,7 +35,7 @@ from starlette.routing import Route
 from labkit.engine.request import RequestOutput
 from labkit.kv.kv_events import KVEventLog
 from labkit.models.tokens import encode_prompt
-from labkit.serve.body import answer_api_error, answer_http_error, read_json
+from labkit.serve.body import ERROR_HANDLERS, read_json
 from labkit.serve.logprobs import Logprobs
 from labkit.serve.protocol import (
     CHAT,
@@ -67,11 +59,6 @@ def build_app(
     tokenizer = worker.tokenizer
     if tokenizer is None:
         raise ValueError("labkit serve needs a model with a tokenizer (text in, text out); this one has none")
-    # Starlette types a handler as taking any Exception; each of these is called only with its own kind
-    handlers: dict[Any, Callable[..., Awaitable[Response]]] = {
-        APIError: answer_api_error,
-        HTTPException: answer_http_error,
-    }
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -82,7 +69,7 @@ def build_app(
             Route("/kv_events", kv_events, methods=["GET"]),
             Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
         ],
-        exception_handlers=handlers,
+        exception_handlers=ERROR_HANDLERS,
         lifespan=_lifespan,
     )
     app.state.served = Served(worker, model_name, tokenizer, api_key, read_timeout, int(time.time()))
@@ -188,8 +175,7 @@ async def _completions(request: Request, kind: str) -> Response:
     watcher = asyncio.create_task(_close_on_disconnect(request, handle))
     if parsed.stream:
         return StreamingResponse(
-            _events(handle, reply, answer, parsed.include_usage, watcher),
-            media_type="text/event-stream",
+            _events(handle, reply, answer, parsed.include_usage, watcher), media_type="text/event-stream"
         )
     try:
         return JSONResponse(await _whole(handle, reply, answer))

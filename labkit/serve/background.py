@@ -46,7 +46,7 @@ class ServeProcess:
         lines: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._read_log, args=(lines,), daemon=True).start()
         deadline = time.monotonic() + startup_timeout_s
-        self.url = self._wait_for_url(lines, startup_timeout_s)
+        self.url = self._wait_for_url(lines, deadline)
         self._wait_for_health(deadline)
 
     def _read_log(self, lines: queue.SimpleQueue) -> None:
@@ -56,8 +56,7 @@ class ServeProcess:
             lines.put(line)
         lines.put(None)
 
-    def _wait_for_url(self, lines: queue.SimpleQueue, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
+    def _wait_for_url(self, lines: queue.SimpleQueue, deadline: float) -> str:
         while True:
             try:
                 line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
@@ -68,9 +67,7 @@ class ServeProcess:
                 if found:
                     return found.group(1)
                 continue
-            self.stop()
-            tail = "\n".join(self.log[-10:])
-            raise RuntimeError(f"{self.name} did not say where it listens (exit code {self.process.poll()}):\n{tail}")
+            raise self._failed("did not say where it listens")
 
     def _wait_for_health(self, deadline: float) -> None:
         """Poll ``/health`` until it answers 200: the server takes requests from then on."""
@@ -81,12 +78,14 @@ class ServeProcess:
             except httpx.TransportError:
                 pass
             if not self.running or time.monotonic() > deadline:
-                self.stop()
-                tail = "\n".join(self.log[-10:])
-                raise RuntimeError(
-                    f"{self.name} at {self.url} never answered /health (exit code {self.process.poll()}):\n{tail}"
-                )
+                raise self._failed(f"at {self.url} never answered /health")
             time.sleep(0.05)
+
+    def _failed(self, problem: str) -> RuntimeError:
+        """Stop it, and say what went wrong with the last lines of its log."""
+        self.stop()
+        tail = "\n".join(self.log[-10:])
+        return RuntimeError(f"{self.name} {problem} (exit code {self.process.poll()}):\n{tail}")
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM (a graceful stop), then SIGKILL if it has not ended within ``timeout_s``."""

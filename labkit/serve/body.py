@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -75,3 +77,10 @@ async def answer_http_error(request: Request, err: HTTPException) -> Response:
         status_code=err.status_code,
         headers=err.headers,
     )
+
+
+# Starlette types a handler as taking any Exception; each of these is called only with its own kind
+ERROR_HANDLERS: dict[Any, Callable[..., Awaitable[Response]]] = {
+    APIError: answer_api_error,
+    HTTPException: answer_http_error,
+}

@@ -3,13 +3,8 @@
 Every connection holds a file descriptor, and a process may open only so many (``ulimit -n``,
 often 256 or 1024 in a shell). So, as ``vllm serve`` does, the server first raises its soft
 open-file limit to the hard one (:func:`raise_open_file_limit`), then keeps connections well
-below it: past ``max_connections`` the oldest idle connection (no request on it) is closed to make
-room for the new one, so idle sockets cannot hold a healthy replica's ``/health`` hostage; with
-none idle, a new connection may only ask for ``/health``, ``/metrics`` or ``/kv_events`` (a few more are kept
-for those, so a balancer still sees a healthy replica, and a router what it holds, while busy ones hold the rest), past those it
-gets a 503 and is closed at once, and one that has
-not sent its request's headers within ``header_timeout`` seconds (an idle or half-open one, or
-one trickling a byte at a time) is closed (:class:`GuardedH11Protocol`).
+below it, and closes one that has not sent its request's headers within ``header_timeout`` seconds
+(an idle or half-open one, or one trickling a byte at a time): :class:`GuardedH11Protocol` says how.
 Uvicorn's own ``timeout_keep_alive`` closes connections idle between requests, and the app
 gives a body the same deadline. Each client turned away is one warning line, not a traceback,
 and :class:`RateLimited` lets through at most one line a second of each kind, counting the rest.
@@ -125,10 +120,11 @@ class GuardedH11Protocol(H11Protocol):
     opened or since its last answer) is closed for the new one: a load balancer that finds the
     health check refused takes a healthy replica out, so idle sockets holding every connection
     must not make it look dead (nginx reuses idle keep-alive connections the same way). With none
-    idle, a connection may still ask for ``/health`` or ``/metrics``: ``HEADROOM`` more connections
-    are let in, each for one such request (anything else gets 503) with a short deadline for its
-    headers (``HEADROOM_HEADER_S``); past those, a connection gets its 503 and is closed at once,
-    before it can hold a descriptor for long (uvicorn's ``limit_concurrency`` would 503 health too).
+    idle, a connection may still ask for an ``ALWAYS_OPEN`` path (so a balancer still sees a healthy
+    replica, and a router what it holds): ``HEADROOM`` more connections are let in, each for one such
+    request (anything else gets 503) with a short deadline for its headers (``HEADROOM_HEADER_S``);
+    past those, a connection gets its 503 and is closed at once, before it can hold a descriptor for
+    long (uvicorn's ``limit_concurrency`` would 503 health too).
     """
 
     header_timeout = 10.0  # seconds; the server sets it from its own option

@@ -16,9 +16,9 @@ import math
 
 from labkit.sampling_params import TokenLogprob
 from labkit.serve.protocol import CHAT
+from labkit.serve.text import REPLACEMENT
 
 FLOOR = -9999.0  # JSON has no -inf: a logprob below this is sent as this (vLLM's floor)
-REPLACEMENT = "\ufffd"
 
 
 def _byte_level_alphabet() -> dict[str, int]:

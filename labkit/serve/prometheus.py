@@ -111,42 +111,28 @@ class ServerMetrics:
 
     def _add_histograms(self, max_model_len: int) -> None:
         """Each finished request's latencies, at vLLM's bucket edges, and its prompt and answer lengths."""
-        make = self._make
-        self.ttft = make(
-            Histogram,
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            buckets=TTFT_BUCKETS,
+
+        def histogram(name: str, documentation: str, buckets) -> Histogram:
+            return self._make(Histogram, name, documentation, buckets=buckets)
+
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
         )
-        self.itl = make(
-            Histogram,
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            buckets=TOKEN_GAP_BUCKETS,
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", TOKEN_GAP_BUCKETS
         )
-        self.e2e = make(
-            Histogram,
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            buckets=REQUEST_LATENCY_BUCKETS,
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS
         )
-        self.queue = make(
-            Histogram,
+        self.queue = histogram(
             "vllm:request_queue_time_seconds",
             "Histogram of time spent in WAITING phase for request.",
-            buckets=REQUEST_LATENCY_BUCKETS,
+            REQUEST_LATENCY_BUCKETS,
         )
-        self.request_prompt = make(
-            Histogram,
-            "vllm:request_prompt_tokens",
-            "Number of prefill tokens processed.",
-            buckets=buckets_1_2_5(max_model_len),
-        )
-        self.request_generation = make(
-            Histogram,
-            "vllm:request_generation_tokens",
-            "Number of generation tokens processed.",
-            buckets=buckets_1_2_5(max_model_len),
+        lengths = buckets_1_2_5(max_model_len)
+        self.request_prompt = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", lengths)
+        self.request_generation = histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", lengths
         )
 
     def watch_tier(self, tier, block_size: int) -> None:
@@ -158,13 +144,8 @@ class ServerMetrics:
 
     def on_step(self, record: StepRecord) -> None:
         """After each engine step, from its record: the batch it ran, the queue behind it, the cache it
-        filled and found, and its speculation.
-
-        The prefix cache's queries are the prompt tokens of the requests the step admitted (looked up in
-        the cache), its hits those found there; hits / queries is the hit rate, as in vLLM. Both stay 0
-        with prefix caching off. Speculation counts requests that verified drafts, draft tokens verified,
-        and those accepted.
-        """
+        filled and found (the prompt tokens of the requests it admitted, and those found cached: both 0 with
+        prefix caching off), and its speculation."""
         self.running.set(record.num_active)
         self.waiting.set(record.num_waiting)
         self.kv_usage.set(record.blocks_used / max(record.blocks_total, 1))

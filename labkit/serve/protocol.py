@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from labkit.sampling_params import MAX_BIAS, MAX_LOGPROBS, SamplingParams
 
@@ -102,22 +102,13 @@ class CompletionRequest:
             )
         if self.min_tokens > max_tokens:
             raise bad("min_tokens", f"min_tokens ({self.min_tokens}) must not be above max_tokens ({max_tokens}).")
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            seed=self.seed,
-            ignore_eos=self.ignore_eos,
-            stop_token_ids=self.stop_token_ids,
-            min_p=self.min_p,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty,
-            logit_bias=self.logit_bias,
-            min_tokens=self.min_tokens,
-            logprobs=self.logprobs,
-        )
+        # the request's sampling fields carry SamplingParams' own names (and meanings)
+        same = {
+            setting.name: getattr(self, setting.name)
+            for setting in fields(SamplingParams)
+            if hasattr(self, setting.name)
+        }
+        return SamplingParams(**{**same, "max_tokens": max_tokens})
 
 
 def parse_request(body: object, kind: str) -> CompletionRequest:

@@ -79,39 +79,36 @@ class ReplicaProcesses:
     def watch(self, stop: threading.Event, max_restarts: int = DEFAULT_MAX_RESTARTS, every_s: float = 0.5) -> None:
         """Until ``stop`` is set: reap each replica that exited and start it again, or say it stays down."""
         while not stop.wait(every_s):
-            with self._lock:
-                if stop.is_set():
-                    return
-                self._check_children(max_restarts)
+            self.check_children(max_restarts, stop)
 
-    def check_children(self, max_restarts: int = DEFAULT_MAX_RESTARTS) -> None:
-        """One pass of :meth:`watch`: reap each replica that exited, start it again or report it."""
+    def check_children(self, max_restarts: int = DEFAULT_MAX_RESTARTS, stop: threading.Event | None = None) -> None:
+        """One pass of :meth:`watch`: reap each replica that exited, start it again or report it (none once ``stop``
+        is set: the replicas are being stopped)."""
         with self._lock:
-            self._check_children(max_restarts)
-
-    def _check_children(self, max_restarts: int) -> None:
-        for i, process in enumerate(self.processes):
-            if i in self.given_up or process.poll() is None:  # poll() reaps an exited child
-                continue
-            if self.restarts[i] < max_restarts:
-                self.restarts[i] += 1
-                log.warning(
-                    "labkit route: the replica %s exited with status %s; starting it again (%d of %d)",
-                    self.urls[i],
-                    process.returncode,
-                    self.restarts[i],
-                    max_restarts,
-                )
-                self.processes[i] = self._spawn(self.ports[i])
-            else:
-                self.given_up.add(i)
-                log.warning(
-                    "labkit route: the replica %s exited with status %s after %d restarts; it stays down "
-                    "(the others serve on)",
-                    self.urls[i],
-                    process.returncode,
-                    max_restarts,
-                )
+            if stop is not None and stop.is_set():
+                return
+            for i, process in enumerate(self.processes):
+                if i in self.given_up or process.poll() is None:  # poll() reaps an exited child
+                    continue
+                if self.restarts[i] < max_restarts:
+                    self.restarts[i] += 1
+                    log.warning(
+                        "labkit route: the replica %s exited with status %s; starting it again (%d of %d)",
+                        self.urls[i],
+                        process.returncode,
+                        self.restarts[i],
+                        max_restarts,
+                    )
+                    self.processes[i] = self._spawn(self.ports[i])
+                else:
+                    self.given_up.add(i)
+                    log.warning(
+                        "labkit route: the replica %s exited with status %s after %d restarts; it stays down "
+                        "(the others serve on)",
+                        self.urls[i],
+                        process.returncode,
+                        max_restarts,
+                    )
 
     def _wait_healthy(self, process: subprocess.Popen, output, url: str) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -131,18 +128,15 @@ class ReplicaProcesses:
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM each (they drain), then kill whichever is still there after ``grace_s``."""
         with self._lock:
-            self._stop(grace_s)
-
-    def _stop(self, grace_s: float) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.terminate()
-        deadline = time.monotonic() + grace_s
-        for process in self.processes:
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        for output in self.logs:
-            output.close()
+            for process in self.processes:
+                if process.poll() is None:
+                    process.terminate()
+            deadline = time.monotonic() + grace_s
+            for process in self.processes:
+                try:
+                    process.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            for output in self.logs:
+                output.close()

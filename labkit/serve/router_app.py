@@ -9,9 +9,8 @@ it went, a stream event by event, with headers saying which replica served it, h
 predicted cached there and from what (``kv_events`` or ``shadow``); the replica's own count is its usage's
 ``prompt_tokens_details.cached_tokens``.
 
-Only replicas in service are offered to the policy (:mod:`~labkit.serve.router_health`): one that refuses a
-connection, closes it before answering, dies mid-answer, says it is draining or fails its health check is
-ejected at once and readmitted once its ``/health`` answers 200 again.
+Only replicas in service are offered to the policy (:mod:`~labkit.serve.router_health` says when one is ejected
+and readmitted).
 
 Nothing is lost, nothing is served twice. A replica that refuses the connection, closes it before answering or
 answers 5xx (a draining ``labkit serve`` answers 503) has sent no byte of an answer: the request goes on to the
@@ -31,20 +30,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from labkit.engine.interfaces import ReplicaView, RequestView, Router
-from labkit.serve.body import answer_api_error, answer_http_error, read_json
+from labkit.serve.body import ERROR_HANDLERS, read_json
 from labkit.serve.protocol import CHAT, COMPLETION, APIError
 from labkit.serve.router_caches import FleetCaches
 from labkit.serve.router_health import HEALTH_TIMEOUT_S, ReplicaHealth, is_draining
@@ -132,11 +130,6 @@ def build_router_app(routing: Routing) -> Starlette:
     async def forward_completion(request: Request) -> Response:
         return await forward(request, "/v1/completions")
 
-    # Starlette types a handler as taking any Exception; each of these is called only with its own kind
-    handlers: dict[Any, Callable[..., Awaitable[Response]]] = {
-        APIError: answer_api_error,
-        HTTPException: answer_http_error,
-    }
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", forward_chat, methods=["POST"]),
@@ -145,7 +138,7 @@ def build_router_app(routing: Routing) -> Starlette:
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
         ],
-        exception_handlers=handlers,
+        exception_handlers=ERROR_HANDLERS,
         lifespan=_lifespan,
     )
     app.state.routing = routing
@@ -179,18 +172,14 @@ def _headers(request: Request) -> dict[str, str]:
 
 
 async def forward(request: Request, path: str) -> Response:
-    """Send one completion or chat request to the replica the policy picks, or the next that takes it."""
+    """Send one completion or chat request to the replica the policy picks, or to the next that takes it (see the
+    module's doc)."""
     routing = _routing(request)
     assert routing.client is not None, "the app's lifespan opens the client"
     body = await read_json(request, routing.read_timeout)
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
     content = json.dumps(body).encode()
-    return await _dispatch(routing, request, path, body, content)
-
-
-async def _dispatch(routing: Routing, request: Request, path: str, body: dict, content: bytes) -> Response:
-    """Send the request to the replica the policy picks, or to the next that takes it (see the module's doc)."""
     view = await routing.view(body, path)
     failures: list[str] = []
     tried, cached = routing.pick(view)
@@ -233,16 +222,19 @@ async def _send(
     A replica that takes too long to start answering is a 504: it may still be serving the request."""
     assert routing.client is not None
     url = routing.urls[replica]
+
+    def refused(err: Exception, said: str, reason: str) -> None:
+        routing.leave(replica)
+        failures.append(f"{url} {said} ({type(err).__name__})")
+        routing.metrics.retries.labels(url).inc()
+        routing.replicas.eject(replica, reason)
+
     routing.enter(replica)
     try:
         sent = routing.client.build_request("POST", url + path, content=content, headers=_headers(request))
         return await routing.client.send(sent, stream=True)
     except (httpx.ConnectError, httpx.ConnectTimeout) as err:
-        routing.leave(replica)
-        failures.append(f"{url} refused the connection ({type(err).__name__})")
-        routing.metrics.retries.labels(url).inc()
-        routing.replicas.eject(replica, "refused a connection")
-        return None
+        refused(err, "refused the connection", "refused a connection")
     except httpx.TimeoutException:
         routing.leave(replica)
         routing.metrics.errors.labels("replica_timeout").inc()
@@ -254,14 +246,11 @@ async def _send(
             code="replica_timeout",
         ) from None
     except httpx.TransportError as err:  # it closed the connection before any status line: nothing answered
-        routing.leave(replica)
-        failures.append(f"{url} closed the connection before answering ({type(err).__name__})")
-        routing.metrics.retries.labels(url).inc()
-        routing.replicas.eject(replica, "closed a connection before answering")
-        return None
+        refused(err, "closed the connection before answering", "closed a connection before answering")
     except BaseException:  # cancelled, or a bug: the replica is not left counted busy
         routing.leave(replica)
         raise
+    return None  # it refused: the next replica is tried
 
 
 async def models(request: Request) -> Response:

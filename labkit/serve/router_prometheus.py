@@ -2,35 +2,18 @@
 
 The names follow SGLang's router (``sgl_router_*``, whose Rust code vLLM Router was forked from), with
 ``labkit_router_`` in place of ``sgl_router_`` since this is neither; the label ``worker`` is the replica's URL,
-as there. Counters show ``_total`` appended, as Prometheus counters do.
-
-- ``labkit_router_processed_requests_total{worker}``: requests the router forwarded there and that replica
-  answered (any status below 500); sgl_router_processed_requests_total.
-- ``labkit_router_running_requests{worker}``: requests in flight there now, from the router's side (forwarded,
-  answer not yet fully relayed): the load ``least_loaded`` and ``cache_aware`` read;
-  sgl_router_running_requests.
-- ``labkit_router_cache_hits_total{worker}`` / ``labkit_router_cache_misses_total{worker}``: requests the
-  router sent there predicting a cached prefix of the prompt (from the replica's KV events or the shadow index),
-  or none; the router's prediction, not the replica's count (that is the replica's own
-  ``vllm:prefix_cache_hits``); sgl_router_cache_hits_total / _misses_total (which SGLang counts over all workers).
-- ``labkit_router_predicted_cached_tokens_total{worker}``: the prompt tokens predicted cached there (labkit's own).
-- ``labkit_router_retries_total{worker}``: requests that replica refused before answering (no connection, a 5xx,
-  a connection closed before any answer), each then sent on to the next replica not yet tried, if one is left;
-  sgl_router_retries_total.
-- ``labkit_router_ejections_total{worker}`` / ``labkit_router_readmissions_total{worker}``: times the replica was
-  taken out of service (refused, died, drained, failed its health check) and put back (its health check passed
-  again); ``labkit_router_worker_up{worker}`` is 1 while it is in service, 0 while ejected
-  (:mod:`~labkit.serve.router_health`); labkit's own, as Envoy's ``outlier_detection.ejections_total``.
-- ``labkit_router_request_errors_total{reason}``: requests the router itself answered with an error
-  (``no_replica_available``, ``replica_timeout``, ``replica_failed_mid_answer``);
-  sgl_router_request_errors_total.
+as there. Counters show ``_total`` appended, as Prometheus counters do. SGLang's are ``processed_requests``
+(answered below 500), ``running_requests`` (in flight from the router's side: the load ``least_loaded`` and
+``cache_aware`` read), ``cache_hits`` / ``cache_misses`` (which SGLang counts over all workers), ``retries`` and
+``request_errors{reason}`` (``no_replica_available``, ``replica_timeout``, ``replica_failed_mid_answer``).
+labkit's own: ``predicted_cached_tokens``, and ``ejections`` / ``readmissions`` / ``worker_up``
+(:mod:`~labkit.serve.router_health`, as Envoy's ``outlier_detection.ejections_total``). Each metric's help says
+what it counts. A cache hit is the router's prediction (from the replica's KV events or the shadow index), not
+the replica's count: that is the replica's own ``vllm:prefix_cache_hits``.
 
 Beside its own, the router shows what each replica says of itself, read from the replica's ``/metrics`` when
 its own are read, with vLLM's names and the label ``worker`` added (as vLLM's production-stack router reads its
-engines' stats): ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` (the replica's batch and its
-queue), ``vllm:kv_cache_usage_perc``, and ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total``
-(prompt tokens looked up and found in its prefix cache: the hits the router's prediction was after). A replica
-that does not answer is left out.
+engines' stats): :data:`REPLICA_FAMILIES`. A replica that does not answer is left out.
 
 Each router has its own registry, so several can live in one process (tests, notebooks).
 """
@@ -81,10 +64,9 @@ class RouterMetrics:
         self.errors = counter(
             "labkit_router_request_errors", "Requests the router answered with an error itself.", ["reason"]
         )
+        per_replica = (self.processed, self.running, self.hits, self.misses, self.cached_tokens, self.retries)
         for url in urls:  # every series shows from the start, at 0
-            for metric in (self.processed, self.running, self.hits, self.misses, self.cached_tokens, self.retries):
-                metric.labels(url)
-            for metric in (self.ejections, self.readmissions):
+            for metric in (*per_replica, self.ejections, self.readmissions):
                 metric.labels(url)
             self.up.labels(url).set(1)
 

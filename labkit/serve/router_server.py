@@ -15,13 +15,9 @@ from labkit.serve.router_app import Routing, build_router_app
 from labkit.serve.uvicorn_thread import ReadyServer, UvicornThread, bound_socket
 
 
-class RouterServer(ReadyServer):
-    """Uvicorn's server for the router."""
-
-
 def make_router_server(
     routing: Routing, host: str = "127.0.0.1", port: int = 8000, max_connections: int = 1000
-) -> tuple[RouterServer, socket.socket]:
+) -> tuple[ReadyServer, socket.socket]:
     """A uvicorn server for the router bound to ``host:port`` (not started), and its socket."""
     guard.raise_open_file_limit()
     guard.install_log_limits()
@@ -37,7 +33,7 @@ def make_router_server(
         timeout_graceful_shutdown=1,
     )
     sock = bound_socket(host, port)
-    return RouterServer(config), sock
+    return ReadyServer(config), sock
 
 
 class RouterThread(UvicornThread):

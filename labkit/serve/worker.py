@@ -10,21 +10,12 @@ reach the event loop together, in one ``call_soon_threadsafe`` (one wake-up per 
 per request): each wake-up costs the engine thread a write to the loop's self-pipe and a turn
 of the GIL given to the event loop, time that no step runs in.
 
-Before it accepts a request, :meth:`EngineWorker.submit` can ask an admission hook (see
-:mod:`~labkit.serve.admission`) whether the queue it would join still keeps the server's
-promise; a hook that says no turns the request away with 503 and ``Retry-After``.
-
 The loop also turns each request's tokens into text (:class:`~labkit.serve.text.TextStream`),
 so a stop string ends the request right there, before another step runs, and the counters
 count exactly the tokens the client is sent (as vLLM's output processor does), and the
-decoding stays off the event loop.
-
-With prefix caching on, the worker publishes the prefix cache's block events (:mod:`labkit.kv.kv_events`: stored,
-removed, cleared) to a :class:`~labkit.kv.kv_events.KVEventLog` that ``GET /kv_events`` reads, and notes how
-many of each request's prompt tokens its prefix cache held when the request started (its ``usage``'s
-``prompt_tokens_details.cached_tokens``, as OpenAI's API reports it).
-
-The loop also feeds :class:`~labkit.serve.prometheus.ServerMetrics` from each step's record
+decoding stays off the event loop. It notes how many of each request's prompt tokens the prefix cache
+held when the request started (its ``usage``'s ``prompt_tokens_details.cached_tokens``, as OpenAI's API
+reports it), and it feeds :class:`~labkit.serve.prometheus.ServerMetrics` from each step's record
 (``llm.last_step``), so the counters stay whole however little of the run the engine's trace
 keeps: a long-running server bounds its trace with the engine's ``trace_window`` setting
 (``labkit serve`` sets one), and the engine's clock runs on from the server's start.
@@ -136,11 +127,7 @@ class EngineWorker:
     """Owns the engine and runs its loop in a background thread."""
 
     def __init__(
-        self,
-        llm: LLM,
-        metrics: ServerMetrics,
-        max_waiting: int | None = None,
-        admission: AdmissionHook | None = None,
+        self, llm: LLM, metrics: ServerMetrics, max_waiting: int | None = None, admission: AdmissionHook | None = None
     ):
         if max_waiting is not None and max_waiting < 1:
             raise ValueError(f"max_waiting must be at least 1 (or None for no bound), got {max_waiting}")
@@ -351,7 +338,7 @@ class EngineWorker:
         if reason != "abort":  # the client ended it because its answer was complete (a stop string)
             self._record_service(live, now)
         self._forget(live)
-        self.metrics.on_finish(reason, now - live.arrival, _queue_time(live), live.handle.prompt_len, live.num_tokens)
+        self._count_finished(live, reason, now)
         live.handle.push(APIError(499, "The request was aborted."))
         if not self.llm.has_unfinished():
             self.metrics.on_idle()
@@ -397,9 +384,7 @@ class EngineWorker:
                 self._record_service(live, now)
             self._forget(live)
             if output.finish_reason in FINISH_REASONS:
-                self.metrics.on_finish(
-                    output.finish_reason, now - live.arrival, _queue_time(live), live.handle.prompt_len, live.num_tokens
-                )
+                self._count_finished(live, output.finish_reason, now)
         live.handle.push((output, piece))
 
     def _computed(self, request_id: str, live: _Live) -> int:
@@ -425,6 +410,11 @@ class EngineWorker:
                 self._num_running -= 1
         live.state = "gone"
 
+    def _count_finished(self, live: _Live, reason: str, now: float) -> None:
+        """The metrics count it ended for ``reason``, with its latencies and lengths."""
+        queue_s = None if live.scheduled_at is None else live.scheduled_at - live.arrival
+        self.metrics.on_finish(reason, now - live.arrival, queue_s, live.handle.prompt_len, live.num_tokens)
+
     def _record_service(self, live: _Live, now: float) -> None:
         """How long it held its seat, for the admission hook's ``service_s``."""
         if live.scheduled_at is not None:
@@ -435,8 +425,7 @@ class EngineWorker:
         for request_id, live in list(self._live.items()):
             if self.error is None:
                 self.llm.abort_request(request_id)
-                elapsed = self.llm.now() - live.arrival
-                self.metrics.on_finish("abort", elapsed, _queue_time(live), live.handle.prompt_len, live.num_tokens)
+                self._count_finished(live, "abort", self.llm.now())
             self._forget(live)
             live.handle.push(error)
         self._live.clear()
@@ -460,7 +449,3 @@ def _hand_over(batch: list[tuple[Handle, tuple[RequestOutput, str] | APIError]])
     """On the event loop: one step's outputs (or errors) into their handles' queues, in order."""
     for handle, item in batch:
         handle._items.put_nowait(item)
-
-
-def _queue_time(live: _Live) -> float | None:
-    return None if live.scheduled_at is None else live.scheduled_at - live.arrival
