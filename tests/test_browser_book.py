@@ -214,9 +214,12 @@ def test_predict_first_answers_unfold_when_clicked(html: Path, opened) -> None:
         if 'class="dropdown admonition"' not in page.read_text(encoding="utf-8"):
             continue
         tab, _ = opened(page)
+        shown = tab.locator(".dropdown.admonition > :not(.admonition-title)").evaluate_all(
+            "bodies => bodies.filter(body => body.checkVisibility({visibilityProperty: true})).length"
+        )
+        assert not shown, f"{page.name}: {shown} answers are shown before the reader asks"
         for answer in tab.locator(".dropdown.admonition").all():
             body = answer.locator(":scope > :not(.admonition-title)").first
-            expect(body, f"{page.name}: an answer is shown before the reader asks").to_be_hidden()
             answer.locator(".toggle-button").click()
             expect(body, f"{page.name}: an answer stayed folded after a click").to_be_visible()
             unfolded += 1

@@ -44,9 +44,11 @@ class Figure:
         self.tab.goto(page.as_uri(), wait_until="load")
         self.tab.locator("[data-name]").first.wait_for()  # the figure has drawn its first picture
 
-    def value(self, widget: str):
-        """What a control holds now, as the figure's own document says."""
-        return self.tab.evaluate(f"() => Bokeh.documents[0].get_model_by_name({widget!r}).value")
+    def values(self, *widgets: str) -> list:
+        """What the named controls hold now, as the figure's own document says (one call to the page for all)."""
+        return self.tab.evaluate(
+            "names => names.map(name => Bokeh.documents[0].get_model_by_name(name).value)", widgets
+        )
 
     def number(self, name: str) -> float:
         """The exact number behind a figure's shown value (its data-value)."""
@@ -83,12 +85,11 @@ def test_kv_capacity_sliders_give_labkits_conversations(html: Path, browser) -> 
     figure = Figure(browser, html / "book" / "kv_memory.html")
 
     def labkit_says() -> int:
-        model = with_precision(FIGURE_MODELS[figure.value("model")], figure.value("weights"), figure.value("kv"))
-        share = round(figure.value("fraction"), 2)  # the page rounds the slider to a whole percent
+        name, weights, kv, fraction, gpu, tokens = figure.values("model", "weights", "kv", "fraction", "gpu", "tokens")
+        model = with_precision(FIGURE_MODELS[name], weights, kv)
+        share = round(fraction, 2)  # the page rounds the slider to a whole percent
         try:
-            return conversations_that_fit(
-                FIGURE_GPUS[figure.value("gpu")].memory_bytes, share, model, figure.value("tokens")
-            )
+            return conversations_that_fit(FIGURE_GPUS[gpu].memory_bytes, share, model, tokens)
         except ValueError:  # the weights alone fill that memory: the page says none fit
             return 0
 
@@ -112,8 +113,8 @@ def test_step_time_sliders_give_the_cost_models_terms(html: Path, browser) -> No
     figure = Figure(browser, html / "book" / "two_numbers.html")
 
     def check() -> tuple[float, float]:
-        cost = CostModel.from_parts(FIGURE_GPUS[figure.value("gpu")], FIGURE_MODELS[figure.value("model")])
-        batch, context = figure.value("batch"), figure.value("context")
+        gpu, model, batch, context = figure.values("gpu", "model", "batch", "context")
+        cost = CostModel.from_parts(FIGURE_GPUS[gpu], FIGURE_MODELS[model])
         step = cost.pass_breakdown(batch, batch * context)
         assert (figure.number("memory"), figure.number("compute")) == (step.memory_s * 1e3, step.compute_s * 1e3)
         assert figure.number("critical") == cost.critical_batch
@@ -140,11 +141,12 @@ def test_batching_slider_and_replies_give_the_schedulers_counts(html: Path, brow
     cost = CostModel.from_parts(FIGURE_GPUS["a100-80gb"], FIGURE_MODELS["llama-8b"], overhead_s=0.003)
 
     def check() -> list[float]:
-        lengths = [int(n) for n in figure.value("replies").replace(",", " ").split()]
+        replies, seats = figure.values("replies", "seats")
+        lengths = [int(n) for n in replies.replace(",", " ").split()]
         requests = replay_workload([0.0] * len(lengths), [8] * len(lengths), lengths)
         shown = []
         for policy in ("static", "continuous"):
-            run = summarize(simulate(requests, cost, policy, num_blocks=1000, max_num_seqs=figure.value("seats")))
+            run = summarize(simulate(requests, cost, policy, num_blocks=1000, max_num_seqs=seats))
             shown += [figure.number(f"{policy}-steps"), figure.number(f"{policy}-padded")]
             assert shown[-2:] == [run.num_steps, run.padded_slot_steps], policy
         return shown
@@ -228,6 +230,7 @@ class CapacityPlan(Figure):
 
     SELECTS = ("gpu", "model", "weights", "kv", "tp")  # in the page's order
     FIELDS = ("prompt", "answer", "promise", "load")
+    SETTINGS = SELECTS + FIELDS
 
     def choose(self, select: str, value: str) -> None:
         """Pick the option whose key (the preset's name in labkit) is ``value``, by the label a reader sees."""
@@ -261,7 +264,7 @@ class CapacityPlan(Figure):
 
     def labkit_says(self) -> dict[str, float | str]:
         """What labkit's planner (and size_fleet, given a load) says for the settings the page holds now."""
-        value = self.value
+        value = dict(zip(self.SETTINGS, self.values(*self.SETTINGS))).__getitem__
         model = with_precision(PLAN_MODELS[value("model")], value("weights"), value("kv"))
         promise, load = value("promise").strip(), value("load").strip()
         settings = dict(
