@@ -9,7 +9,7 @@ import torch
 
 from labkit.grading import CheckResult, check, compare_sequences, compare_tensors, compare_tokens, evaluate
 from labkit.grading.attempt import to_plain_data
-from labkit.grading.checks import Exercise, get_exercise
+from labkit.grading.checks import get_exercise
 from labkit.grading.feedback import to_html
 from labkit.grading.judge import expected_outputs
 from labkit.grading.judge_process import judge_result
@@ -181,27 +181,3 @@ def test_grader_never_unpickles_code_from_the_kernel(tmp_path):
     torch.save({"status": "pass", "points": 100}, tmp_path / "result.pt")
     assert "not in the grader's format" in judge_result(exercise, tmp_path, "result.pt", expected, 30).message
     assert "no result back" in judge_result(exercise, tmp_path, "absent.pt", expected, 30).message
-
-
-def test_an_oracle_that_measures_runs_once_for_every_seed():
-    """A load-test oracle measures the machine, not the seed: grading a class must not repeat it per submission."""
-    calls = []
-
-    def oracle(inputs):
-        calls.append(inputs)
-        return len(calls)
-
-    def exercise(measured_once):
-        return Exercise(
-            id=f"demo.measures_{measured_once}",
-            functions=("f",),
-            make_inputs=lambda seed: {"rates": [1, 2]},
-            oracle=oracle,
-            compare=lambda expected, got: None,
-            tested="",
-            hint="",
-            measured_once=measured_once,
-        )
-
-    assert [expected_outputs(exercise(True), seed) for seed in (1, 2, 3)] == [1, 1, 1]
-    assert [expected_outputs(exercise(False), seed) for seed in (1, 2)] == [2, 3]

@@ -39,9 +39,6 @@ class Exercise:
       model wherever there is one).
     - `compare(expected, got)`: None when right (or a `Note` to say more), else the first `Mismatch`.
     - `tested`: one line saying what is checked; `hint`: what to look at when it fails.
-    - `measured_once`: the oracle measures this machine (a load test) rather than computing from
-      the seed: its inputs do not depend on the seed, and one measurement per process serves
-      every submission (and every re-run of the check), so grading a class costs one, not sixty.
     - `builds_on`: ids of earlier exercises whose functions this one's calls by name; it is graded
       with the course's own in their place (see `labkit.labs.common.pieces`), and a notebook cell
       that runs the learner's whole chain waits for all of them (`labkit.labs.common.gate`).
@@ -64,7 +61,6 @@ class Exercise:
     hint: str
     points: float = 1.0
     run: Callable[[Sequence[Callable[..., Any]], Any], Any] = call_first_function
-    measured_once: bool = False
     builds_on: tuple[str, ...] = ()
     answers: tuple[str, ...] = ()
     source_rule: Callable[[str], Mismatch | Note | None] | None = None

@@ -50,7 +50,6 @@ def verdict(exercise: Exercise, status: str, detail: str = "", hint: str | None 
     )
 
 
-_measured: dict[str, Any] = {}  # exercise id -> the oracle's one measurement in this process
 _RECENT = 8  # oracle outputs kept per process: a notebook's check and the gate after it ask for the same one
 _recent: OrderedDict[tuple[str, int], Any] = OrderedDict()
 
@@ -62,16 +61,12 @@ def _oracle_on_cpu(exercise: Exercise, seed: int) -> Any:
 
 
 def expected_outputs(exercise: Exercise, seed: int) -> Any:
-    """The oracle's outputs for the inputs this seed gives (measured once per process, if it measures).
+    """The oracle's outputs for the inputs this seed gives.
 
     An oracle is deterministic in the seed, and some run the model for seconds, so the last few are
     kept: a notebook's ``check`` and the ``passed`` gate of the demo after it compute it once. Each
     caller gets its own copy, so no comparison can change what the next one is given.
     """
-    if exercise.measured_once:
-        if exercise.id not in _measured:
-            _measured[exercise.id] = _oracle_on_cpu(exercise, seed)
-        return _measured[exercise.id]
     key = (exercise.id, seed)
     if key in _recent:
         _recent.move_to_end(key)
