@@ -48,16 +48,18 @@ CPU_LABEL = "CPU, interpreter: correctness only, not speed"
 COPY_BYTES = 2**30  # a copy far bigger than any L2 cache
 
 
-def timed(run, gpu: bool) -> float:
-    """Seconds ``run()`` takes: on a GPU the median by CUDA events over many launches, the L2 cache flushed before
-    each (``triton.testing.do_bench``); under the interpreter one run by the wall clock (a NumPy figure)."""
+def timed(run, gpu: bool) -> tuple:
+    """``run()``'s result and the seconds it takes: on a GPU the median by CUDA events over many launches, the L2
+    cache flushed before each (``triton.testing.do_bench``); under the interpreter the run that gave the result,
+    by the wall clock (a NumPy figure: not worth a second run)."""
+    start = time.perf_counter()
+    result = run()
+    seconds = time.perf_counter() - start
     if gpu:
         from triton.testing import do_bench
 
-        return do_bench(run, warmup=25, rep=100, return_mode="median") / 1e3
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
+        seconds = do_bench(run, warmup=25, rep=100, return_mode="median") / 1e3
+    return result, seconds
 
 
 def card_bandwidth() -> dict:
@@ -66,7 +68,7 @@ def card_bandwidth() -> dict:
     properties = torch.cuda.get_device_properties(0)
     source = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
     target = torch.empty_like(source)
-    copy = copy_bandwidth(COPY_BYTES, timed(lambda: target.copy_(source), gpu=True))
+    copy = copy_bandwidth(COPY_BYTES, timed(lambda: target.copy_(source), gpu=True)[1])
     peak = peak_from_properties(properties)
     return {
         "name": properties.name,
@@ -109,9 +111,10 @@ def one_case(name: str, batch: int, context: int, device, dtype, card: dict | No
         "gather": lambda: paged_attention(0, q, k_pool, v_pool, paged),
         "sdpa": sdpa,
     }
-    outs = {path: run().float() for path, run in paths.items()}
+    results = {path: timed(run, gpu=card is not None) for path, run in paths.items()}
+    outs = {path: out.float() for path, (out, _) in results.items()}
     worst = max((outs[path] - outs["sdpa"]).abs().max().item() for path in ("kernel", "gather"))
-    seconds = {path: timed(run, gpu=card is not None) for path, run in paths.items()}
+    seconds = {path: taken for path, (_, taken) in results.items()}
     counts = case_bytes(DecodeShape([context] * batch, BLOCK_SIZE, heads, kv_heads, head_dim, k_pool.element_size()))
     row = dict(model=name, batch=batch, context=context, splits=splits, max_difference=worst, seconds=seconds)
     row["bytes"] = counts

@@ -115,12 +115,18 @@ def main() -> int:
         default=None,
         help="the fp32 model computing in bf16 (default: where oneDNN's bf16 kernels work)",
     )
+    parser.add_argument(
+        "--w8a8",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the int8 x int8 rows (CPU only; --no-w8a8 leaves them out, as on a GPU)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the rows as JSON")
     args = parser.parse_args()
     model = load_model(args.model)
     print(f"{model.config.name} on {model.device}, {model.dtype}, {torch.get_num_threads()} torch threads")
     batches = tuple(int(b) for b in args.batches.split(","))
-    others = w8a8_rows(model)
+    others = w8a8_rows(model) if args.w8a8 else {}
     bf16 = probe_prepack(model.device, torch.bfloat16).prepacked if args.bf16 is None else args.bf16
     if bf16 and model.dtype == torch.float32:  # what labkit serve's choice of bf16 costs in quality
         others["bf16 compute"] = load_model(args.model, device=model.device, dtype="bfloat16", progress=False)
