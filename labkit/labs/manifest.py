@@ -38,20 +38,20 @@ class Lab:
 
 
 LABS: tuple[Lab, ...] = (
-    Lab(1, "lab1_prefill_decode", "prefill and decode", True, 10, False, 90),
-    Lab(2, "lab2_kv_cache", "the KV cache", False, 5, False, 90),
-    Lab(3, "lab3_static_batching", "static batching", True, 5, False, 60),
-    Lab(4, "lab4_continuous_batching", "continuous batching", False, 5, False, 150),
-    Lab(5, "lab5_paged_attention", "paged attention", False, 5, False, 60),
-    Lab(6, "lab6_chunked_prefill", "chunked prefill", False, 5, False, 120),
-    Lab(7, "lab7_prefix_caching", "prefix caching", False, 5, True, 90),
-    Lab(8, "lab8_speculative_decoding", "speculative decoding", True, 3, True, 150),
-    Lab(9, "lab9_serving", "your engine behind a server, under load", True, 5, True, 180),
-    Lab(10, "lab10_fewer_bytes_more_gpus", "fewer bytes and more GPUs", True, 3, True, 120),
-    Lab(11, "lab11_the_kernel", "the paged attention kernel in Triton", False, 3, True, 90),
-    Lab(12, "lab12_beyond_one_server", "beyond one server", False, 5, True, 120),
-    Lab(13, "lab13_the_same_answer", "the same answer every time: batch-invariant kernels", False, 5, True, 90),
-    Lab(14, "lab14_mixture_of_experts", "mixture of experts: routing, dispatch, two ranks", False, 5, True, 30),
+    Lab(1, "lab1_prefill_decode", "prefill and decode", True, 10, False, 40),
+    Lab(2, "lab2_kv_cache", "the KV cache", False, 5, False, 40),
+    Lab(3, "lab3_static_batching", "static batching", True, 5, False, 20),
+    Lab(4, "lab4_continuous_batching", "continuous batching", False, 5, False, 80),
+    Lab(5, "lab5_paged_attention", "paged attention", False, 5, False, 30),
+    Lab(6, "lab6_chunked_prefill", "chunked prefill", False, 5, False, 60),
+    Lab(7, "lab7_prefix_caching", "prefix caching", False, 5, True, 30),
+    Lab(8, "lab8_speculative_decoding", "speculative decoding", True, 3, True, 80),
+    Lab(9, "lab9_serving", "your engine behind a server, under load", True, 5, True, 140),
+    Lab(10, "lab10_fewer_bytes_more_gpus", "fewer bytes and more GPUs", True, 3, True, 50),
+    Lab(11, "lab11_the_kernel", "the paged attention kernel in Triton", False, 3, True, 45),
+    Lab(12, "lab12_beyond_one_server", "beyond one server", False, 5, True, 65),
+    Lab(13, "lab13_the_same_answer", "the same answer every time: batch-invariant kernels", False, 5, True, 30),
+    Lab(14, "lab14_mixture_of_experts", "mixture of experts: routing, dispatch, two ranks", False, 5, True, 10),
 )
 
 
