@@ -25,7 +25,7 @@ from labkit.labs.lab11.kernel_cases import ATOL, BLOCK_SIZE, RTOL, compare_cases
 ENGINE = dict(max_num_seqs=4, num_blocks=48, block_size=BLOCK_SIZE)
 # Four requests of 12 to 24 tokens arriving within 10 ticks, each decoding 1 to 7 tokens: decode steps of 3 or 4
 # sequences whose contexts cross a block boundary, in a short run (each decode step runs the kernel interpreted).
-REQUESTS = dict(count=4, prompt_range=(12, 24), output_range=(2, 8), arrival_span=10)
+REQUESTS: dict[str, Any] = dict(count=4, prompt_range=(12, 24), output_range=(2, 8), arrival_span=10)
 CASES = ("q", "k_pool", "v_pool", "block_tables", "context_lens")
 
 
