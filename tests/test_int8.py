@@ -137,7 +137,7 @@ def test_tiny_model_in_int8_gives_a_request_the_same_tokens_alone_and_in_a_batch
 def test_default_model_in_int8_gives_a_request_the_same_tokens_alone_and_in_a_batch_of_8(default_model):
     llm = LLM(default_model, quantization="int8", max_model_len=512, num_blocks=128, max_num_seqs=8)
     prompts = [[{"role": "user", "content": f"Tell me one fact about the number {i}."}] for i in range(8)]
-    alone, batch = greedy_alone_and_in_a_batch(llm, prompts, 16)
+    alone, batch = greedy_alone_and_in_a_batch(llm, prompts, 8)
     assert alone == batch
     assert llm.model.weight_bytes() < default_model.weight_bytes() / 2
 

@@ -97,7 +97,7 @@ def test_labkits_kernels_equal_the_engines_attention_on_a_decode_batch(heads, kv
 def test_the_engine_with_labkits_kernel_gives_the_tokens_of_its_own_attention():
     model = tiny_model("llama", seed=0)
     prompts = [[3 + i, 5, 7, 11 + i] * (i + 1) for i in range(4)]  # 4 to 16 tokens: prompts and decodes in a step
-    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)  # the 16-token prompt's decodes read a second block
     dials = dict(num_blocks=64, block_size=16, max_num_seqs=4)
     own = LLM(model, **dials).generate(prompts, params, use_tqdm=False)
     kernel = LLM(model, attention=paged_decode.decode_attention(), **dials).generate(prompts, params, use_tqdm=False)

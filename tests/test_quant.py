@@ -119,7 +119,7 @@ def test_quality_of_the_model_against_itself_is_perfect():
 
 def test_default_model_quality_int8_close_int4_further(default_model):
     """Loose bounds that hold on any CPU: int8 barely moves the model, int4 moves it more but not far."""
-    prompts = sharegpt_quality_prompts(default_model.tokenizer, n=3)
+    prompts = sharegpt_quality_prompts(default_model.tokenizer, n=2)  # 24 positions: int8 ~96%, int4 ~67% here
     int8 = quality(default_model, quantize_model(default_model, "int8"), prompts, n_tokens=12)
     int4 = quality(default_model, quantize_model(default_model, "int4"), prompts, n_tokens=12)
     assert int8.agreement >= 0.85 and int8.mean_kl < 0.05, int8

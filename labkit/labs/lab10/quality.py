@@ -7,8 +7,6 @@ agree to float noise, and the models swapped, or labkit's quantize_model used in
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import functools
 from typing import Any
 
@@ -18,8 +16,7 @@ from labkit.labs.common.diagnose import diagnosed
 from labkit.labs.common.shared import course_model, rng
 from labkit.labs.hints import register_hints
 from labkit.labs.lab10.course import course_round_trips
-from labkit.labs.lab10.runs import model_with_weights
-from labkit.models import LlamaModel
+from labkit.labs.lab10.runs import first_layers, model_with_weights
 from labkit.models.quant import quality
 from labkit.workloads import sharegpt_quality_prompts
 
@@ -28,17 +25,6 @@ QUALITY_TOKENS = 8
 QUALITY_PROMPT_TOKENS = 48  # each call of quality reads the prompt three times; short keeps the check quick
 QUALITY_GROUPS = (32, 64)  # the check's 4-bit groups: not labkit's 128, so quantize_model(model, "int4") shows
 QUALITY_LAYERS = 4  # of the course model's 30: the same plumbing at a quarter of the cost (the LM head stays whole)
-
-
-@functools.lru_cache(maxsize=1)
-def quality_model() -> LlamaModel:
-    """The course model cut to its first ``QUALITY_LAYERS`` decoder layers (then its final norm and LM head): real
-    weights to quantize, and a model still, whose next-token choices a quantization moves."""
-    model = course_model()
-    cut = copy.copy(model)
-    cut.config = dataclasses.replace(model.config, num_layers=QUALITY_LAYERS)
-    cut.layers = model.layers[:QUALITY_LAYERS]
-    return cut
 
 
 def quality_prompts(seed: int) -> list[list[dict]]:
@@ -64,7 +50,7 @@ def quality_round_trips(group_size: int) -> dict[str, Any]:
 
 def _run_quality(functions, inputs) -> dict[str, Any]:
     trips = quality_round_trips(inputs["group_size"])
-    measured = functions[0](quality_model(), trips, inputs["prompts"], inputs["n_tokens"])
+    measured = functions[0](first_layers(course_model(), QUALITY_LAYERS), trips, inputs["prompts"], inputs["n_tokens"])
     if not isinstance(measured, dict):
         return {"returned": f"a {type(measured).__name__}"}
     others = {scheme: result for scheme, result in measured.items() if not hasattr(result, "mean_kl")}
@@ -78,7 +64,7 @@ def _run_quality(functions, inputs) -> dict[str, Any]:
 def _quality_oracle_for(seed: int) -> dict[str, Any]:
     """Built the learner's way (model_with_weights on the same round trips), so the numbers must agree nearly
     exactly; and with the two models swapped, the typical mistake (the KL the wrong way round)."""
-    inputs, model = quality_inputs(seed), quality_model()
+    inputs, model = quality_inputs(seed), first_layers(course_model(), QUALITY_LAYERS)
     oracle: dict[str, Any] = {"results": {}, "reversed": {}, "positions": QUALITY_PROMPTS * QUALITY_TOKENS}
     for scheme, trip in quality_round_trips(inputs["group_size"]).items():
         quantized = model_with_weights(model, trip)
