@@ -15,8 +15,8 @@ from labkit.capacity import SALE_EXAMPLE, plan, sale_load, size_fleet
 from labkit.grading import evaluate
 from labkit.grading.result import FAIL, NOT_DONE, PASS
 from labkit.labs import hints
-from labkit.labs.lab10 import EXACT_MULTIPLES
 from labkit.labs.lab10.course import course_round_trips
+from labkit.labs.lab10.fleet import EXACT_MULTIPLES
 from labkit.labs.lab10.runs import model_with_weights
 from labkit.models import tiny_model
 from labkit.models.quant import quantize_model

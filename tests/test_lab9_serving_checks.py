@@ -22,7 +22,6 @@ from labkit.grading.checks import get_exercise
 from labkit.grading.feedback import evaluate
 from labkit.grading.result import FAIL, NOT_DONE, PASS, Mismatch, Note
 from labkit.labs.common.pieces import Piece, course_pieces
-from labkit.labs.lab9 import SEARCH
 from labkit.labs.lab9.admission import WRONG_RULES
 from labkit.labs.lab9.capacity import (
     EXAMPLE_PROMISE,
@@ -35,6 +34,7 @@ from labkit.labs.lab9.capacity import (
     judge_sweep,
     replay_sweep,
 )
+from labkit.labs.lab9.highest_rate import SEARCH
 from labkit.serve import background
 from labkit.serve.background import measure
 from labkit.slo import Promise, from_requests, highest_rate

@@ -1,8 +1,5 @@
-"""The course's own int8 and int4 quantizers in lab 10's shapes (the grader's: its oracles and its answers).
-
-The lab asks for plain tensors (``codes, scale`` for int8; ``codes, scale, zero`` for int4, with one column of
-codes per weight column), so the adapters here give :mod:`labkit.models.quant`'s answers in exactly those shapes.
-"""
+"""The course's own int8 and int4 quantizers (:mod:`labkit.models.quant`) in the plain tensors lab 10 asks for: the
+grader's oracles and answers."""
 
 from __future__ import annotations
 

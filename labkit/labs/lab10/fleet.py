@@ -1,10 +1,6 @@
-"""Lab 10, exercise 4: the fewest GPUs that carry a load, searched over splits and replicas with labkit's planner.
-
-``fewest_gpus(load_per_s, inputs) -> (tensor_parallel, replicas)``. Checked against ``labkit.capacity.size_fleet``
-on the 10x sale, seeded variations of it, an exact multiple of what a replica carries, and a promise nothing keeps.
-Typical wrong replica counts (rounded down, ``int(x) + 1``, sized at the request ceiling) are computed for every
-case and named when they explain every answer.
-"""
+"""Lab 10, exercise 4: ``fewest_gpus(load_per_s, inputs) -> (tensor_parallel, replicas)``, the fewest GPUs that
+carry a load, against ``labkit.capacity.size_fleet``; a typical wrong replica count is named when it explains every
+answer."""
 
 from __future__ import annotations
 

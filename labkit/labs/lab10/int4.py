@@ -1,12 +1,9 @@
-"""Lab 10, exercise 2: 4-bit codes in groups of columns, a scale and a zero point per group, and the way back.
-
-``quantize_int4(weight, group_size) -> (codes, scale, zero)`` and ``dequantize_int4(...)``. Checked as int8 is
-(:mod:`~labkit.labs.lab10.int8`), with a ragged last group, a group that does not hold 0, and group sizes of 32 and
-128; a wrong layout of the groups, a forgotten zero point and a symmetric scale are each named.
-"""
+"""Lab 10, exercise 2: ``quantize_int4(weight, group_size) -> (codes, scale, zero)``, 4-bit codes in groups of
+columns with a scale and a zero point per group, and ``dequantize_int4(...)``, the way back; checked as int8 is."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -26,6 +23,7 @@ from labkit.labs.lab10.quantizers import (
     close,
     compare_dequantized,
     described,
+    first_mismatch,
     mostly,
     plain,
     real_weights,
@@ -60,29 +58,12 @@ def _run_int4(functions, cases) -> list[dict[str, torch.Tensor]]:
 
 
 def _int4_oracle(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [
-        {
-            "name": c["name"],
-            "weight": c["weight"],
-            "group_size": c["group_size"],
-            "course": c["course"],
-            "dequantized": course_dequantize_int4(*c["course"], c["group_size"]),
-        }
-        for c in cases
-    ]
+    return [dict(c, dequantized=course_dequantize_int4(*c["course"], c["group_size"])) for c in cases]
 
 
 def _groups(w: torch.Tensor, size: int) -> torch.Tensor:
     """[rows, groups, size], the ragged last group padded with zeros (which a range holding 0 already holds)."""
     return F.pad(w, (0, -w.shape[1] % size)).reshape(w.shape[0], -1, size)
-
-
-def _compare_int4(expected, got) -> Mismatch | None:
-    for case, mine in zip(expected, got):
-        mistake = _judge_int4(case, mine)
-        if mistake is not None:
-            return mistake
-    return None
 
 
 def _judge_int4(case, mine) -> Mismatch | None:
@@ -294,7 +275,7 @@ register(
             make_inputs=int4_cases,
             run=_run_int4,
             oracle=_int4_oracle,
-            compare=_compare_int4,
+            compare=functools.partial(first_mismatch, _judge_int4),
             tested="quantize_int4 on 2 seeded weights (2.5 groups of 128 a row with an all-positive group; groups "
             "of 32; each with a row of zeros) and 2 real weights of the course model (a seeded layer's o_proj, 4.5 "
             "groups a row, and down_proj): a scale per group equal to (max(group, 0) - min(group, 0)) / 15 (to "

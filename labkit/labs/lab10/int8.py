@@ -1,12 +1,9 @@
-"""Lab 10, exercise 1: symmetric int8, one scale per output row, and the weight back from its codes.
-
-``quantize_int8(weight) -> (codes, scale)`` and ``dequantize_int8(codes, scale)``. Checked on seeded weights with an
-outlier and a row of zeros and on real weights of the course model: each scale is the row's absmax / 127 and each
-weight comes back within half of it; the dequantizer, on labkit's codes, gives labkit's weight.
-"""
+"""Lab 10, exercise 1: ``quantize_int8(weight) -> (codes, scale)``, symmetric int8 with one scale per output row,
+and ``dequantize_int8(codes, scale)``, the weight back from its codes."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -25,6 +22,7 @@ from labkit.labs.lab10.quantizers import (
     close,
     compare_dequantized,
     described,
+    first_mismatch,
     plain,
     real_weights,
     rounding_mistake,
@@ -55,23 +53,7 @@ def _run_int8(functions, cases) -> list[dict[str, torch.Tensor]]:
 
 
 def _int8_oracle(cases) -> list[dict[str, Any]]:
-    return [
-        {
-            "name": c["name"],
-            "weight": c["weight"],
-            "course": c["course"],
-            "dequantized": course_dequantize_int8(*c["course"]),
-        }
-        for c in cases
-    ]
-
-
-def _compare_int8(expected, got) -> Mismatch | None:
-    for case, mine in zip(expected, got):
-        mistake = _judge_int8(case, mine)
-        if mistake is not None:
-            return mistake
-    return None
+    return [dict(c, dequantized=course_dequantize_int8(*c["course"])) for c in cases]
 
 
 def _judge_int8(case, mine) -> Mismatch | None:
@@ -183,7 +165,7 @@ register(
             make_inputs=int8_cases,
             run=_run_int8,
             oracle=_int8_oracle,
-            compare=_compare_int8,
+            compare=functools.partial(first_mismatch, _judge_int8),
             tested="quantize_int8 on 2 seeded weights (one with an outlier, one square, each with a row of zeros) "
             "and 2 real weights of the course model (a seeded layer's o_proj and down_proj): one scale per row equal "
             "to its largest |w| / 127 (to fp16's rounding, as labkit stores it; a row of zeros may keep any "

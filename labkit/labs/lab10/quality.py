@@ -1,9 +1,6 @@
-"""Lab 10, exercise 3: each scheme's model built from its round trip and judged with labkit's ``quality``.
-
-``measure_quality(model, round_trips, prompts, n_tokens)``. Checked on the real model's first layers with round trips
-named unlike labkit's schemes (int4 in groups of 32 or 64), against the same models built the same way (so the numbers
-agree to float noise, and the models swapped, or labkit's quantize_model used instead, show).
-"""
+"""Lab 10, exercise 3: ``measure_quality(model, round_trips, prompts, n_tokens)``, each scheme's model built from its
+round trip and judged with labkit's ``quality``, against the same models built the same way (so the numbers agree to
+float noise, and the models swapped show)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Lab 10, what the int8 and int4 checks share: the weights they quantize and the rules any quantizer's outputs keep.
 
-A learner's numbers are judged by what they must satisfy (a scale within fp16's rounding of the formula, every code
-a whole number of the right type in range, every weight back within half a step), so an answer that stores scales
-in fp32 rather than fp16 passes as it should; the dequantizer is then run on labkit's own codes.
+A learner's numbers are judged by what they must satisfy, not compared with labkit's bit for bit, so an answer that
+stores scales in fp32 rather than fp16 passes as it should; the dequantizer is then run on labkit's own codes.
 """
 
 from __future__ import annotations
@@ -70,6 +69,11 @@ def all_zeros(scale: torch.Tensor, want: torch.Tensor, held: torch.Tensor, where
             f"{where}: a {part} of zeros does not come back as zeros (its codes are not 0)", ZEROS_HINT
         ), scale
     return None, torch.where(zeros, 0.0, scale)
+
+
+def first_mismatch(judge: Callable[[Any, Any], Mismatch | None], expected: list, got: list) -> Mismatch | None:
+    """The first case, in order, whose answer ``judge`` finds wrong."""
+    return next((mistake for mistake in map(judge, expected, got) if mistake is not None), None)
 
 
 def described(case: dict[str, Any]) -> str:

@@ -1,9 +1,5 @@
 """What lab 10's checks and notebook share: a model whose weights went through any quantize-then-dequantize
-round trip (the course's own quantizers are the grader's, in ``course.py``).
-
-``model_with_weights`` is how a learner's quantizer meets the real model: every decoder linear computes with ``round_trip(weight)``, the weight the codes stand for,
-which is what a quantized layer multiplies by after unpacking (labkit's own does the same, per call).
-"""
+round trip, which is how a learner's quantizer meets the real model."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Lab 11, exercise 3: ``decode_bytes``, the bytes one layer's decode step reads, kernel against gather-then-SDPA.
-
-Checked exactly against :func:`labkit.kernels.traffic.decode_bytes` on three shapes; the typical miscounts
-(:data:`BYTES_MISTAKES`) are computed for each, so the message names the one an answer shows.
-"""
+"""Lab 11, exercise 3: ``decode_bytes``, the bytes one layer's decode step reads, kernel against gather-then-SDPA;
+the typical miscounts are computed for each shape, so the message names the one an answer shows."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ BF16_HINT = (
     "Only the bf16 pools' case is off: keep m, l and acc in float32 (tl.zeros(..., dtype=tl.float32)) and load "
     "keys and values .to(tl.float32): a sum kept in bf16 loses all but 8 bits at every block."
 )
+TENSORS = ("q", "k_pool", "v_pool", "block_tables", "context_lens")  # a case's tensors, in the launchers' order
 OVERFLOWS = 80.0  # scores past this overflow exp in float32 (88.7) once a few are added: below it, a NaN is no overflow
 
 MISTAKES: dict[str, tuple[dict[str, Any], str]] = {  # simulate()'s switch -> what the learner is told
@@ -147,15 +148,14 @@ def _max_score(case: dict[str, Any]) -> float:
 def expected_outputs(cases: dict[str, dict[str, Any]], mistakes: tuple[str, ...]) -> dict[str, Any]:
     """Each case's right output, what each typical mistake would give, and how large its scores get: computed on
     the CPU, a value at a time (as many small steps would crawl on a GPU)."""
-    tensors = ("q", "k_pool", "v_pool", "block_tables", "context_lens")
     expected = {}
     for name, case in cases.items():
-        args = [case[key].cpu() for key in tensors]
+        args = [case[key].cpu() for key in TENSORS]
         splits = case.get("num_splits", 1)
         expected[name] = {
             "out": simulate(*args, num_splits=splits),
             "wrong": {key: simulate(*args, num_splits=splits, **MISTAKES[key][0]) for key in mistakes},
-            "max_score": _max_score(dict(zip(tensors, args))),
+            "max_score": _max_score(dict(zip(TENSORS, args))),
             "hint": BF16_HINT if case["k_pool"].dtype == torch.bfloat16 else None,
         }
     return expected

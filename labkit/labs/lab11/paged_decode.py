@@ -1,14 +1,9 @@
-"""Lab 11, exercise 1: ``paged_decode_kernel``, PagedAttention's decode step in Triton.
-
-One program per (sequence, KV head) walks the block table, loads each block's keys and values where they lie, masks
-the last block's empty slots, and keeps a running softmax for the group of query heads that share the KV head.
-Checked under Triton's interpreter on seeded cases (:mod:`~labkit.labs.lab11.kernel_cases`) against labkit's
-reference, then (if the cases come out right) inside the engine; the cell's source must hold Triton kernels only
-that compile for an H100 (:mod:`~labkit.labs.lab11.compiled`).
-"""
+"""Lab 11, exercise 1: ``paged_decode_kernel``, PagedAttention's decode step in Triton, checked under Triton's
+interpreter on seeded cases (:mod:`~labkit.labs.lab11.kernel_cases`), then inside the engine."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -41,9 +36,7 @@ def _run_decode(functions, inputs) -> dict[str, Any]:
     ):
         return {"outs": outs, "engine": None}
 
-    def decode(q, k_pool, v_pool, block_tables, context_lens):
-        return launch_paged_decode(kernel, q, k_pool, v_pool, block_tables, context_lens)
-
+    decode = functools.partial(launch_paged_decode, kernel)
     engine = serve(inputs["requests"], "continuous", attention=decode_attention(decode), **ENGINE)
     return {"outs": outs, "engine": engine}
 

@@ -1,9 +1,5 @@
-"""Lab 11, exercise 2: ``split_kv_kernel`` and ``merge_splits_kernel``, split-KV ("flash-decoding").
-
-Each split keeps its partial max, sum and weighted values; the merge brings them to one max. Checked under Triton's
-interpreter with one, three and five splits (not powers of two, some empty), large scores and bf16
-(:mod:`~labkit.labs.lab11.kernel_cases`); the cell's source must hold Triton kernels only that compile for an H100.
-"""
+"""Lab 11, exercise 2: ``split_kv_kernel`` and ``merge_splits_kernel``, split-KV ("flash-decoding"), checked under
+Triton's interpreter on seeded cases (:mod:`~labkit.labs.lab11.kernel_cases`)."""
 
 from __future__ import annotations
 
@@ -13,16 +9,15 @@ from labkit.grading.checks import Exercise, register
 from labkit.labs.common.diagnose import diagnosed
 from labkit.labs.hints import register_hints
 from labkit.labs.lab11.compiled import kernel_rule
-from labkit.labs.lab11.kernel_cases import compare_cases, expected_outputs, split_cases
+from labkit.labs.lab11.kernel_cases import TENSORS, compare_cases, expected_outputs, split_cases
 
 
 def _run_split(functions, inputs) -> dict[str, Any]:
     from labkit.kernels.paged_decode import launch_split_kv
 
     split_kernel, merge_kernel = functions
-    keys = ("q", "k_pool", "v_pool", "block_tables", "context_lens")
     return {
-        name: launch_split_kv(split_kernel, merge_kernel, *(case[k] for k in keys), case["num_splits"])
+        name: launch_split_kv(split_kernel, merge_kernel, *(case[k] for k in TENSORS), case["num_splits"])
         for name, case in inputs.items()
     }
 

@@ -1,12 +1,8 @@
 """The typical wrong kernels of lab 11, simulated in PyTorch, so a check can say which mistake an output shows.
 
-:func:`simulate` walks each sequence's block table block by block as a kernel does, keeping a running
-softmax, with one switch per mistake: no rescaling when the running max grows, no max subtracted at all
-(exp overflows on large scores), the last block's empty slots not masked, a query head read against the
-wrong KV head (``head % kv_heads`` instead of ``head // group``), the block's position in the table used as
-the block itself, the running max replaced by each block's own max, and split-KV partials merged without
-bringing them to one max, or weighted by exp(max) without the overall max subtracted. Exponentials are taken
-in float32's range, as a kernel's are. With every switch off it is the right answer.
+:func:`simulate` walks each sequence's block table block by block as a kernel does, keeping a running softmax, with
+one switch per mistake; exponentials are taken in float32's range, as a kernel's are. With every switch off it is
+the right answer.
 """
 
 from __future__ import annotations
@@ -60,12 +56,9 @@ class Walk:
 
     def __init__(self, q, k_pool, v_pool, tables, seq, length, **mistakes: bool):
         self.q, self.k_pool, self.v_pool, self.tables, self.seq, self.length = q, k_pool, v_pool, tables, seq, length
-        self.rescale, self.subtract_max, self.mask_tail = (
-            mistakes["rescale"],
-            mistakes["subtract_max"],
-            mistakes["mask_tail"],
-        )
-        self.use_table, self.block_max = mistakes["use_table"], mistakes["block_max"]
+        self.rescale, self.subtract_max = mistakes["rescale"], mistakes["subtract_max"]
+        self.mask_tail, self.use_table = mistakes["mask_tail"], mistakes["use_table"]
+        self.block_max = mistakes["block_max"]
 
     def __call__(self, head: int, kv_head: int, blocks: range) -> tuple[float, float, torch.Tensor]:
         """(running max, running sum, weighted values) after ``blocks``, in float64."""

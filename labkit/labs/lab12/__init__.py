@@ -1,23 +1,8 @@
 """Lab 12, beyond one server: a router that finds the cache, a slower tier for evicted blocks, prefill and decode apart.
 
-Three exercises, each checked here or in its own module (importing this package registers all three checks):
-
-- ``cache_aware_route(replicas, max_imbalance)`` (``lab12.cache_aware``, below): the replica holding the longest
-  cached prefix of the request's prompt, among those at most ``max_imbalance`` requests busier than the least busy;
-  the least loaded among equals, then the lowest index. Checked on seeded sets of
-  :class:`~labkit.engine.interfaces.ReplicaView` (the cache within the bound, a hot replica past it, a
-  replica exactly at it, ties in cache, nothing cached anywhere, a bound of 0, seeded random fleets) against
-  labkit's :class:`~labkit.engine.fleet.CacheAware`; a wrong answer is compared with the typical mistakes
-  (:data:`MISTAKES`) so the message names the one it shows.
-- ``reload_or_recompute(prompt_tokens, cached_tokens, tier_blocks, block_size, costs)``
-  (``lab12.reload_or_recompute``, :mod:`~labkit.labs.lab12.tier`): the blocks worth reloading from the slower tier
-  on measured costs, or none.
-- ``hand_off_kv(source_k, source_v, table, num_tokens, allocator, target_k, target_v, seq_id)``
-  (``lab12.kv_handoff``, :mod:`~labkit.labs.lab12.handoff`): a request's K/V copied into another engine's pool.
-
-Then the notebook replays multi-turn ShareGPT chats on two real replicas under four policies
-(:mod:`~labkit.labs.lab12.replay`), and runs the tier and the hand-off with the learner's functions
-(:mod:`~labkit.labs.lab12.runs`).
+Part 1's check, ``cache_aware_route`` against labkit's :class:`~labkit.engine.fleet.CacheAware`, is here; parts 2 and 3
+are checked in :mod:`~labkit.labs.lab12.tier` and :mod:`~labkit.labs.lab12.handoff` (importing this package registers
+all three, in the order the notebook shows them).
 """
 
 from __future__ import annotations

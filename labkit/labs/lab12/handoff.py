@@ -1,15 +1,8 @@
 """Lab 12, prefill and decode apart: the learner moves a request's KV cache from one engine's pools to another's.
 
-``hand_off_kv(source_k, source_v, table, num_tokens, allocator, target_k, target_v, seq_id)`` takes, for every
-layer, the K and V of the sequence's first ``num_tokens`` tokens from the source pools (read through its block
-table ``table``, the last partial block included), allocates the target's blocks through ``allocator`` (the
-engine's seam: ``allocator.allocate(seq_id, num_tokens)``), writes the tokens into them in table order, and returns
-the target's block table. Checked on seeded pools (a shuffled source table, a target pool with another sequence
-already in it, prompts ending mid-block and on a block boundary) and then inside two engines: a prefill engine hands
-each request to a decode engine through the learner's copy, and every request must say what it says alone.
-
-A wrong answer is compared with the typical mistakes (:func:`simulate`'s switches) so the message names the one it
-shows.
+``hand_off_kv`` is checked on seeded pools, then inside two engines: a prefill engine hands each request to a decode
+engine through the learner's copy, and every request must say what it says alone. A wrong answer is compared with
+the typical mistakes (:func:`simulate`'s switches) so the message names the one it shows.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Lab 12's measurement: a multi-turn chat replay on two real replicas of the course model, one policy at a time.
 
-Every conversation starts with one shop's system prompt and resends its history each turn
-(:func:`~labkit.workloads.sharegpt_multiturn`), so there are two caches to find: the system prompt, which
-every replica may hold, and a conversation's history, which only the replica that served its last turn holds.
-The replicas run in this process, each timed as if on a machine of its own
-(:func:`~labkit.engine.fleet.serve_workload_on_fleet`), and replica 0 has served one chat before the replay
-starts (a fleet that has been running), so it is the one replica that holds the system prompt at first.
+Every conversation starts with one shop's system prompt and resends its history each turn, so there are two caches
+to find: the system prompt, which every replica may hold, and a conversation's history, which only the replica that
+served its last turn holds. Replica 0 has served one chat before the replay starts (a fleet that has been running).
 """
 
 from __future__ import annotations
@@ -139,12 +136,3 @@ class PolicyTable:
         """:meth:`add` ``policy``, then print the table so far."""
         self.add(policy)
         print("\n".join([HEADER, *map(str, self.rows)]))
-
-
-def compare_policies(model, workload: Workload, routers: Mapping[str, Router]) -> list[PolicyRow]:
-    """Every policy's replay in one call, printed as a table as it goes (the lab runs one a cell: PolicyTable)."""
-    table = PolicyTable(model, workload, routers)
-    print(HEADER)
-    for name in table.routers:
-        print(table.add(name))
-    return table.rows

@@ -1,10 +1,6 @@
-"""What parts 2 and 3 of lab 12 run with the learner's functions: returning conversations with the tier off and on
-(the learner's ``reload_or_recompute`` deciding, on costs measured here), and a prefill engine handing requests to a
-decode engine through the learner's ``hand_off_kv``, against one engine doing both.
-
-Kept short (a few seconds on one thread): the point is the pattern, which ``scripts/kv_tier_bench.py`` measures at
-more lengths.
-"""
+"""What parts 2 and 3 of lab 12 run with the learner's functions: the tier off and on, and a prefill engine handing
+requests to a decode engine, against one engine doing both. Kept short (a few seconds on one thread): the point is
+the pattern, which ``scripts/kv_tier_bench.py`` measures at more lengths."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
 """Lab 12, the tier's decision: reload a run of blocks found in the slower tier, or compute its tokens again.
 
-``reload_or_recompute(prompt_tokens, cached_tokens, tier_blocks, block_size, costs)`` returns the positions of the
-blocks to reload (a run that starts where the pool's run ended), or [] to compute them. The engine calls it as
-its ``reload_policy`` (with the costs bound), and the costs are the learner's own measurements on this machine
-(``labkit.kv.tier_policy.TierCosts``: a fixed cost per reload, a cost per block, a prefill cost per token).
-
-Checked on seeded cases built so that each typical mistake gives a different answer from the right one on at
-least one case: reloading whatever the costs say, comparing the cost of a block against that of one token,
-leaving out the fixed cost, reloading the block that holds the prompt's last token, and counting positions
-from the prompt's start instead of from where the pool's run ended.
+``reload_or_recompute`` is the engine's ``reload_policy``, deciding on the learner's own measurements of this machine.
+The seeded cases are built so that each typical mistake answers at least one of them wrongly.
 """
 
 from __future__ import annotations
@@ -103,10 +96,8 @@ MISTAKES: dict[str, tuple[Callable[..., list[int]], str]] = {
 
 
 def tier_cases(seed: int) -> list[dict[str, Any]]:
-    """Six cases, each telling one mistake apart: a long run worth reloading mid-prompt, a block that costs more
-    than a token but less than its tokens, a short run under a large fixed cost, a long run under a fixed cost worth
-    paying once (not once per block, and not against one block's recompute), a prompt that fills its last block,
-    and a slow tier that never pays. Drawn from one seeded generator, in this order."""
+    """Six cases, each telling a mistake apart (the makers below say which), drawn from one seeded generator in
+    this order."""
     r = rng(seed)
     cases = [_long_run(r)]
     per_token = 1e-3 * _jitter(r)

@@ -1,20 +1,8 @@
 """Lab 13, the same answer every time: why a request's bits change with its batch, and kernels whose bits do not.
 
-Three exercises, each checked here or in its own module (importing this package registers all three checks):
-
-- ``which_moved(operations, crowd)`` (``lab13.which_moved``, below): the names of the operations whose result for
-  row 0 is not bit for bit the same in a batch of 2, 3, ... rows as alone. Checked on seeded operations built to
-  move (or not) in known ways on every machine: one whose sum changes order past one row, one only at two or
-  three rows (as MKL's fp32 product did on the course's machine), one only from four rows, one that mixes the
-  rows (batch statistics), and two that never move. A wrong answer is compared with the typical mistakes
-  (:data:`MISTAKES`) so the message names the one it shows.
-- ``invariant_matmul(x, weight, matmul, tile_rows)`` (``lab13.invariant_matmul``,
-  :mod:`~labkit.labs.lab13.matmul`): a product on tiles of exactly ``tile_rows`` rows, whatever the batch.
-- ``split_kv_attention(q, keys, values, length, split_size, partial)`` (``lab13.split_kv``,
-  :mod:`~labkit.labs.lab13.split_kv`): split-KV with a fixed split size and its merge.
-
-The notebook then runs the learner's functions on this machine's own kernels and labkit's deterministic engine
-(:mod:`~labkit.labs.lab13.runs`); the stand-in kernels the checks hand over are in :mod:`~labkit.labs.lab13.kernels`.
+Part 1's check, ``which_moved`` on seeded operations built to move (or not) in known ways on every machine, is here;
+parts 2 and 3 are checked in :mod:`~labkit.labs.lab13.matmul` and :mod:`~labkit.labs.lab13.split_kv` (importing
+this package registers all three, in the order the notebook shows them).
 """
 
 from __future__ import annotations

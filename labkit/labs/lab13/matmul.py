@@ -1,11 +1,6 @@
-"""Lab 13, exercise 2: a matmul whose every row comes out the same whatever the batch, by tiles of fixed rows.
-
-``invariant_matmul(x, weight, matmul, tile_rows)`` multiplies ``x`` [n, k] by ``weight`` [out, k] (``x @ weight.T``)
-through ``matmul``, a library whose order of adding depends on the number of rows it is handed (the stand-in
-:class:`~labkit.labs.lab13.kernels.RowPathMatmul`, the same on every machine), giving it only tiles of exactly
-``tile_rows`` rows. Checked on seeded crowds at several batch sizes and two tile sizes: every row must have the
-bits the 16-row tiles give (and each product call exactly ``tile_rows`` rows); a wrong answer is compared with the
-typical mistakes so the message names the one it shows.
+"""Lab 13, exercise 2: ``invariant_matmul(x, weight, matmul, tile_rows)``, a matmul whose every row comes out the
+same whatever the batch, by handing ``matmul`` (a stand-in library whose order of adding depends on the number of rows
+it is handed, :class:`~labkit.labs.lab13.kernels.RowPathMatmul`) only tiles of exactly ``tile_rows`` rows.
 """
 
 from __future__ import annotations

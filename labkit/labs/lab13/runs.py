@@ -1,10 +1,6 @@
-"""What lab 13's notebook runs on this machine: the same prompts alone and in a crowd, this machine's own kernels
-probed row by row, one query in four places, and what labkit's deterministic engine costs.
-
-Everything here prints what this machine showed and decides nothing: whether a kernel moves with the batch depends
-on the CPU, its BLAS and torch's build, so the lab's checks use stand-ins (:mod:`~labkit.labs.lab13.kernels`) and
-these runs only report.
-"""
+"""What lab 13's notebook runs on this machine. Everything here prints what this machine showed and decides nothing:
+whether a kernel moves with the batch depends on the CPU, its BLAS and torch's build, so the lab's checks use
+stand-ins (:mod:`~labkit.labs.lab13.kernels`) and these runs only report."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Lab 13, exercise 3: split-KV with a fixed split size, so a query's sum over its keys is cut the same way in a
-decode, in a crowd, in a prefill and in a chunk of one.
-
-``split_kv_attention(q, keys, values, length, split_size, partial)``: one query row ``q`` [H, D] attends to the first
-``length`` of ``keys``/``values`` [T, H, D] (T >= length: the step's tensor is as wide as the batch's longest
-context, or the whole prompt in a prefill, and what lies past ``length`` is not this query's). The keys are cut into
-splits of ``split_size`` counted from key 0; ``partial`` (:func:`~labkit.labs.lab13.kernels.split_partial`) gives each
-split's (max, sum, weighted values); the merge rescales them to one max. Checked on seeded queries, each in four
-places (decode, a padded crowd, the prompt's prefill, a chunk), with large scores once: close to attention, the
-splits of ``split_size`` keys, and the same bits in every place.
+"""Lab 13, exercise 3: ``split_kv_attention(q, keys, values, length, split_size, partial)``, split-KV with a fixed
+split size, so a query's sum over its keys is cut the same way in a decode, in a crowd, in a prefill and in a chunk
+of one; checked on seeded queries, each in those four places.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """Lab 8, exercise 2: ``accept_greedy(draft, target_argmax)``, the longest prefix of the draft the target agrees
-with, plus one token of the target's own.
-
-Checked on crafted and seeded drafts, then inside the engine (:mod:`~labkit.labs.lab8.served`): every request's
-tokens equal to decoding it alone, and the same draft and accepted counts as the engine's own rule.
-"""
+with, plus one token of the target's own; checked on crafted drafts, then inside the engine."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Lab 8, exercise 4: ``accept_sampling(draft, draft_probs, target_probs, generator)``, the speculative-sampling rule.
 
-The rule is random, so it is checked by the distribution of what it returns over thousands of seeded draws
-(:mod:`~labkit.labs.lab8.sampling` names the wrong rule a distribution is closest to), then by calls made twice
-with generators seeded alike, which must return the same tokens.
+The rule is random, so it is checked by the distribution of what it returns over thousands of seeded draws.
 """
 
 from __future__ import annotations
@@ -95,13 +93,11 @@ def _run_sampling(functions, inputs) -> dict[str, Any]:
     return {"rows": rows, "repeated": repeated}
 
 
-def _draws(rows: torch.Tensor, k: int) -> list[tuple[list[int], list[int], int]]:
-    """(draft, returned tokens as kept, how many were returned) for each row of a case."""
+Draws = list[tuple[list[int], list[int], int]]  # (draft, returned tokens as kept, how many were returned) per draw
+
+
+def _draws(rows: torch.Tensor, k: int) -> Draws:
     return [(row[:k].tolist(), row[k + 1 : k + 1 + min(int(row[k]), k + 1)].tolist(), int(row[k])) for row in rows]
-
-
-def _sampling_oracle(inputs) -> dict[str, Any]:
-    return {"cases": inputs["cases"]}
 
 
 def _tokens(count: int) -> str:
@@ -120,9 +116,6 @@ def _compare_sampled_case(index, case, rows) -> Mismatch | None:
         or _bonus_token(results, p, k, where)
         or _perfect_draft(case, results, where)
     )
-
-
-Draws = list[tuple[list[int], list[int], int]]  # (draft, returned tokens as kept, how many were returned) per draw
 
 
 def _each_return(results: Draws, k: int, where: str) -> Mismatch | None:
@@ -248,7 +241,7 @@ register(
             answers=("labkit.speculative.accept.accept_sampling",),
             make_inputs=sampling_cases,
             run=_run_sampling,
-            oracle=_sampling_oracle,
+            oracle=lambda inputs: {"cases": inputs["cases"]},
             compare=_compare_sampling,
             tested=f"accept_sampling called {TRIALS} times on each of 4 seeded cases (k = 1, 2, 3, 2; one with a one-hot "
             "draft, as prompt lookup makes, one with a perfect draft, q = p): the first token returned is distributed "

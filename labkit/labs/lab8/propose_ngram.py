@@ -1,9 +1,5 @@
-"""Lab 8, exercise 1: ``propose_ngram(token_ids, k, min_n, max_n)``, prompt lookup.
-
-The last n tokens (longest n first) are searched for earlier in the sequence, and the k tokens that followed that
-occurrence are the draft. Checked against the engine's own proposer on seeded sequences; the typical mistakes are
-modelled (:data:`NGRAM_MISTAKES`) so the message names the one an answer shows.
-"""
+"""Lab 8, exercise 1: ``propose_ngram(token_ids, k, min_n, max_n)``, prompt lookup, against the engine's own
+proposer; the typical mistakes are modelled so the message names the one an answer shows."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Lab 8, exercise 3: ``rollback(request, num_rejected, blocks)``, the KV of rejected drafts undone.
-
-Checked on crafted block tables (the computed tokens moved back, exactly the blocks past them freed, the typical
-mistakes named), then inside the engine (:mod:`~labkit.labs.lab8.served`), watching every step for blocks held in
-vain.
-"""
+"""Lab 8, exercise 3: ``rollback(request, num_rejected, blocks)``, the KV of rejected drafts undone; checked on
+crafted block tables, then inside the engine, watching every step for blocks held in vain."""
 
 from __future__ import annotations
 
@@ -116,10 +112,7 @@ def _run_rollback(functions, inputs) -> dict[str, Any]:
 
 
 def _rollback_oracle(inputs) -> dict[str, Any]:
-    return {
-        "cases": inputs["cases"],
-        **engine_oracle(inputs["seed"]),
-    }
+    return {"cases": inputs["cases"], **engine_oracle(inputs["seed"])}
 
 
 def _compare_rollback(expected, got) -> Mismatch | None:

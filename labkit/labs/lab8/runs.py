@@ -1,11 +1,7 @@
 """The engine with speculation on, and a learner's proposer or acceptance rule plugged in (lab 8).
 
-The engine takes each piece of speculative decoding as a key of ``speculative_config``
-(``propose``, ``accept_greedy``, ``accept_sampling``, ``rollback``); a check swaps in the
-learner's and serves seeded requests on the course model, on a ticking clock. Prompt lookup
-only pays when the text repeats itself, so the prompts here do (a list said twice, a line of
-code written again), and the model's greedy answers go on repeating them: many drafts are
-accepted, some rejected. (The tiny random model would reject nearly every draft.)
+Prompt lookup only pays when the text repeats itself, so the prompts here do, and the course model's greedy answers
+go on repeating them: many drafts are accepted, some rejected. (The tiny random model would reject nearly every draft.)
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Judging a speculative-sampling rule by the distribution it produces (lab 8).
 
-The rule of Leviathan et al. and Chen et al. is random, so no single output is right or wrong:
-what must hold is that the first token it returns is distributed exactly as the target's own
-``p``. A check draws the draft tokens itself, calls the learner's rule thousands of times with a
-seeded generator, and compares the frequencies with ``p``. The typical wrong rules give other,
-known distributions, computed here exactly, so a failing rule can be named by the one its
-frequencies are closest to.
+The rule is random, so no single output is right or wrong: the first token it returns must be distributed exactly
+as the target's own ``p``. The typical wrong rules give other, known distributions, computed here exactly, so a
+failing rule can be named by the one its frequencies are closest to.
 """
 
 from __future__ import annotations

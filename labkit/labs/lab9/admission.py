@@ -1,11 +1,5 @@
-"""Lab 9, exercise 4: the learner's admission rule, checked on queue snapshots with known answers.
-
-``admit(queue, promise_ms)`` sees what the server knows when a request arrives (a
-:class:`~labkit.serve.admission.QueueSnapshot`) and answers ``None`` to admit or the whole seconds
-for ``Retry-After``. The oracle gives labkit's rule (``labkit.serve.admission.retry_after``) on
-every situation, and also what each typical wrong rule would answer, so that a learner whose
-answers match a wrong rule is told which mistake it is, not just which situation failed.
-"""
+"""Lab 9, exercise 4: ``admit(queue, promise_ms)``, admission control, checked on queue snapshots with known
+answers; each typical wrong rule is computed too, so a learner whose answers match one is told which mistake it is."""
 
 from __future__ import annotations
 

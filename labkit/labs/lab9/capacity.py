@@ -1,31 +1,15 @@
 """Lab 9's capacity check: the learner's SLO sweep against a real server, judged on the very measurements it made.
 
-(The grader's: the sweep's rates, load, server and promise, which the notebook uses too, are in ``load.py``.)
+The run half starts a server, measures the promise there (``load.py``) and runs the learner's ``find_capacity``
+while labkit's load tester records every load it sends; the comparison applies labkit's rule
+(:func:`labkit.slo.highest_rate`) to exactly those measurements. So the verdict never depends on how fast or busy
+the machine is: a slow machine moves the learner's measurements and the rule's alike, because they are the same.
+The learner's ``find_capacity`` runs with labkit's rule (:func:`course_highest_rate`) in place of their
+``highest_rate``, which its own exercise judges: a wrong rule costs that exercise only.
 
-The promise is relative to the machine (a GPU is far faster than two CPU cores): p99 time to
-first token within ``TTFT_FACTOR`` times, and p99 time per output token within ``TPOT_FACTOR``
-times, what one user alone sees on the same server. The run half (the notebook's kernel) starts
-a server, measures that promise there and runs the learner's ``find_capacity(url, rates,
-promise)`` against it while labkit's load tester records every load it sends
-(:func:`labkit.serve.loadtest.recording`). The comparison applies labkit's rule
-(:func:`labkit.slo.highest_rate`) to exactly those measurements, and the learner's rate must
-equal it. So the verdict never depends on how fast or busy the machine is: a slow machine moves
-the learner's measurements and the rule's alike, because they are the same ones. Besides the
-rate it checks that the sweep measured at all, sent the lab's ``LOAD`` to the server it was
-given, measured each rate once, every rate up to the first that breaks the promise and none past.
-The learner's ``find_capacity`` runs with labkit's rule (:func:`course_highest_rate`) in place of
-their ``highest_rate``, which its own exercise judges: a wrong rule costs that exercise only.
-
-On a live server the right answer and some wrong ones can coincide (a sweep that ignores the
-promise it is given and uses another, or measures every rate, passes whenever that makes no
-difference on this machine). So the learner's function then runs once more, against the same
-server but with labkit's load tester replaying stored measurements (:func:`replayed_loads`):
-there the capacity is known and mid-grid (the promise breaks at 4 req/s), and exercise 5's example
-promise would sign another rate, so those mistakes show whatever the machine.
-
-Before the live sweep, the search itself (``highest_rate``) is checked on replayed load tests with known
-answers, ``SWEEP_RATES`` apart: a tail only the p99 sees, a lost request, a rate that passes again above one
-that failed (noise), a promise no rate keeps, and a promise with two limits where the TTFT one breaks first.
+On a live server the right answer and some wrong ones can coincide (a sweep that ignores the promise it is given,
+or measures every rate), so the sweep then runs once more on stored measurements (:func:`replayed_loads`), where
+the capacity is known and those mistakes show whatever the machine.
 """
 
 from __future__ import annotations
@@ -283,10 +267,16 @@ def why_not(rates: list[float], results: dict[float, Any], promise: Promise, bes
             f"that is what exercise 5's example promise ({Promise.from_limits(EXAMPLE_PROMISE).describe()}) allows; "
             "judge by the promise find_capacity receives"
         )
-    index = {None: -1, **{rate: i for i, rate in enumerate(rates)}}
-    steps = abs(index[mine] - index[best])
-    direction = "above" if index[mine] > index[best] else "below"
+    offset = grid_offset(rates, best, mine) or 0
+    steps, direction = abs(offset), "above" if offset > 0 else "below"
     return f"yours is {steps} step{'s' if steps > 1 else ''} of the grid {direction}; pass the promise on as it is"
+
+
+def grid_offset(rates: list[float], want: float | None, mine: float | None) -> int | None:
+    """How many rates of the grid ``mine`` is above ``want`` (None counts as one below the lowest; None if
+    ``mine`` is not on the grid)."""
+    index: dict[float | None, int] = {None: -1, **{rate: i for i, rate in enumerate(sorted(rates))}}
+    return None if mine not in index else index[mine] - index[want]
 
 
 SWEEP_RATES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)

@@ -1,13 +1,8 @@
 """Lab 9, exercise 3: reading ``/metrics`` over a window, as a dashboard does: labkit's reading, seeded scrapes
 to read, and the check of the learner's ``dashboard(before_text, after_text)`` against both.
 
-A Prometheus scrape is a snapshot of counters since the server started, gauges as they are
-now, and histograms as cumulative bucket counts. A dashboard panel is a *window*: counters
-and histograms are read as the increase between two scrapes, gauges as the last reading,
-and a percentile is estimated from the bucket counts the way Prometheus'
-``histogram_quantile`` does (linear inside the bucket that holds the rank). The check's
-scrapes come from a real :class:`~labkit.serve.prometheus.ServerMetrics`, fed seeded events, so
-they are exactly what ``labkit serve`` would expose.
+The scrapes come from a real :class:`~labkit.serve.prometheus.ServerMetrics` fed seeded events, so they are exactly
+what ``labkit serve`` would expose.
 """
 
 from __future__ import annotations

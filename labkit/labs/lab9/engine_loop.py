@@ -1,17 +1,10 @@
-"""A server's engine loop driven turn by turn with scripted clients (lab 9).
+"""A server's engine loop driven turn by turn with scripted clients (lab 9), and the learner's policy behind a real
+``labkit serve``.
 
-In ``labkit serve`` one thread owns the engine; the HTTP handlers only put commands in its
-inbox ("add this request", "this client hung up") and wait for what it sends them. Each turn of
-the loop takes every command, oldest first, runs one step, and sends each request its new
-tokens. The check plays the HTTP side: clients arrive at scripted turns (two at the first), one
-hangs up mid-answer and one the moment it arrives (its add and its abort in one inbox, so the
-order they are applied in decides whether it runs), and after every turn it notes the commands
-the inbox held and the order the loop applied them in, which requests the step ran, which blocks
-each request holds and what was sent. The tiny model on a ticking clock makes every run the same.
-
-The second half is the policy check: the learner's ``continuous_schedule`` as the policy of a real
-``labkit serve``. Six clients stream greedy completions, arriving a little apart so later ones join a batch
-already running; each answer must be the text the model says alone (up to a near-tie).
+In ``labkit serve`` one thread owns the engine; the HTTP handlers only put commands in its inbox and wait for what
+it sends them. The check plays the HTTP side: clients arrive at scripted turns (two at the first), one hangs up
+mid-answer and one the moment it arrives (its add and its abort in one inbox, so their order decides whether it
+runs), and every turn is recorded. The tiny model on a ticking clock makes every run the same.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Lab 9, exercise 1: ``engine_turn(llm, inbox, send)``, one turn of a server's engine loop.
-
-Take every command the HTTP side left (add a request, abort one whose client hung up), run one step, send each
-request its new tokens. Driven with scripted clients on the tiny model (:mod:`~labkit.labs.lab9.engine_loop`):
-commands are applied oldest first, newcomers join the very next step, a hang-up frees its blocks in that turn, every
-token is streamed as it is made, and every answer equals the request decoded alone.
-"""
+"""Lab 9, exercise 1: ``engine_turn(llm, inbox, send)``, one turn of a server's engine loop, driven with scripted
+clients on the tiny model (:mod:`~labkit.labs.lab9.engine_loop`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Lab 9, exercise 6: ``find_capacity(url, rates, promise)``, the SLO sweep against a real server.
-
-Every load it sends is recorded, and the answer must equal labkit's rule applied to exactly those measurements
-(:mod:`~labkit.labs.lab9.capacity` runs and judges it). It runs with labkit's ``highest_rate`` in place of the
-learner's, which its own exercise (:mod:`~labkit.labs.lab9.highest_rate`) checks.
-"""
+"""Lab 9, exercise 6: ``find_capacity(url, rates, promise)``, the SLO sweep against a real server, judged on the
+loads it sent (:mod:`~labkit.labs.lab9.capacity`), with labkit's ``highest_rate`` in place of the learner's."""
 
 from __future__ import annotations
 

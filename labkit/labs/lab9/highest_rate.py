@@ -1,10 +1,6 @@
 """Lab 9, exercise 5: ``highest_rate(measure, rates, promise)``, the highest request rate whose p99 latencies keep
-the promise with nothing lost, measuring as few rates as it can.
-
-Compared with labkit's rule (:func:`labkit.slo.highest_rate`, the one ``labkit loadtest`` and the simulator use) on
-replayed measurements in five situations (:mod:`~labkit.labs.lab9.capacity`), each teaching one mistake
-(:data:`SEARCH_MISTAKES`); the same shift of the grid in several situations is named as an off-by-one.
-"""
+the promise with nothing lost, compared with labkit's rule on replayed measurements, each situation teaching one
+mistake; the same shift of the grid in several situations is named as an off-by-one."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ from labkit.grading.checks import Exercise, register
 from labkit.grading.result import Mismatch
 from labkit.labs.common.diagnose import diagnosed
 from labkit.labs.hints import register_hints
-from labkit.labs.lab9.capacity import SITUATIONS, highest_rate_oracle, replay, sweep_situations
+from labkit.labs.lab9.capacity import SITUATIONS, grid_offset, highest_rate_oracle, replay, sweep_situations
 
 
 def _run_search(functions, inputs) -> dict[str, Any]:
@@ -47,13 +43,6 @@ SEARCH_MISTAKES = {
     "two limits": "this promise has two limits, p99 TTFT and p99 TPOT: TPOT kept its limit at every rate, but the "
     "queue pushed the p99 TTFT over its own; check every metric of the promise",
 }
-
-
-def grid_offset(rates: list[float], want: float | None, mine: float | None) -> int | None:
-    """How many rates of the grid ``mine`` is above ``want`` (None counts as one below the lowest; None if
-    ``mine`` is not on the grid)."""
-    index: dict[float | None, int] = {None: -1, **{rate: i for i, rate in enumerate(sorted(rates))}}
-    return None if mine not in index else index[mine] - index[want]
 
 
 def off_by_one(rates: list[float], expected, got) -> Mismatch | None:

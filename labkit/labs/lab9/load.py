@@ -1,10 +1,6 @@
 """Lab 9's sweep as the notebook and its capacity check both run it: the rates, the load each rate sends, the
-server's dials, and the promise measured on that server.
-
-The promise is relative to the machine (a GPU is far faster than two CPU cores): p99 time to first token within
-``TTFT_FACTOR`` times, and p99 time per output token within ``TPOT_FACTOR`` times, what one user alone sees on the
-same server.
-"""
+server's dials, and the promise, relative to what one user alone sees on the same server (a GPU is far faster than
+two CPU cores)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Lab 9, exercise 2: the learner's lab 4 ``continuous_schedule`` as the policy of a real ``labkit serve``.
-
-Judged by lab 4's check first (where memory binds), then behind the server (:mod:`~labkit.labs.lab9.engine_loop`):
-six HTTP clients stream greedy completions, each text must be the prompt decoded alone, later clients join a batch
-already decoding, and no block is held at the end.
-"""
+"""Lab 9, exercise 2: the learner's lab 4 ``continuous_schedule``, judged by lab 4's check first, then as the policy
+of a real ``labkit serve`` (:mod:`~labkit.labs.lab9.engine_loop`)."""
 
 from __future__ import annotations
 
