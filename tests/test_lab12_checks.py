@@ -173,5 +173,9 @@ def test_the_replay_table_has_a_row_per_policy_and_serves_every_request_once(cap
     assert all(0 < row.hit_rate < 1 and math.isfinite(row.ttft_p99_ms) and row.prefill_tokens > 0 for row in rows)
     assert str(rows[2]).split()[:3] == ["cache", "only", "(no"] and "5 / 0" in str(rows[2])
     assert capsys.readouterr().out.count(replay.HEADER) == len(routers)
+    older = replay.compare_policies(
+        model, workload, routers, served_before=shared + [7]
+    )  # the one-call form notebooks handed out earlier use
+    assert [row.policy for row in older] == list(routers) and all(sum(row.served) == 5 for row in older)
     with pytest.raises(KeyError, match="its policies are round robin, least loaded"):
         table.add("random")

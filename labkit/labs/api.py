@@ -42,6 +42,7 @@ _WHERE = {
     "model_with_weights": "labkit.labs.lab10.runs",
     # lab 12: multi-turn chats replayed on two replicas, one routing policy at a time
     "chat_replay": "labkit.labs.lab12.replay",
+    "compare_policies": "labkit.labs.lab12.replay",
     "PolicyTable": "labkit.labs.lab12.replay",
     "routing_policies": "labkit.labs.lab12.replay",
     # lab 12: the tier and the hand-off run with the learner's functions

@@ -136,3 +136,13 @@ class PolicyTable:
         """:meth:`add` ``policy``, then print the table so far."""
         self.add(policy)
         print("\n".join([HEADER, *map(str, self.rows)]))
+
+
+def compare_policies(model, workload: Workload, routers: Mapping[str, Router], **options) -> list[PolicyRow]:
+    """Every policy's replay in one call, printed as a table as it goes (kept for notebooks handed out before the
+    lab ran one policy a cell: PolicyTable, which takes ``options``)."""
+    table = PolicyTable(model, workload, routers, **options)
+    print(HEADER)
+    for name in table.routers:
+        print(table.add(name))
+    return table.rows
