@@ -1,7 +1,7 @@
 """What the checks of two labs or more share; a helper that only one lab uses belongs in that lab's package.
 
 - :mod:`~labkit.labs.common.shared`: the course model (loaded once per kernel), short prompts, seeds, the
-  transformers oracle, ``after_exercise`` for cells that wait on a blank;
+  transformers oracle;
 - :mod:`~labkit.labs.common.recording`: a stand-in model that writes down every forward pass (labs 1-3);
 - :mod:`~labkit.labs.common.diagnose`: turns such a recording into "layer 0, position 3: not causal", and a
   caught exception into "your function f raised X at line N of your cell" (``diagnosed``);

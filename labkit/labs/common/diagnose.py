@@ -24,6 +24,7 @@ from labkit.grading.compare import compare_tensors
 from labkit.grading.result import Mismatch
 from labkit.kv.attention import attention, causal_mask
 from labkit.labs.common.learner_errors import capture, raised_in
+from labkit.labs.common.mistakes import tensor_mistake
 
 ATTENTION_TOLERANCE = dict(atol=1e-4, rtol=1e-4)
 LOGITS_TOLERANCE = dict(atol=2e-3, rtol=1e-3)
@@ -111,10 +112,8 @@ def check_attention(calls: Sequence[dict[str, Any]], keeps_history: bool) -> Mis
             where = f"forward call {call_index}, layer {layer}"
             positions = call["positions"].tolist()
             detail = f"{where}: {mismatch.difference} (this pass holds positions {_span(positions)})"
-            for hint, wrong in known_attention_mistakes(q, keys, values, k, v).items():
-                if torch.allclose(out, wrong, **ATTENTION_TOLERANCE):
-                    return Mismatch(detail, hint)
-            return Mismatch(detail, mismatch.hint)
+            known = tensor_mistake(out, known_attention_mistakes(q, keys, values, k, v), **ATTENTION_TOLERANCE)
+            return Mismatch(detail, known or mismatch.hint)
     return None
 
 
@@ -156,6 +155,16 @@ def check_logits(expected: torch.Tensor, got: torch.Tensor, what: str) -> Mismat
     return compare_tensors(
         expected, got, what=what, **LOGITS_TOLERANCE, dims=("position", "vocab") if expected.dim() == 2 else ("vocab",)
     )
+
+
+def prompt_returned(prompt: list[int], tokens: Any, steps: int) -> Mismatch | None:
+    """A decoding that returned the prompt and then its ``steps`` new tokens (labs 1 and 2)."""
+    if isinstance(tokens, list) and len(tokens) == len(prompt) + steps and tokens[: len(prompt)] == prompt:
+        return Mismatch(
+            f"you returned {len(tokens)} tokens: the prompt's {len(prompt)} and then the {steps} new ones",
+            "Return only the new tokens (the caller already has the prompt).",
+        )
+    return None
 
 
 def raised_mismatch(record: dict[str, Any], hint: str | None) -> Mismatch:

@@ -18,6 +18,7 @@ from labkit.kv.attention import attention, causal_mask
 from labkit.kv.paged_batch import PagedBatch
 from labkit.labs.common.diagnose import diagnosed
 from labkit.labs.common.engine_runs import random_requests, serve
+from labkit.labs.common.mistakes import tensor_mistake
 from labkit.labs.common.shared import on_check_device, rng, torch_generator
 from labkit.labs.common.solo import compare_with_solo, run_failure, solo_oracle
 from labkit.labs.hints import register_hints
@@ -103,10 +104,8 @@ def _compare_attention(expected, got) -> Mismatch | None:
         )
         if mismatch is None:
             continue
-        for hint, wrong in mistakes.items():
-            if isinstance(have, torch.Tensor) and have.shape == wrong.shape and torch.allclose(have, wrong, atol=1e-4):
-                mismatch = Mismatch(mismatch.difference, hint)
-                break
+        hint = tensor_mistake(have, mistakes, atol=1e-4)
+        mismatch = Mismatch(mismatch.difference, hint) if hint else mismatch
         return mismatch.within(f"case {index} ({want.shape[0]} queries)")
     failure = run_failure(got["engine"], "in the engine with your attention, ")
     if failure is not None:
