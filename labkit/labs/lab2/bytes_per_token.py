@@ -1,8 +1,4 @@
-"""Lab 2, exercise 3: the bytes of KV cache one token leaves behind, on the shapes of four real models.
-
-``kv_bytes_per_token(config, dtype)``: 2 x layers x KV heads x head_dim x bytes per value; a wrong count that is
-half, counts query heads, values instead of bytes or one layer gets a message naming it.
-"""
+"""Lab 2, exercise 3: the bytes of KV cache one token leaves behind, on the shapes of four real models."""
 
 from __future__ import annotations
 

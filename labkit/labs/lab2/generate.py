@@ -1,9 +1,5 @@
-"""Lab 2, exercise 2: decoding with the cache, one prefill and then one token per pass, against the run without one.
-
-``generate_with_cache(model, prompt_ids, max_new_tokens)``: every pass watched (the tokens fed, their positions,
-attention over the whole cache, the logits at every step against transformers' forward pass over the whole
-sequence). A wrong decoding whose cache also fails exercise 1's check is blamed on the cache.
-"""
+"""Lab 2, exercise 2: decoding with the cache, every pass watched, against the run without one; a wrong decoding whose
+cache also fails exercise 1's check is blamed on the cache."""
 
 from __future__ import annotations
 

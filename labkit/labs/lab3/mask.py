@@ -1,9 +1,5 @@
-"""Lab 3, exercise 2: the mask of a padded batch, hiding pads and the future at once.
-
-``padded_causal_mask(key_is_real, num_queries)``: bool [B, Tq, Tk] for a left-padded prefill and two decode passes.
-A wrong mask is compared with the typical mistakes (axes swapped, pads visible, not causal, the causal part aligned
-to the first keys) so the message names the one it shows.
-"""
+"""Lab 3, exercise 2: the mask of a padded batch, hiding pads and the future at once; a wrong mask is named by the
+typical mistake it shows."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Lab 3, exercise 4: the slot-steps a static batch loses to padding, from the output lengths alone.
-
-``padding_waste(output_lens, batch_size)``: useful and padded slot-steps and the utilisation, against
-:func:`labkit.viz.timeline.batch_spans`; one longest member for the whole workload instead of per batch is named.
-"""
+"""Lab 3, exercise 4: the slot-steps a static batch loses to padding, from the output lengths alone."""
 
 from __future__ import annotations
 
