@@ -1,9 +1,5 @@
-"""Lab 4, the serving metrics: mean TTFT, TPOT and ITL (ms) and goodput (requests/s) from a seeded trace.
-
-``serving_metrics(trace, slo) -> dict`` against ``labkit.metrics.summarize`` on the same trace; the trace is
-drawn until every typical mistake (seconds for ms, the first token in TPOT, ITL averaged per request, goodput
-that counts half-good requests) gives a number apart from the right one, so the message can name it.
-"""
+"""Lab 4, the serving metrics against ``labkit.metrics.summarize``, on a trace drawn so that every typical mistake
+gives a number apart from the right one and the message can name it."""
 
 from __future__ import annotations
 
