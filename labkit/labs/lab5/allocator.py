@@ -1,10 +1,5 @@
-"""Lab 5, exercise 1: a block allocator, watched after every call of a seeded script and then inside the engine.
-
-``PagedBlockAllocator``: blocks handed out on demand from a free list, one block table per sequence, every block
-back on the free list when the sequence ends. After every allocate or free the tables must have the right length,
-keep their old blocks, and share none; then the engine with it (a pool small enough to preempt) must give every
-request its solo tokens and end with no block in use.
-"""
+"""Lab 5, exercise 1: a block allocator, watched after every call of a seeded script and then inside the engine (a pool
+small enough to preempt), so a lost or shared block is named at the call that made it."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Lab 5, exercise 3: one sequence's attention, its keys and values gathered from the pools through its block table.
-
-``paged_attention(q, k_pool, v_pool, block_table, context_len)``: checked against dense attention on seeded pools
-(the typical mistakes, blocks gathered sorted, the last block's unused slots kept, no causal mask, named), then
-plugged into the engine (:func:`engine_attention`), every request's tokens against decoding it alone.
-"""
+"""Lab 5, exercise 3: one sequence's attention through its block table, against dense attention (the typical
+mistakes named), then plugged into the engine (:func:`engine_attention`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Lab 6, exercise 2: the largest token budget whose full step the cost model predicts within an ITL promise.
-
-``choose_budget(cost, itl_ms, context_tokens) -> int`` on seeded cost models and promises, and at the range's two
-ends (no budget keeps the promise; every budget does). :func:`largest_budget` is the course's answer; the notebook
-then checks the learner's choice on the real engine with a cost model fitted on the machine.
-"""
+"""Lab 6, exercise 2: the largest token budget whose full step the cost model predicts within an ITL promise;
+:func:`largest_budget` is the course's answer (the notebook then tries the learner's on the real engine)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Lab 6, exercise 3: how a long prompt is cut into chunks while other requests decode.
-
-``prefill_chunks(prompt_len, budget, num_decoding) -> list[int]``: the decode-first chunks, checked by arithmetic
-(:func:`chunks_oracle`) and against the chunks the learner's own policy gives in the engine.
-"""
+"""Lab 6, exercise 3: how a long prompt is cut into chunks while other requests decode, checked by arithmetic
+(:func:`chunks_oracle`) and against the chunks the learner's own policy gives in the engine."""
 
 from __future__ import annotations
 
