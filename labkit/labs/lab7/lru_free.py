@@ -1,10 +1,5 @@
-"""Lab 7, exercise 3: ``release_block`` and ``pick_block``, a ref-counted free and an LRU list of cached blocks.
-
-A shared block is freed by its last holder; a freed block with a hash waits, findable, on an LRU list; new blocks
-come from the never-used ones first, then from the least recently freed cached one. Checked on a seeded script of
-takes and frees (the pool after every call, compared with labkit's allocator, the typical mistake named), then in
-the engine on a pool small enough to evict.
-"""
+"""Lab 7, exercise 3: ``release_block`` and ``pick_block``, a ref-counted free and an LRU list of cached blocks, the
+pool compared with labkit's after every call of a seeded script so that the message names the call."""
 
 from __future__ import annotations
 

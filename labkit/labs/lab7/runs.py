@@ -1,13 +1,5 @@
-"""A learner's prefix-caching pieces plugged into labkit's allocator, and runs to judge them by (lab 7).
-
-:class:`~labkit.kv.prefix_cache.PrefixCachingBlockAllocator` calls four replaceable pieces: the
-hash chain, the longest-cached-prefix lookup, the ref-count release and the block pick.
-:func:`allocator_with` passes the learner's functions to its constructor instead, so the
-engine runs on their code and everything else (tables, the map, the collision check) stays
-labkit's. The checks then compare it with labkit's own allocator: on a seeded script of calls
-(the pool after every call), and inside the engine on the tiny model (tokens and the prompt
-tokens found in the cache, request by request).
-"""
+"""A learner's prefix-caching pieces plugged into labkit's allocator, and runs to judge them by (lab 7): the engine
+runs on their code while everything else (tables, the map, the collision check) stays labkit's."""
 
 from __future__ import annotations
 
@@ -17,7 +9,7 @@ from typing import Any
 
 from labkit.kv.prefix_cache import PrefixCachingBlockAllocator
 from labkit.labs.common.engine_runs import CheckRequest, run_requests
-from labkit.labs.common.learner_errors import raised_record
+from labkit.labs.common.learner_errors import capture, raised_in
 from labkit.labs.common.shared import rng
 
 
@@ -149,12 +141,9 @@ def run_pool_script(
     blocks = allocator_class(num_blocks, block_size)
     log = []
     for call in calls:
-        try:
-            found = make_call(blocks, call)
-        except NotImplementedError:
-            raise
-        except Exception as error:  # judged as a step of the script
-            log.append({"raised": raised_record(error, functions)})
+        found = capture(functions, lambda: make_call(blocks, call))  # what it raises is judged as a step
+        if raised_in(found):
+            log.append(found)
             break
         log.append({"found": found, **blocks.pool_state()})
     return log
