@@ -1,14 +1,8 @@
 """Reading a recording of forward passes and saying what, if anything, went wrong, and where.
 
-Each helper returns None when all is well, or a ``Mismatch`` whose text says where the
-learner's run first parts from the right one (call, layer, position, head) and whose hint
-names the mistake when it looks like a known one: attention that is not causal, scores not
-scaled, query heads paired with the wrong KV heads, a cache that is never appended, a
-position off by one. ``diagnosed(exercise)`` does the same for an exception: the kernel's ``run``
-catches it as a record (``learner_errors.capture``) and the grader's ``compare`` says "your function f
-raised X at line N of your cell", with a hint (a lab may pass ``known(record) -> hint or None`` to
-name a typical mistake from the error).
-"""
+Each helper returns None when all is well, or a ``Mismatch`` whose text says where the learner's run first parts
+from the right one (call, layer, position, head) and whose hint names the mistake when it looks like a known one;
+``diagnosed(exercise)`` does the same for what the learner's code raised ("your function f raised X at line N")."""
 
 from __future__ import annotations
 
@@ -179,7 +173,8 @@ def raised_mismatch(record: dict[str, Any], hint: str | None) -> Mismatch:
 
 
 def diagnosed(exercise: Exercise, known: Callable[[dict[str, Any]], str | None] | None = None) -> Exercise:
-    """The exercise with the learner's exceptions caught in ``run`` and reported by ``compare``."""
+    """The exercise with the learner's exceptions caught in ``run`` (in the kernel, as a plain record) and reported by
+    ``compare``, with the hint ``known(record)`` gives when the error shows a typical mistake."""
     run, compare = exercise.run, exercise.compare
 
     def judged(expected, got):
