@@ -125,14 +125,8 @@ def _compare_metrics(expected, got) -> Mismatch | None:
             )
         if math.isclose(have, want, rel_tol=1e-6, abs_tol=1e-9):
             continue
-        hint = next(
-            (
-                mistake
-                for mistake, wrong in expected["mistakes"][name].items()
-                if math.isclose(have, wrong, rel_tol=1e-6)
-            ),
-            None,
-        )
+        mistakes = expected["mistakes"][name].items()
+        hint = next((mistake for mistake, wrong in mistakes if math.isclose(have, wrong, rel_tol=1e-6)), None)
         return Mismatch(
             f"{name}: expected {want:.4g}, got {have:.4g} (labkit.metrics.summarize on the same trace)", hint
         )

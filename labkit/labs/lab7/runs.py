@@ -3,6 +3,7 @@ runs on their code while everything else (tables, the map, the collision check) 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,19 +59,15 @@ def chat_requests(seed: int, count: int = 8, system_len: int = 22, spacing: floa
 def serve_counted(requests: list[CheckRequest], allocator, **engine_args) -> dict[str, Any]:
     """Serve with prefix caching on ``allocator``: tokens, and per request the prompt tokens found in the cache."""
     llm, tokens = run_requests(requests, block_allocator=allocator, enable_prefix_caching=True, **engine_args)
-    found: dict[str, int] = {}
-    computed: dict[str, int] = {}
+    computed: Counter[str] = Counter()
     for step in llm.trace.steps:
-        for request_id, num in step.scheduled.items():
-            computed[request_id] = computed.get(request_id, 0) + num
-    for index, r in enumerate(requests):
-        request_id = f"r{index}"
-        # every token a request computed: its prompt tokens not found in the cache, plus one per output token but
-        # the last (a preempted request computes again, which both allocators would do alike)
-        found[request_id] = len(r.prompt_ids) + r.max_tokens - 1 - computed.get(request_id, 0)
+        computed.update(step.scheduled)
+    # every token a request computed: its prompt tokens not found in the cache, plus one per output token but
+    # the last (a preempted request computes again, which both allocators would do alike)
+    found = [len(r.prompt_ids) + r.max_tokens - 1 - computed[f"r{i}"] for i, r in enumerate(requests)]
     return {
         "tokens": [tokens[f"r{i}"] for i in range(len(requests))],
-        "found": [found[f"r{i}"] for i in range(len(requests))],
+        "found": found,
         "hits": sum(step.prefix_cache_hits for step in llm.trace.steps),
         "evictions": llm.state.blocks.num_evictions,
         "preemptions": llm.num_preemptions,
