@@ -147,12 +147,9 @@ def check_choices(choices: list[dict[str, Any]]) -> Mismatch | None:
 
 
 def _compare_preemption(expected, got) -> Mismatch | None:
-    mismatch = check_choices(got["choices"] + got["direct"])
-    if mismatch is not None:
-        return mismatch
-    failure = run_failure(got)
-    if failure is not None:
-        return failure
+    problem = check_choices(got["choices"] + got["direct"]) or run_failure(got)
+    if problem is not None:
+        return problem
     if not got["preemptions"]:
         return Mismatch(
             "the pool never ran out, so no request was preempted and your choice was never tested",

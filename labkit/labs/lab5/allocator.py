@@ -160,12 +160,10 @@ def _run_allocator(functions, inputs) -> dict[str, Any]:
 
 
 def _compare_allocator(expected, got) -> Mismatch | None:
-    mismatch = check_allocator_log(expected["calls"], got["log"])
-    if mismatch is not None:
-        return mismatch
-    failure = run_failure(got["engine"], "in the engine (12 blocks of 4), ")
-    if failure is not None:
-        return failure
+    problem = check_allocator_log(expected["calls"], got["log"])
+    problem = problem or run_failure(got["engine"], "in the engine (12 blocks of 4), ")
+    if problem is not None:
+        return problem
     if got["engine"]["blocks_used_at_end"]:
         return Mismatch(
             f"in the engine, {got['engine']['blocks_used_at_end']} blocks were still in use after every request "
