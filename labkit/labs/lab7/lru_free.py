@@ -88,10 +88,8 @@ def _took_the_wrong_block(before: Pool, want: Pool, have: Pool, where: str) -> M
     taken_want = set(before["evictable"]) - set(want["evictable"])
     taken_have = set(before["evictable"]) - set(have["evictable"])
     order = {block: rank for rank, block in enumerate(before["evictable"])}
-    yours, labkits = (
-        sorted(taken_have - taken_want, key=lambda block: order[block]),
-        sorted(taken_want - taken_have, key=lambda block: order[block]),
-    )
+    yours = sorted(taken_have - taken_want, key=order.__getitem__)  # oldest first, as evictable was
+    labkits = sorted(taken_want - taken_have, key=order.__getitem__)
     if yours and labkits and order[yours[0]] > order[labkits[-1]]:
         return Mismatch(
             f"{where}: you evicted block {yours[-1]}, freed more recently than block {labkits[0]}, which "
