@@ -1,14 +1,8 @@
 """Reading a recording of forward passes and saying what, if anything, went wrong, and where.
 
-Each helper returns None when all is well, or a ``Mismatch`` whose text says where the
-learner's run first parts from the right one (call, layer, position, head) and whose hint
-names the mistake when it looks like a known one: attention that is not causal, scores not
-scaled, query heads paired with the wrong KV heads, a cache that is never appended, a
-position off by one. ``diagnosed(exercise)`` does the same for an exception: the kernel's ``run``
-catches it as a record (``learner_errors.capture``) and the grader's ``compare`` says "your function f
-raised X at line N of your cell", with a hint (a lab may pass ``known(record) -> hint or None`` to
-name a typical mistake from the error).
-"""
+Each helper returns None when all is well, or a ``Mismatch`` whose text says where the learner's run first parts
+from the right one (call, layer, position, head) and whose hint names the mistake when it looks like a known one;
+``diagnosed(exercise)`` does the same for what the learner's code raised ("your function f raised X at line N")."""
 
 from __future__ import annotations
 
@@ -24,6 +18,7 @@ from labkit.grading.compare import compare_tensors
 from labkit.grading.result import Mismatch
 from labkit.kv.attention import attention, causal_mask
 from labkit.labs.common.learner_errors import capture, raised_in
+from labkit.labs.common.mistakes import tensor_mistake
 
 ATTENTION_TOLERANCE = dict(atol=1e-4, rtol=1e-4)
 LOGITS_TOLERANCE = dict(atol=2e-3, rtol=1e-3)
@@ -111,10 +106,8 @@ def check_attention(calls: Sequence[dict[str, Any]], keeps_history: bool) -> Mis
             where = f"forward call {call_index}, layer {layer}"
             positions = call["positions"].tolist()
             detail = f"{where}: {mismatch.difference} (this pass holds positions {_span(positions)})"
-            for hint, wrong in known_attention_mistakes(q, keys, values, k, v).items():
-                if torch.allclose(out, wrong, **ATTENTION_TOLERANCE):
-                    return Mismatch(detail, hint)
-            return Mismatch(detail, mismatch.hint)
+            known = tensor_mistake(out, known_attention_mistakes(q, keys, values, k, v), **ATTENTION_TOLERANCE)
+            return Mismatch(detail, known or mismatch.hint)
     return None
 
 
@@ -158,6 +151,16 @@ def check_logits(expected: torch.Tensor, got: torch.Tensor, what: str) -> Mismat
     )
 
 
+def prompt_returned(prompt: list[int], tokens: Any, steps: int) -> Mismatch | None:
+    """A decoding that returned the prompt and then its ``steps`` new tokens (labs 1 and 2)."""
+    if isinstance(tokens, list) and len(tokens) == len(prompt) + steps and tokens[: len(prompt)] == prompt:
+        return Mismatch(
+            f"you returned {len(tokens)} tokens: the prompt's {len(prompt)} and then the {steps} new ones",
+            "Return only the new tokens (the caller already has the prompt).",
+        )
+    return None
+
+
 def raised_mismatch(record: dict[str, Any], hint: str | None) -> Mismatch:
     """The one-line report of an exception, pointing at the learner's own line when there is one."""
     what = f"{record['error']}: {record['message']}".rstrip(": ")
@@ -170,7 +173,8 @@ def raised_mismatch(record: dict[str, Any], hint: str | None) -> Mismatch:
 
 
 def diagnosed(exercise: Exercise, known: Callable[[dict[str, Any]], str | None] | None = None) -> Exercise:
-    """The exercise with the learner's exceptions caught in ``run`` and reported by ``compare``."""
+    """The exercise with the learner's exceptions caught in ``run`` (in the kernel, as a plain record) and reported by
+    ``compare``, with the hint ``known(record)`` gives when the error shows a typical mistake."""
     run, compare = exercise.run, exercise.compare
 
     def judged(expected, got):

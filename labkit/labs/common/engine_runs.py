@@ -1,11 +1,6 @@
-"""Running a learner's piece inside labkit's engine, and judging the run (labs 4 to 6).
-
-Labs 4-6 swap one part of the engine for the learner's own: the scheduling decision, the
-block allocator, or paged attention. The checks then serve a seeded set of requests on the
-tiny test model, on a clock that ticks once per reading (so the run is the same every time),
-and judge what came out (`solo.py`, the grader's): each request's greedy tokens against the
-request decoded alone, and invariants observed right after every scheduling decision.
-"""
+"""Running a learner's piece (the scheduling decision, the block allocator, paged attention) inside labkit's engine
+on the tiny model, on a clock that ticks once per reading so that a run is the same every time; what came out is
+judged by `solo.py` (the grader's) and by the decisions observed right after every step."""
 
 from __future__ import annotations
 

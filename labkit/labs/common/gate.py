@@ -1,13 +1,9 @@
-"""Cells that build on an exercise run only once that exercise passes its check.
+"""Cells that build on an exercise run only once that exercise passes its check (``if passed("lab1.prefill"): ...``).
 
-A demo cell written as ``if passed("lab2.generate_with_cache"): ...`` runs its body when the
-learner's function passes the check, and otherwise prints that it is skipped until that exercise
-passes. A function that is merely attempted is not enough: a wrong one would print garbage or
-crash the demo, far from the mistake. An exercise graded on the course's own earlier pieces
-(``Exercise.builds_on``) also waits for those exercises: the demo runs the learner's whole chain.
-The verdict is kept per function object (the check cell's own verdict included), so a cell that
-asks again costs nothing, and redefining the function (running its cell again) asks afresh.
-"""
+A function that is merely attempted is not enough: a wrong one would print garbage or crash the demo, far from the
+mistake. An exercise graded on the course's own earlier pieces (``Exercise.builds_on``) also waits for those
+exercises: the demo runs the learner's whole chain. The verdict is kept per function object (the check cell's own
+verdict included), so a cell that asks again costs nothing, and redefining the function asks afresh."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""An exception inside a learner's code, caught in the kernel as a plain record instead of a traceback.
-
-``capture`` runs the learner's functions and hands back what they raised (in which of their
-functions, at which line of their cell) as plain data, so the grader can judge it in its own
-process like any other output; ``diagnose.diagnosed`` (the grader's) wraps an exercise with it
-and turns the record into "your function f raised X at line N of your cell", with a hint.
-"""
+"""An exception inside a learner's code, caught in the kernel as a plain record instead of a traceback, so that the
+grader can judge it in its own process like any other output (``diagnose.diagnosed`` says what it means)."""
 
 from __future__ import annotations
 

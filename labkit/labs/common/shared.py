@@ -8,7 +8,6 @@ that the notebook's check and the grader (which draws its own seed) build the sa
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import random
 
@@ -39,20 +38,14 @@ PROMPTS = (
 ENDS_EARLY = "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
 
 
-def check_device() -> torch.device:
-    """Where a check puts the tensors it hands to learner code and to the engine: labkit's device (CUDA when
-    present, else MPS, else the CPU; ``LABKIT_DEVICE`` overrides), where the course model and the learner's
-    code run. A CPU tensor handed to code on a GPU fails there ("Expected all tensors to be on the same device")."""
-    return default_device()
-
-
 def on_check_device(value):
-    """``value`` with every tensor in it (in lists, tuples and dicts) moved to :func:`check_device`.
+    """``value`` with every tensor in it (in lists, tuples and dicts) moved to labkit's device, where the course
+    model and the learner's code run (a CPU tensor handed to code on a GPU fails there).
 
     A check draws its random inputs on the CPU, from a CPU generator, and then moves them: a seed gives the
     same numbers on every device, so the notebook's GPU and the grader's CPU build the same inputs.
     """
-    device = check_device()
+    device = default_device()
     return tree_map_only(torch.Tensor, lambda tensor: tensor.to(device), value)
 
 
@@ -70,8 +63,8 @@ def course_model() -> LlamaModel:
 
 @functools.lru_cache(maxsize=4)
 def small_model(seed: int = 0) -> LlamaModel:
-    """A tiny random-weight Llama on :func:`check_device`, for checks that need a model's shapes but not its knowledge."""
-    return sent_by_name(tiny_model("llama", seed=seed, device=check_device()), small_model, seed)
+    """A tiny random-weight Llama on labkit's device, for checks that need a model's shapes but not its knowledge."""
+    return sent_by_name(tiny_model("llama", seed=seed, device=default_device()), small_model, seed)
 
 
 def rng(seed: int) -> random.Random:
@@ -96,9 +89,9 @@ def torch_generator(seed: int) -> torch.Generator:
 
 
 def check_generator(seed: int) -> torch.Generator:
-    """A seeded generator on :func:`check_device`, for learner code that draws random numbers for tensors there
+    """A seeded generator on labkit's device, for learner code that draws random numbers for tensors there
     (CUDA draws a cuda tensor's numbers from a cuda generator only, as the engine's sampling does)."""
-    return torch.Generator(device=check_device()).manual_seed(seed % 2**63)
+    return torch.Generator(device=default_device()).manual_seed(seed % 2**63)
 
 
 def prompt_and_steps(seed: int) -> tuple[LlamaModel, list[int], int]:
@@ -125,22 +118,3 @@ def transformers_logits(model: LlamaModel, token_ids: list[int]) -> torch.Tensor
     """Logits [T, V] from Hugging Face transformers' own forward pass: the oracle for one sequence."""
     ids = torch.tensor([token_ids], device=model.device)
     return model.hf(input_ids=ids).logits[0].float()
-
-
-class after_exercise(contextlib.AbstractContextManager):
-    """Run a cell that uses a learner's function, or say plainly that it waits for that exercise.
-
-    ``with after_exercise("lab1.prefill"): ...`` swallows only NotImplementedError (the blank
-    an exercise starts as), so a learner's notebook runs to the end before every exercise is done.
-    """
-
-    def __init__(self, exercise_id: str):
-        self.exercise_id = exercise_id
-
-    def __exit__(self, kind, error, traceback) -> bool:
-        if kind is not None and issubclass(kind, NotImplementedError):
-            print(
-                f"(skipped: this cell uses your answer to {self.exercise_id}; finish that exercise, then run it again)"
-            )
-            return True
-        return False

@@ -1,9 +1,5 @@
-"""Lab 1, prefill and decode: its four exercises' checks, a module each (importing this package registers them).
-
-:mod:`~labkit.labs.lab1.mask` and :mod:`~labkit.labs.lab1.attention` are checked against the math;
-:mod:`~labkit.labs.lab1.prefill` and :mod:`~labkit.labs.lab1.generate` against Hugging Face transformers' own forward
-pass, each on the course's own earlier pieces (``on_its_own``), so one mistake costs one point.
-"""
+"""Lab 1, prefill and decode: its four exercises' checks, a module each (importing this package registers them);
+the later ones graded on the course's own earlier pieces (``on_its_own``), so one mistake costs one point."""
 
 from __future__ import annotations
 

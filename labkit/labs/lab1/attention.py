@@ -1,8 +1,5 @@
-"""Lab 1, exercise 2: attention with grouped-query heads, checked against the math on random cases.
-
-``attention(q, k, v, mask)``: softmax(q·kᵀ/√D + mask)·v, with each group of query heads sharing a KV head. A wrong
-output is compared with the typical mistakes (``known_attention_mistakes``) so the message names the one it shows.
-"""
+"""Lab 1, exercise 2: attention with grouped-query heads, checked against the math on random cases, a wrong output
+named by the typical mistake it shows (``known_attention_mistakes``)."""
 
 from __future__ import annotations
 
@@ -15,6 +12,7 @@ from labkit.grading.compare import compare_sequences, compare_tensors
 from labkit.grading.result import Mismatch
 from labkit.kv.attention import attention, causal_mask
 from labkit.labs.common.diagnose import ATTENTION_TOLERANCE, diagnosed, known_attention_mistakes
+from labkit.labs.common.mistakes import tensor_mistake
 from labkit.labs.common.shared import on_check_device, torch_generator
 from labkit.labs.hints import register_hints
 
@@ -39,26 +37,17 @@ def _attention_oracle(inputs) -> dict[str, Any]:
 
 
 def _compare_attention(expected, got) -> Mismatch | None:
-    def one(index: int):
-        def compare(want, have):
-            mismatch = compare_tensors(
-                want, have, dims=("query", "head", "dim"), what="attention output", **ATTENTION_TOLERANCE
-            )
-            if mismatch is not None and isinstance(have, torch.Tensor) and have.shape == want.shape:
-                for hint, wrong in expected["mistakes"][index].items():
-                    if torch.allclose(have, wrong, **ATTENTION_TOLERANCE):
-                        return Mismatch(mismatch.difference, hint)
-            return mismatch
-
-        return compare
-
     if not isinstance(got, list) or len(got) != len(expected["outs"]):
         return compare_sequences(expected["outs"], got, lambda e, g: None, item="case")
     for index, (want, have) in enumerate(zip(expected["outs"], got)):
-        mismatch = one(index)(want, have)
-        if mismatch is not None:
-            q_len = want.shape[0]
-            return mismatch.within(f"case {index} ({q_len} queries, 4 query heads sharing 2 KV heads)")
+        mismatch = compare_tensors(
+            want, have, dims=("query", "head", "dim"), what="attention output", **ATTENTION_TOLERANCE
+        )
+        if mismatch is None:
+            continue
+        hint = tensor_mistake(have, expected["mistakes"][index], **ATTENTION_TOLERANCE)
+        mismatch = Mismatch(mismatch.difference, hint) if hint else mismatch
+        return mismatch.within(f"case {index} ({want.shape[0]} queries, 4 query heads sharing 2 KV heads)")
     return None
 
 

@@ -1,9 +1,5 @@
-"""Lab 1, exercise 4: decoding without a cache, every step rerunning the whole sequence.
-
-``generate_without_cache(model, prompt_ids, max_new_tokens)``: exactly n greedy tokens, checked against
-transformers, each step watched (the tokens sent, their positions, causal attention) so that the message names the
-step that goes wrong. Graded on the course's own mask, attention and prefill (``on_its_own``).
-"""
+"""Lab 1, exercise 4: decoding without a cache, every step rerunning the whole sequence; each step is watched so that
+the message names the step that goes wrong."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ from labkit.grading.checks import Exercise, register
 from labkit.grading.compare import compare_tokens
 from labkit.grading.result import Mismatch
 from labkit.kv.attention import attention
-from labkit.labs.common.diagnose import check_attention, check_positions, diagnosed
+from labkit.labs.common.diagnose import check_attention, check_positions, diagnosed, prompt_returned
 from labkit.labs.common.pieces import Piece, on_its_own
 from labkit.labs.common.recording import RecordingModel
 from labkit.labs.common.shared import course_model, ends_early_prompt, greedy_without_cache, pick_prompts
@@ -59,11 +55,8 @@ def _returned_problem(want: list[int], prompt: list[int], mine: Any, eos: int) -
     asked, a stop at end-of-text."""
     if not isinstance(mine, list) or mine == want:
         return None
-    if mine == prompt + want:
-        return Mismatch(
-            f"you returned {len(mine)} tokens: the prompt's {len(prompt)} and then the {len(want)} new ones",
-            "Return only the new tokens (the caller already has the prompt).",
-        )
+    if returned := prompt_returned(prompt, mine, len(want)):
+        return returned
     if not want:
         return Mismatch(
             f"max_new_tokens=0 asks for no tokens, and you returned {len(mine)}",

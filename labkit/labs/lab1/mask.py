@@ -1,8 +1,4 @@
-"""Lab 1, exercise 1: the causal mask, checked against the math, with the three typical mistakes named.
-
-``causal_mask(num_tokens)``: a bool [T, T] tensor, True where query i may look at key j (j <= i). A wrong mask
-that is the inverse, the future instead of the past, or the diagonal left out gets a message naming it.
-"""
+"""Lab 1, exercise 1: the causal mask, checked against the math, with the three typical mistakes named."""
 
 from __future__ import annotations
 

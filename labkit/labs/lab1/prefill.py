@@ -1,8 +1,4 @@
-"""Lab 1, exercise 3: prefill, the whole prompt in one forward pass, checked against transformers.
-
-``prefill(model, prompt_ids)``: one ``model.forward`` with the prompt, positions 0..T-1 and causal attention. Graded
-on the course's own mask and attention (``on_its_own``), so a mistake in exercise 1 or 2 costs that point only.
-"""
+"""Lab 1, exercise 3: prefill, the whole prompt in one forward pass, checked against transformers."""
 
 from __future__ import annotations
 

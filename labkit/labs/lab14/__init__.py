@@ -1,22 +1,7 @@
-"""Lab 14, mixture of experts: routing, the dispatch that groups tokens by expert, expert parallelism over two
-processes, and the weight bytes a decode step reads.
-
-Four exercises, each checked here or in its own module (importing this package registers all four checks):
-
-- ``route(logits, k)`` (``lab14.route``, below): each token's k experts and their weights, softmax over the
-  experts, the k largest, renormalized. Checked on seeded logits at k = 1, 2 and 4; a wrong answer is compared
-  with the typical mistakes (:data:`MISTAKES`) so the message names the one it shows.
-- ``moe_dispatch(x, weights, chosen, expert)`` (``lab14.dispatch``, :mod:`~labkit.labs.lab14.dispatch`): one call
-  of each expert on all its tokens, added back with the weights, against the layer computed token by token.
-- ``expert_parallel_moe(x, weights, chosen, expert, experts_per_rank)`` (``lab14.expert_parallel``,
-  :mod:`~labkit.labs.lab14.parallel`): the same layer over two real processes, half the experts each, against
-  one process, its output and its greedy tokens (the processes: :mod:`~labkit.labs.lab14.ranks`).
-- ``weight_bytes_per_step(chosen, expert_bytes, other_bytes)`` (``lab14.bytes_per_step``,
-  :mod:`~labkit.labs.lab14.bytes_read`): what a decode step reads, from the experts its batch touched.
-
-The small mixture itself (random weights from a seed) is :mod:`~labkit.labs.lab14.moe_model`; the course's own routing
-and dispatch, the oracles, are in :mod:`~labkit.labs.lab14.course` (hidden in the grading sandbox).
-"""
+"""Lab 14, mixture of experts: its four exercises' checks (importing this package registers them), routing here and
+the others a module each: the dispatch that groups tokens by expert, expert parallelism over two processes, and
+the weight bytes a decode step reads. A wrong route is compared with the typical mistakes (:data:`MISTAKES`) so the
+message names the one it shows; the course's own answers, the oracles, are in :mod:`~labkit.labs.lab14.course`."""
 
 from __future__ import annotations
 

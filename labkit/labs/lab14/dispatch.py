@@ -1,11 +1,5 @@
-"""Lab 14, exercise 2: the dispatch that groups tokens by expert, one call of each expert on all its tokens.
-
-``moe_dispatch(x, weights, chosen, expert)`` takes hidden states ``x`` [T, H], each token's routing (``weights``
-and ``chosen``, [T, k]) and ``expert(e, rows)``, expert ``e`` on ``rows`` [n, H]. Checked on seeded layers of the
-course's small mixture, with one token (most experts chose by nobody), a batch, and a batch routed to two experts
-only: the output within 1e-5 of the layer computed token by token, and each expert called at most once (the calls
-are counted by the ``expert`` the check hands in). A wrong answer is compared with the typical mistakes.
-"""
+"""Lab 14, exercise 2: the dispatch that groups tokens by expert, one call of each expert on all its tokens; the calls
+are counted by the ``expert`` the check hands in, so a right output made one token at a time is named."""
 
 from __future__ import annotations
 

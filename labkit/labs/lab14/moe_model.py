@@ -1,11 +1,7 @@
 """The small mixture of experts lab 14 is built on: random weights from a seed, in the shapes of a real MoE layer.
 
-No mixture small enough for a 2-core CPU ships offline, so the lab builds one: a router ``[E, H]`` and ``E``
-SwiGLU expert MLPs (gate and up ``[F, H]``, down ``[H, F]``, as Mixtral's and Qwen3's experts are), 8 experts of
-width 128 over a hidden size of 64, 2 per token. What the lab checks (routing, dispatch, the all-to-all) does not
-depend on what the weights know. :class:`TinyMoeLM` stacks two such layers between an embedding and an
-output matrix, with no attention, so that greedy decoding gives tokens to compare across one and two processes.
-"""
+No mixture small enough for a 2-core CPU ships offline, so the lab builds one (SwiGLU experts, as Mixtral's and
+Qwen3's are); what the lab checks (routing, dispatch, the all-to-all) does not depend on what the weights know."""
 
 from __future__ import annotations
 

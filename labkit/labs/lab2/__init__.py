@@ -1,9 +1,4 @@
-"""Lab 2, the KV cache: its four exercises' checks, a module each (importing this package registers them).
-
-:mod:`~labkit.labs.lab2.cache` (a per-sequence cache), :mod:`~labkit.labs.lab2.generate` (decoding through it,
-against the run without a cache), :mod:`~labkit.labs.lab2.bytes_per_token` and
-:mod:`~labkit.labs.lab2.conversations` (the memory arithmetic).
-"""
+"""Lab 2, the KV cache: its four exercises' checks, a module each (importing this package registers them)."""
 
 from __future__ import annotations
 

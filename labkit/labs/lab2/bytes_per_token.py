@@ -1,8 +1,4 @@
-"""Lab 2, exercise 3: the bytes of KV cache one token leaves behind, on the shapes of four real models.
-
-``kv_bytes_per_token(config, dtype)``: 2 x layers x KV heads x head_dim x bytes per value; a wrong count that is
-half, counts query heads, values instead of bytes or one layer gets a message naming it.
-"""
+"""Lab 2, exercise 3: the bytes of KV cache one token leaves behind, on the shapes of four real models."""
 
 from __future__ import annotations
 
@@ -50,20 +46,20 @@ def _bytes_inputs(seed: int) -> tuple[list[tuple[ModelConfig, torch.dtype]]]:
 def _compare_bytes(expected, got) -> Mismatch | None:
     if not isinstance(got, list) or len(got) != len(expected["bytes"]):
         return Mismatch(f"expected a list of {len(expected['bytes'])} numbers, got {got!r}")
-    for index, (want, have, shape) in enumerate(zip(expected["bytes"], got, expected["shapes"])):
+    for want, have, (config, dtype) in zip(expected["bytes"], got, expected["cases"]):
         if isinstance(have, (int, float)) and have == want:
             continue
         shown = f"{have:,}" if isinstance(have, (int, float)) else repr(have)
-        where = f"{shape['name']} in {shape['dtype']}: expected {want:,} bytes per token, got {shown}"
+        where = f"{config.name} in {str(dtype).removeprefix('torch.')}: expected {want:,} bytes per token, got {shown}"
         if not isinstance(have, (int, float)):
             return Mismatch(where, "Return a whole number of bytes (an int).")
         hints = {
             want / 2: "That is half: a token stores a key AND a value at every layer (the factor 2).",
-            want * shape["heads"] / shape["kv_heads"]: "You counted query heads. Only the KV heads are cached "
+            want * config.num_heads / config.num_kv_heads: "You counted query heads. Only the KV heads are cached "
             "(grouped-query attention): use num_kv_heads.",
-            want / shape["bytes"]: "That counts values, not bytes: multiply by the bytes per value of the dtype "
-            "(torch.empty((), dtype=dtype).element_size()).",
-            want / shape["layers"]: "Every layer keeps its own K and V: multiply by num_layers.",
+            want / torch.empty((), dtype=dtype).element_size(): "That counts values, not bytes: multiply by the bytes "
+            "per value of the dtype (torch.empty((), dtype=dtype).element_size()).",
+            want / config.num_layers: "Every layer keeps its own K and V: multiply by num_layers.",
         }
         return Mismatch(where, hints.get(have))
     return None
@@ -78,17 +74,7 @@ register(
         run=lambda functions, inputs: [functions[0](config, dtype) for config, dtype in inputs[0]],
         oracle=lambda inputs: {
             "bytes": [config.kv_bytes_per_token(dtype) for config, dtype in inputs[0]],
-            "shapes": [
-                {
-                    "name": config.name,
-                    "dtype": str(dtype).removeprefix("torch."),
-                    "heads": config.num_heads,
-                    "kv_heads": config.num_kv_heads,
-                    "layers": config.num_layers,
-                    "bytes": torch.empty((), dtype=dtype).element_size(),
-                }
-                for config, dtype in inputs[0]
-            ],
+            "cases": inputs[0],
         },
         compare=_compare_bytes,
         tested="kv_bytes_per_token(config, dtype) for SmolLM2-135M (fp32), Llama 3.1 8B (bf16) and one more model",

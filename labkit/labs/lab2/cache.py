@@ -1,9 +1,5 @@
-"""Lab 2, exercise 1: a per-sequence KV cache, fed passes of several sizes and checked at every layer.
-
-``KVCache(num_layers)`` with ``attend(layer, q, k, v)`` and ``length``: each pass's K and V appended after the
-ones held, attention over all of them (a mask of new queries by all keys), the tokens counted. Exercise 2 runs
-this same check on the side, to blame a wrong decoding on the cache it uses.
-"""
+"""Lab 2, exercise 1: a per-sequence KV cache, fed passes of several sizes and checked at every layer; exercise 2 runs
+this same check on the side, to blame a wrong decoding on the cache it uses."""
 
 from __future__ import annotations
 
@@ -27,18 +23,11 @@ PASS_LENGTHS = (3, 1, 2, 1)
 
 def cache_inputs(seed: int) -> tuple[list[list[tuple[torch.Tensor, ...]]]]:
     generator = torch_generator(seed)
-    passes = []
-    for length in PASS_LENGTHS:
-        passes.append(
-            [
-                (
-                    torch.randn(length, 4, 8, generator=generator),
-                    torch.randn(length, 2, 8, generator=generator),
-                    torch.randn(length, 2, 8, generator=generator),
-                )
-                for _layer in range(2)
-            ]
-        )
+    # per pass and layer: q with 4 query heads, k and v with 2 KV heads
+    passes = [
+        [tuple(torch.randn(length, heads, 8, generator=generator) for heads in (4, 2, 2)) for _layer in range(2)]
+        for length in PASS_LENGTHS
+    ]
     return on_check_device((passes,))
 
 

@@ -1,9 +1,4 @@
-"""Lab 2, exercise 4: how many conversations' KV caches fit beside the weights in a GPU's memory.
-
-``conversations_that_fit(gpu_memory_bytes, weight_bytes, kv_bytes_per_token, context_tokens, memory_fraction)``
-on four cards and models, one whose weights do not fit; the typical mistakes (the whole card, the weights
-forgotten, rounding up, a negative count, a float) are named.
-"""
+"""Lab 2, exercise 4: how many conversations' KV caches fit beside the weights in a GPU's memory."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Lab 2, exercise 2: decoding with the cache, one prefill and then one token per pass, against the run without one.
-
-``generate_with_cache(model, prompt_ids, max_new_tokens)``: every pass watched (the tokens fed, their positions,
-attention over the whole cache, the logits at every step against transformers' forward pass over the whole
-sequence). A wrong decoding whose cache also fails exercise 1's check is blamed on the cache.
-"""
+"""Lab 2, exercise 2: decoding with the cache, every pass watched, against the run without one; a wrong decoding whose
+cache also fails exercise 1's check is blamed on the cache."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ from typing import Any
 from labkit.grading.checks import Exercise, register
 from labkit.grading.compare import compare_sequences, compare_tokens
 from labkit.grading.result import Mismatch
-from labkit.labs.common.diagnose import check_attention, check_logits, check_positions, raised_mismatch
+from labkit.labs.common.diagnose import check_attention, check_logits, check_positions, prompt_returned, raised_mismatch
 from labkit.labs.common.learner_errors import capture, raised_in
 from labkit.labs.common.recording import RecordingModel
 from labkit.labs.common.shared import greedy_without_cache, prompt_and_steps
@@ -89,15 +85,6 @@ def _logits_problem(expected: list, calls: list[dict]) -> Mismatch | None:
     return compare_sequences(expected, last_rows, lambda e, g: check_logits(e, g, "logits"), item="step")
 
 
-def _prompt_returned(prompt: list[int], tokens: Any, steps: int) -> Mismatch | None:
-    if isinstance(tokens, list) and len(tokens) == len(prompt) + steps and tokens[: len(prompt)] == prompt:
-        return Mismatch(
-            f"you returned {len(tokens)} tokens: the prompt's {len(prompt)} and then the {steps} new ones",
-            "Return only the new tokens (the caller already has the prompt).",
-        )
-    return None
-
-
 def _decoding_problem(expected, got) -> Mismatch | None:
     """The first thing wrong with the decoding itself: its passes, positions, attention, logits, tokens."""
     prompt, calls, steps, tokens = expected["prompt"], got["calls"], len(expected["tokens"]), got["tokens"]
@@ -112,7 +99,7 @@ def _decoding_problem(expected, got) -> Mismatch | None:
         or check_attention(calls, keeps_history=True)
         or _pass_count_problem(len(calls), steps)
         or _logits_problem(expected["logits"], calls)
-        or _prompt_returned(prompt, tokens, steps)
+        or prompt_returned(prompt, tokens, steps)
         or compare_tokens(expected["tokens"], tokens)
     )
 

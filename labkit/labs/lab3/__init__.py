@@ -1,9 +1,4 @@
-"""Lab 3, static batching: its four exercises' checks, a module each (importing this package registers them).
-
-:mod:`~labkit.labs.lab3.left_pad` and :mod:`~labkit.labs.lab3.mask` (the padded rectangle and its mask),
-:mod:`~labkit.labs.lab3.static_batch` (the batch decoded, each row against its solo run, on the course's own
-left_pad and mask) and :mod:`~labkit.labs.lab3.waste` (the slot-steps lost to padding).
-"""
+"""Lab 3, static batching: its four exercises' checks, a module each (importing this package registers them)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Lab 3, exercise 1: prompts of different lengths laid out as one left-padded rectangle.
-
-``left_pad(prompts, pad_id)``: ids, is_real (bool) and positions [B, L], positions counted from each prompt's first
-real token. :func:`padded_layout` is the course's answer, used in place of the learner's when exercise 3 is graded;
-right padding, an is_real that is not bool and positions counted from the row's start are named.
-"""
+"""Lab 3, exercise 1: prompts of different lengths laid out as one left-padded rectangle; :func:`padded_layout` is the
+course's answer, used in place of the learner's when exercise 3 is graded."""
 
 from __future__ import annotations
 
@@ -66,11 +62,8 @@ def _compare_pad(expected, got) -> Mismatch | None:
             "is_real is a mask, not a count: make it bool (torch.zeros(B, L, dtype=torch.bool)), so that it can "
             "index and combine with & and ~ as a mask does.",
         )
-    for name, want, have, dims in (
-        ("ids", ids, got_ids, ("row", "column")),
-        ("is_real", is_real, got_real, ("row", "column")),
-    ):
-        mismatch = compare_tensors(want, have, dims=dims, what=name)
+    for name, want, have in (("ids", ids, got_ids), ("is_real", is_real, got_real)):
+        mismatch = compare_tensors(want, have, dims=("row", "column"), what=name)
         if mismatch:
             return mismatch
     if not isinstance(got_positions, torch.Tensor) or got_positions.shape != positions.shape:
@@ -85,8 +78,7 @@ def _compare_pad(expected, got) -> Mismatch | None:
             "A token's position is its index in its own prompt: the first real token is at 0, "
             "however many pads come before it.",
         )
-    mismatch = compare_tensors(positions, real_positions, dims=("row", "column"), what="position of a real token")
-    return mismatch
+    return compare_tensors(positions, real_positions, dims=("row", "column"), what="position of a real token")
 
 
 LEFT_PAD = register(

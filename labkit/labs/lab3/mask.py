@@ -1,9 +1,5 @@
-"""Lab 3, exercise 2: the mask of a padded batch, hiding pads and the future at once.
-
-``padded_causal_mask(key_is_real, num_queries)``: bool [B, Tq, Tk] for a left-padded prefill and two decode passes.
-A wrong mask is compared with the typical mistakes (axes swapped, pads visible, not causal, the causal part aligned
-to the first keys) so the message names the one it shows.
-"""
+"""Lab 3, exercise 2: the mask of a padded batch, hiding pads and the future at once; a wrong mask is named by the
+typical mistake it shows."""
 
 from __future__ import annotations
 
@@ -39,22 +35,17 @@ def _mask_oracle(inputs) -> dict[str, list[torch.Tensor]]:
         causal = causal_mask(num_queries, num_keys, is_real.device)
         real = is_real[:, None, :].expand(-1, num_queries, -1)
         right.append(causal[None] & real)
-        mistakes.append(
-            {
-                "Queries and keys are swapped: the mask is [B, Tq, Tk], the query axis before the key axis.": right[
-                    -1
-                ].transpose(1, 2),
-                "Pads are visible: a key is allowed only if it is a real token (and not in the future).": causal[
-                    None
-                ].expand_as(real),
-                "Not causal: queries see keys after them. Combine the padding mask with a causal mask.": real,
-                "The causal part is aligned to the first keys; the queries are the LAST num_queries tokens, so query i "
-                "sits at column num_keys - num_queries + i.": torch.tril(
-                    torch.ones(num_queries, num_keys, dtype=torch.bool, device=is_real.device)
-                )[None]
-                & real,
-            }
-        )
+        swapped = right[-1].transpose(1, 2)
+        pads_visible = causal[None].expand_as(real)
+        first_keys = torch.tril(torch.ones(num_queries, num_keys, dtype=torch.bool, device=is_real.device))[None] & real
+        known = {
+            "Queries and keys are swapped: the mask is [B, Tq, Tk], the query axis before the key axis.": swapped,
+            "Pads are visible: a key is allowed only if it is a real token (and not in the future).": pads_visible,
+            "Not causal: queries see keys after them. Combine the padding mask with a causal mask.": real,
+            "The causal part is aligned to the first keys; the queries are the LAST num_queries tokens, so query i "
+            "sits at column num_keys - num_queries + i.": first_keys,
+        }
+        mistakes.append(known)
     return {"masks": right, "mistakes": mistakes}
 
 

@@ -1,9 +1,4 @@
-"""Lab 3, exercise 3: a static batch decoded until its longest member ends, each row against its solo run.
-
-``generate_static_batch(model, prompts, max_new_tokens, pad_id)``: the prefill's layout, every decode pass (one
-token per row, each row at its own position, no pass after the longest request's last token) and every row's logits
-and tokens against the prompt decoded alone. Graded on the course's own left_pad and mask (``on_its_own``).
-"""
+"""Lab 3, exercise 3: a static batch decoded until its longest member ends, each row against its solo run."""
 
 from __future__ import annotations
 

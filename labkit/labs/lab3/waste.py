@@ -1,8 +1,4 @@
-"""Lab 3, exercise 4: the slot-steps a static batch loses to padding, from the output lengths alone.
-
-``padding_waste(output_lens, batch_size)``: useful and padded slot-steps and the utilisation, against
-:func:`labkit.viz.timeline.batch_spans`; one longest member for the whole workload instead of per batch is named.
-"""
+"""Lab 3, exercise 4: the slot-steps a static batch loses to padding, from the output lengths alone."""
 
 from __future__ import annotations
 
@@ -30,11 +26,7 @@ def _waste(output_lens: list[int], batch_size: int) -> dict[str, float]:
 def _waste_oracle(inputs) -> dict[str, Any]:
     cases = inputs[0]
     right = [_waste(lens, size) for lens, size in cases]
-    global_max = []
-    for lens, _ in cases:
-        useful = sum(lens)
-        total = max(lens) * len(lens)
-        global_max.append({"useful": useful, "padded": total - useful, "utilisation": useful / total})
+    global_max = [_waste(lens, len(lens)) for lens, _ in cases]  # the whole workload as one batch
     return {"right": right, "global_max": global_max, "cases": [[list(lens), size] for lens, size in cases]}
 
 

@@ -1,10 +1,5 @@
-"""Lab 4, continuous batching: its four exercises' checks, a module per part (importing this package registers them).
-
-:mod:`~labkit.labs.lab4.schedule` (the policy served on the tiny model, and the lesson's ten replies counted),
-:mod:`~labkit.labs.lab4.preemption` (whom to preempt when the blocks run out) and
-:mod:`~labkit.labs.lab4.serving_metrics` (TTFT, TPOT, ITL and goodput from a trace). The names below are the ones
-the notebook, the tests and lab 9 read from this package.
-"""
+"""Lab 4, continuous batching: its four exercises' checks, a module per part (importing this package registers them);
+the names below are the ones the notebook, the tests and lab 9 read from this package."""
 
 from __future__ import annotations
 

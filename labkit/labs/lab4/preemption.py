@@ -1,10 +1,5 @@
-"""Lab 4, the preemption choice: whom to preempt when the blocks run out (vLLM's answer: the newest running request).
-
-``choose_victim(state, request) -> Request`` is plugged into continuous batching on a pool too small for the
-workload, every choice noted, then called directly on a full pool of three; a wrong choice is named by its kind
-(not running, the asker itself, the oldest, sparing itself). The notebook's comparison with the oldest uses
-:func:`oldest`, :data:`PREEMPT_DIALS` and :func:`recomputed_tokens`.
-"""
+"""Lab 4, the preemption choice: whom to preempt when the blocks run out (vLLM's answer: the newest running request),
+a wrong choice named by its kind; the notebook's comparison with the oldest uses the names it exports."""
 
 from __future__ import annotations
 
@@ -32,19 +27,19 @@ def preemption_requests(seed: int) -> list[CheckRequest]:
     return random_requests(seed, 6, prompt_range=(6, 10), output_range=(10, 16), arrival_span=4)
 
 
+def _choice(running: list[Request], request: Request, victim: Any) -> dict[str, Any]:
+    """One choice as plain data: who was running (oldest first), who asked for room, and who was chosen."""
+    ids = [r.request_id for r in running]
+    return {"running": ids, "scheduling": request.request_id, "victim": getattr(victim, "request_id", repr(victim))}
+
+
 def noting_choices(choose_victim, choices: list[dict[str, Any]]):
     """The learner's ``choose_victim``, for the engine's ``choose_victim=`` seam, noting each choice in ``choices``."""
 
     def noted(state, request):
-        running = [r.request_id for r in state.running]
+        running = list(state.running)
         victim = choose_victim(state, request)
-        choices.append(
-            {
-                "running": running,
-                "scheduling": request.request_id,
-                "victim": getattr(victim, "request_id", repr(victim)),
-            }
-        )
+        choices.append(_choice(running, request, victim))
         return victim
 
     return noted
@@ -83,14 +78,7 @@ def full_pool_choices(choose_victim) -> list[dict[str, Any]]:
             state.admit(request, 12)
             request.num_computed_tokens = 12
         victim = choose_victim(state, requests[asker])
-        choices.append(
-            {
-                "running": [r.request_id for r in requests],
-                "scheduling": requests[asker].request_id,
-                "victim": getattr(victim, "request_id", repr(victim)),
-                "direct": True,
-            }
-        )
+        choices.append({**_choice(requests, requests[asker], victim), "direct": True})
     return choices
 
 
@@ -159,12 +147,9 @@ def check_choices(choices: list[dict[str, Any]]) -> Mismatch | None:
 
 
 def _compare_preemption(expected, got) -> Mismatch | None:
-    mismatch = check_choices(got["choices"] + got["direct"])
-    if mismatch is not None:
-        return mismatch
-    failure = run_failure(got)
-    if failure is not None:
-        return failure
+    problem = check_choices(got["choices"] + got["direct"]) or run_failure(got)
+    if problem is not None:
+        return problem
     if not got["preemptions"]:
         return Mismatch(
             "the pool never ran out, so no request was preempted and your choice was never tested",

@@ -1,9 +1,4 @@
-"""Lab 4, the scheduling policy: continuous batching served on the tiny model, and the lesson's ten replies counted.
-
-``continuous_schedule(state) -> SchedulerOutput`` is checked twice: as the engine's policy on seeded requests
-(every decision watched for idle slots and overfull batches, each request's tokens against decoding it alone), and
-on the lesson's ten replies, whose steps must be as few as continuous batching allows (static batching takes 84).
-"""
+"""Lab 4, the scheduling policy: continuous batching served on the tiny model, and the lesson's ten replies counted."""
 
 from __future__ import annotations
 

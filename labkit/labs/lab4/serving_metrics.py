@@ -1,9 +1,5 @@
-"""Lab 4, the serving metrics: mean TTFT, TPOT and ITL (ms) and goodput (requests/s) from a seeded trace.
-
-``serving_metrics(trace, slo) -> dict`` against ``labkit.metrics.summarize`` on the same trace; the trace is
-drawn until every typical mistake (seconds for ms, the first token in TPOT, ITL averaged per request, goodput
-that counts half-good requests) gives a number apart from the right one, so the message can name it.
-"""
+"""Lab 4, the serving metrics against ``labkit.metrics.summarize``, on a trace drawn so that every typical mistake
+gives a number apart from the right one and the message can name it."""
 
 from __future__ import annotations
 
@@ -65,33 +61,30 @@ def metric_mistakes(trace: Trace, slo: dict[str, float]) -> dict[str, dict[str, 
     ttft_s = [r.first_token_time - r.arrival_time for r in records]
     tpot_s = [(r.finish_time - r.first_token_time) / (r.output_len - 1) for r in records]
     any_good = sum(t * 1000 <= slo["ttft"] or p * 1000 <= slo["tpot"] for t, p in zip(ttft_s, tpot_s))
+    # what the mistakes compute: TPOT over every token, or from the arrival; ITL averaged per request first
+    with_first = float(np.mean([(r.finish_time - r.first_token_time) / r.output_len for r in records])) * 1000
+    from_arrival = float(np.mean([(r.finish_time - r.arrival_time) / (r.output_len - 1) for r in records])) * 1000
+    per_request = float(np.mean([np.mean(np.diff(r.token_times)) for r in records])) * 1000
+    every_one = len(records) / duration  # goodput with every request counted as good
+    a_count = right["goodput"] * duration  # goodput as a count, not a rate
     unit = "seconds, not milliseconds: multiply by 1000"
     return {
         "ttft_ms": {unit: right["ttft_ms"] / 1000},
         "tpot_ms": {
             unit: right["tpot_ms"] / 1000,
             "TPOT included the first token: count the time after the first token, over the tokens after it "
-            "(output_len - 1)": float(np.mean([(r.finish_time - r.first_token_time) / r.output_len for r in records]))
-            * 1000,
-            "TPOT included the first token's wait (from the arrival): TPOT starts at the first token": float(
-                np.mean([(r.finish_time - r.arrival_time) / (r.output_len - 1) for r in records])
-            )
-            * 1000,
+            "(output_len - 1)": with_first,
+            "TPOT included the first token's wait (from the arrival): TPOT starts at the first token": from_arrival,
         },
         "itl_ms": {
             unit: right["itl_ms"] / 1000,
             "ITL was averaged per request, then over requests: ITL is every gap between two tokens, pooled, so "
-            "a long answer's gaps count once each": float(np.mean([np.mean(np.diff(r.token_times)) for r in records]))
-            * 1000,
+            "a long answer's gaps count once each": per_request,
         },
         "goodput": {
             "goodput counted requests that missed one SLO limit: a good request meets every limit": any_good / duration,
-            "every request counted as good: were seconds compared with limits in milliseconds?": len(records)
-            / duration,
-            "goodput is good requests per second of the run (first arrival to last finish), not a count": right[
-                "goodput"
-            ]
-            * duration,
+            "every request counted as good: were seconds compared with limits in milliseconds?": every_one,
+            "goodput is good requests per second of the run (first arrival to last finish), not a count": a_count,
         },
     }
 
@@ -129,14 +122,8 @@ def _compare_metrics(expected, got) -> Mismatch | None:
             )
         if math.isclose(have, want, rel_tol=1e-6, abs_tol=1e-9):
             continue
-        hint = next(
-            (
-                mistake
-                for mistake, wrong in expected["mistakes"][name].items()
-                if math.isclose(have, wrong, rel_tol=1e-6)
-            ),
-            None,
-        )
+        mistakes = expected["mistakes"][name].items()
+        hint = next((mistake for mistake, wrong in mistakes if math.isclose(have, wrong, rel_tol=1e-6)), None)
         return Mismatch(
             f"{name}: expected {want:.4g}, got {have:.4g} (labkit.metrics.summarize on the same trace)", hint
         )

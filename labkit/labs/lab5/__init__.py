@@ -1,9 +1,4 @@
-"""Lab 5, PagedAttention: its three exercises' checks, a module each (importing this package registers them).
-
-:mod:`~labkit.labs.lab5.allocator` (the block allocator), :mod:`~labkit.labs.lab5.slots` (where a token lives in
-the pool) and :mod:`~labkit.labs.lab5.paged_attention` (attention through a block table), the first and last
-checked inside the engine too.
-"""
+"""Lab 5, PagedAttention: its three exercises' checks, a module each (importing this package registers them)."""
 
 from __future__ import annotations
 

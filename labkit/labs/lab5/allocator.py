@@ -1,10 +1,5 @@
-"""Lab 5, exercise 1: a block allocator, watched after every call of a seeded script and then inside the engine.
-
-``PagedBlockAllocator``: blocks handed out on demand from a free list, one block table per sequence, every block
-back on the free list when the sequence ends. After every allocate or free the tables must have the right length,
-keep their old blocks, and share none; then the engine with it (a pool small enough to preempt) must give every
-request its solo tokens and end with no block in use.
-"""
+"""Lab 5, exercise 1: a block allocator, watched after every call of a seeded script and then inside the engine (a pool
+small enough to preempt), so a lost or shared block is named at the call that made it."""
 
 from __future__ import annotations
 
@@ -165,12 +160,10 @@ def _run_allocator(functions, inputs) -> dict[str, Any]:
 
 
 def _compare_allocator(expected, got) -> Mismatch | None:
-    mismatch = check_allocator_log(expected["calls"], got["log"])
-    if mismatch is not None:
-        return mismatch
-    failure = run_failure(got["engine"], "in the engine (12 blocks of 4), ")
-    if failure is not None:
-        return failure
+    problem = check_allocator_log(expected["calls"], got["log"])
+    problem = problem or run_failure(got["engine"], "in the engine (12 blocks of 4), ")
+    if problem is not None:
+        return problem
     if got["engine"]["blocks_used_at_end"]:
         return Mismatch(
             f"in the engine, {got['engine']['blocks_used_at_end']} blocks were still in use after every request "

@@ -1,9 +1,5 @@
-"""Lab 5, exercise 3: one sequence's attention, its keys and values gathered from the pools through its block table.
-
-``paged_attention(q, k_pool, v_pool, block_table, context_len)``: checked against dense attention on seeded pools
-(the typical mistakes, blocks gathered sorted, the last block's unused slots kept, no causal mask, named), then
-plugged into the engine (:func:`engine_attention`), every request's tokens against decoding it alone.
-"""
+"""Lab 5, exercise 3: one sequence's attention through its block table, against dense attention (the typical
+mistakes named), then plugged into the engine (:func:`engine_attention`)."""
 
 from __future__ import annotations
 
@@ -18,6 +14,7 @@ from labkit.kv.attention import attention, causal_mask
 from labkit.kv.paged_batch import PagedBatch
 from labkit.labs.common.diagnose import diagnosed
 from labkit.labs.common.engine_runs import random_requests, serve
+from labkit.labs.common.mistakes import tensor_mistake
 from labkit.labs.common.shared import on_check_device, rng, torch_generator
 from labkit.labs.common.solo import compare_with_solo, run_failure, solo_oracle
 from labkit.labs.hints import register_hints
@@ -103,10 +100,8 @@ def _compare_attention(expected, got) -> Mismatch | None:
         )
         if mismatch is None:
             continue
-        for hint, wrong in mistakes.items():
-            if isinstance(have, torch.Tensor) and have.shape == wrong.shape and torch.allclose(have, wrong, atol=1e-4):
-                mismatch = Mismatch(mismatch.difference, hint)
-                break
+        hint = tensor_mistake(have, mistakes, atol=1e-4)
+        mismatch = Mismatch(mismatch.difference, hint) if hint else mismatch
         return mismatch.within(f"case {index} ({want.shape[0]} queries)")
     failure = run_failure(got["engine"], "in the engine with your attention, ")
     if failure is not None:

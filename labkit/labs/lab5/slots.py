@@ -1,8 +1,4 @@
-"""Lab 5, exercise 2: the slot mapping, where token ``pos`` of a sequence lives in the pool.
-
-``slot_mapping(block_table, start, end, block_size)``: ``table[pos // B] * B + pos % B`` for each new position, on
-four seeded tables; the positions returned as they are, and slots off by one, are named.
-"""
+"""Lab 5, exercise 2: the slot mapping, where token ``pos`` of a sequence lives in the pool."""
 
 from __future__ import annotations
 

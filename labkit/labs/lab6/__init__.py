@@ -1,8 +1,4 @@
-"""Lab 6, chunked prefill: its three exercises' checks, a module each (importing this package registers them).
-
-:mod:`~labkit.labs.lab6.schedule` (the token-budget policy, served on the tiny model), :mod:`~labkit.labs.lab6.budget`
-(the largest budget that keeps an ITL promise) and :mod:`~labkit.labs.lab6.chunks` (how a long prompt is cut).
-"""
+"""Lab 6, chunked prefill: its three exercises' checks, a module each (importing this package registers them)."""
 
 from __future__ import annotations
 

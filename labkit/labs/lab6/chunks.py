@@ -1,8 +1,5 @@
-"""Lab 6, exercise 3: how a long prompt is cut into chunks while other requests decode.
-
-``prefill_chunks(prompt_len, budget, num_decoding) -> list[int]``: the decode-first chunks, checked by arithmetic
-(:func:`chunks_oracle`) and against the chunks the learner's own policy gives in the engine.
-"""
+"""Lab 6, exercise 3: how a long prompt is cut into chunks while other requests decode, checked by arithmetic
+(:func:`chunks_oracle`) and against the chunks the learner's own policy gives in the engine."""
 
 from __future__ import annotations
 
@@ -25,7 +22,8 @@ def chunks_oracle(prompt_len: int, budget: int, num_decoding: int) -> list[int]:
 
 
 def chunk_cases(seed: int) -> list[tuple[int, int, int]]:
-    """(prompt_len, budget, num_decoding): seeded, plus an exact multiple and a prompt that fits one step."""
+    """(prompt_len, budget, num_decoding): seeded, plus an exact multiple and a prompt that fits one step; the first
+    is also served in the engine."""
     r = rng(seed)
     room = r.randint(8, 20)
     decoding = r.randint(1, 4)
@@ -58,7 +56,7 @@ def engine_chunks(policy, prompt_len: int, budget: int, num_decoding: int, seed:
 
 def _run_chunks(functions, inputs) -> dict[str, Any]:
     predict, schedule = functions
-    prompt_len, budget, decoding = inputs["engine_case"]
+    prompt_len, budget, decoding = inputs["cases"][0]
     return {
         "predicted": [list(predict(*case)) for case in inputs["cases"]],
         "engine": engine_chunks(policy_from_function(schedule, chunked=True), prompt_len, budget, decoding, 0),
@@ -68,8 +66,8 @@ def _run_chunks(functions, inputs) -> dict[str, Any]:
 def _compare_chunks(expected, got) -> Mismatch | None:
     if got["engine"] != expected["engine"]:
         return Mismatch(
-            f"your chunked_schedule cut a {expected['engine_case'][0]}-token prompt into {got['engine']!s:.120} "
-            f"while {expected['engine_case'][2]} requests decoded, not {expected['engine']}; this exercise predicts "
+            f"your chunked_schedule cut a {expected['cases'][0][0]}-token prompt into {got['engine']!s:.120} "
+            f"while {expected['cases'][0][2]} requests decoded, not {expected['engine']}; this exercise predicts "
             "what exercise 1's policy does",
             "Fix exercise 1 first, then run this check again (its check says what to fix).",
         )
@@ -90,24 +88,18 @@ def _compare_chunks(expected, got) -> Mismatch | None:
     return None
 
 
-def _chunk_inputs(seed: int) -> dict[str, Any]:
-    cases = chunk_cases(seed)
-    return {"cases": cases, "engine_case": cases[0]}
-
-
 register(
     diagnosed(
         Exercise(
             id="lab6.prefill_chunks",
             functions=("prefill_chunks", "chunked_schedule"),
             answers=("labkit.labs.lab6.chunks_oracle", *CHUNKED_ANSWERS),
-            make_inputs=_chunk_inputs,
+            make_inputs=lambda seed: {"cases": chunk_cases(seed)},
             run=_run_chunks,
             oracle=lambda inputs: {
                 "cases": inputs["cases"],
-                "engine_case": inputs["engine_case"],
                 "chunks": [chunks_oracle(*case) for case in inputs["cases"]],
-                "engine": chunks_oracle(*inputs["engine_case"]),
+                "engine": chunks_oracle(*inputs["cases"][0]),
             },
             compare=_compare_chunks,
             tested="prefill_chunks(prompt_len, budget, num_decoding) on four seeded cases (one an exact multiple, one "

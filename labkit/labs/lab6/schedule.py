@@ -1,10 +1,5 @@
-"""Lab 6, exercise 1: a chunked-prefill policy served on the tiny model, every step watched.
-
-``chunked_schedule(state) -> SchedulerOutput``: every decoding request gets its one token first, then prompts
-(running ones mid-prefill, then new ones from the queue) get chunks of whatever budget ``max_num_batched_tokens``
-leaves. Seeded requests plus one long prompt arriving mid-run: under budget, no decode skipped for a prompt, no
-budget left idle while a prompt waits, and each request's tokens equal to decoding it alone.
-"""
+"""Lab 6, exercise 1: a chunked-prefill policy served on the tiny model, every step watched (decodes first, then
+prompt chunks of what the budget leaves)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Lab 7, exercise 1: ``block_hashes``, one hash per *full* block, each of its parent's hash and its own tokens.
-
-Checked on seeded token lists against labkit's chain (a hash for the partial last block, and a block hashed without
-its parent, are named), then in the engine serving chats that share a system prompt.
-"""
+"""Lab 7, exercise 1: ``block_hashes``, one hash per *full* block, each of its parent's hash and its own tokens."""
 
 from __future__ import annotations
 

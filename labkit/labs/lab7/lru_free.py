@@ -1,10 +1,5 @@
-"""Lab 7, exercise 3: ``release_block`` and ``pick_block``, a ref-counted free and an LRU list of cached blocks.
-
-A shared block is freed by its last holder; a freed block with a hash waits, findable, on an LRU list; new blocks
-come from the never-used ones first, then from the least recently freed cached one. Checked on a seeded script of
-takes and frees (the pool after every call, compared with labkit's allocator, the typical mistake named), then in
-the engine on a pool small enough to evict.
-"""
+"""Lab 7, exercise 3: ``release_block`` and ``pick_block``, a ref-counted free and an LRU list of cached blocks, the
+pool compared with labkit's after every call of a seeded script so that the message names the call."""
 
 from __future__ import annotations
 
@@ -93,10 +88,8 @@ def _took_the_wrong_block(before: Pool, want: Pool, have: Pool, where: str) -> M
     taken_want = set(before["evictable"]) - set(want["evictable"])
     taken_have = set(before["evictable"]) - set(have["evictable"])
     order = {block: rank for rank, block in enumerate(before["evictable"])}
-    yours, labkits = (
-        sorted(taken_have - taken_want, key=lambda block: order[block]),
-        sorted(taken_want - taken_have, key=lambda block: order[block]),
-    )
+    yours = sorted(taken_have - taken_want, key=order.__getitem__)  # oldest first, as evictable was
+    labkits = sorted(taken_want - taken_have, key=order.__getitem__)
     if yours and labkits and order[yours[0]] > order[labkits[-1]]:
         return Mismatch(
             f"{where}: you evicted block {yours[-1]}, freed more recently than block {labkits[0]}, which "

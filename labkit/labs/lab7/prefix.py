@@ -1,9 +1,4 @@
-"""Lab 7, exercise 2: ``cached_prefix``, the blocks of the longest run of hashes found in the map.
-
-The run stops at the first miss and leaves at least the prompt's last token to compute. Checked on seeded prompts
-with maps holding some of their blocks against labkit's lookup (hashes for blocks, the whole prompt taken, a run
-past a miss are named), then in the engine serving chats that share a system prompt.
-"""
+"""Lab 7, exercise 2: ``cached_prefix``, the blocks of the longest run of hashes found in the map."""
 
 from __future__ import annotations
 

@@ -1,23 +1,16 @@
-"""A learner's prefix-caching pieces plugged into labkit's allocator, and runs to judge them by (lab 7).
-
-:class:`~labkit.kv.prefix_cache.PrefixCachingBlockAllocator` calls four replaceable pieces: the
-hash chain, the longest-cached-prefix lookup, the ref-count release and the block pick.
-:func:`allocator_with` passes the learner's functions to its constructor instead, so the
-engine runs on their code and everything else (tables, the map, the collision check) stays
-labkit's. The checks then compare it with labkit's own allocator: on a seeded script of calls
-(the pool after every call), and inside the engine on the tiny model (tokens and the prompt
-tokens found in the cache, request by request).
-"""
+"""A learner's prefix-caching pieces plugged into labkit's allocator, and runs to judge them by (lab 7): the engine
+runs on their code while everything else (tables, the map, the collision check) stays labkit's."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from labkit.kv.prefix_cache import PrefixCachingBlockAllocator
 from labkit.labs.common.engine_runs import CheckRequest, run_requests
-from labkit.labs.common.learner_errors import raised_record
+from labkit.labs.common.learner_errors import capture, raised_in
 from labkit.labs.common.shared import rng
 
 
@@ -66,19 +59,15 @@ def chat_requests(seed: int, count: int = 8, system_len: int = 22, spacing: floa
 def serve_counted(requests: list[CheckRequest], allocator, **engine_args) -> dict[str, Any]:
     """Serve with prefix caching on ``allocator``: tokens, and per request the prompt tokens found in the cache."""
     llm, tokens = run_requests(requests, block_allocator=allocator, enable_prefix_caching=True, **engine_args)
-    found: dict[str, int] = {}
-    computed: dict[str, int] = {}
+    computed: Counter[str] = Counter()
     for step in llm.trace.steps:
-        for request_id, num in step.scheduled.items():
-            computed[request_id] = computed.get(request_id, 0) + num
-    for index, r in enumerate(requests):
-        request_id = f"r{index}"
-        # every token a request computed: its prompt tokens not found in the cache, plus one per output token but
-        # the last (a preempted request computes again, which both allocators would do alike)
-        found[request_id] = len(r.prompt_ids) + r.max_tokens - 1 - computed.get(request_id, 0)
+        computed.update(step.scheduled)
+    # every token a request computed: its prompt tokens not found in the cache, plus one per output token but
+    # the last (a preempted request computes again, which both allocators would do alike)
+    found = [len(r.prompt_ids) + r.max_tokens - 1 - computed[f"r{i}"] for i, r in enumerate(requests)]
     return {
         "tokens": [tokens[f"r{i}"] for i in range(len(requests))],
-        "found": [found[f"r{i}"] for i in range(len(requests))],
+        "found": found,
         "hits": sum(step.prefix_cache_hits for step in llm.trace.steps),
         "evictions": llm.state.blocks.num_evictions,
         "preemptions": llm.num_preemptions,
@@ -149,12 +138,9 @@ def run_pool_script(
     blocks = allocator_class(num_blocks, block_size)
     log = []
     for call in calls:
-        try:
-            found = make_call(blocks, call)
-        except NotImplementedError:
-            raise
-        except Exception as error:  # judged as a step of the script
-            log.append({"raised": raised_record(error, functions)})
+        found = capture(functions, lambda: make_call(blocks, call))  # what it raises is judged as a step
+        if raised_in(found):
+            log.append(found)
             break
         log.append({"found": found, **blocks.pool_state()})
     return log

@@ -7,7 +7,7 @@ from typing import Any
 
 from labkit.grading.result import Mismatch
 from labkit.labs.common.diagnose import raised_mismatch
-from labkit.labs.common.learner_errors import raised_record
+from labkit.labs.common.learner_errors import RAISED, capture
 from labkit.labs.lab7.runs import serve_counted
 
 BLOCK_SIZE = 4  # the checks' blocks: small, so short prompts span several
@@ -24,18 +24,13 @@ def engine_run(allocator_class, requests, num_blocks: int = ROOMY_POOL) -> dict[
 
 def learner_engine_run(functions, allocator_class, requests, num_blocks: int = ROOMY_POOL) -> dict[str, Any]:
     """:func:`engine_run` with the learner's pieces; what they raise is kept (the checks before it come first)."""
-    try:
-        return engine_run(allocator_class, requests, num_blocks)
-    except NotImplementedError:
-        raise
-    except Exception as error:  # judged after the direct cases, which usually say more
-        return {"raised": raised_record(error, functions)}
+    return capture(functions, lambda: engine_run(allocator_class, requests, num_blocks))
 
 
 def compare_engine_runs(expected: dict[str, Any], got: dict[str, Any], where: str) -> Mismatch | None:
     """Tokens first (a wrong block serves wrong keys), then the prompt tokens each request found in the cache."""
-    if "raised" in got:
-        return raised_mismatch(got["raised"], None).within(where)
+    if RAISED in got:
+        return raised_mismatch(got[RAISED], None).within(where)
     for index, (want, have) in enumerate(zip(expected["tokens"], got["tokens"])):
         if want != have:
             return Mismatch(
