@@ -127,8 +127,7 @@ class _LivePlot:
 
     def draw(self, samples: list[GaugeSample], final: bool = False) -> None:
         """Redraw if the last drawing is REDRAW_EVERY_S old and its time is DRAWING_SHARE of that (or final)."""
-        if final or time.monotonic() - self.drawn_at >= max(REDRAW_EVERY_S, self.drawing_s / DRAWING_SHARE):
-            began = time.monotonic()
+        if (began := time.monotonic()) - self.drawn_at >= max(REDRAW_EVERY_S, self.drawing_s / DRAWING_SHARE) or final:
             self.handle.update(self._render(samples))
             self.drawn_at, self.drawing_s = time.monotonic(), time.monotonic() - began
 
