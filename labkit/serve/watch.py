@@ -4,7 +4,7 @@
 meanwhile, reads ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` and
 ``vllm:kv_cache_usage_perc`` every ``every_s`` seconds, as Prometheus would scrape them. Inside
 a Jupyter kernel the plot (:func:`labkit.viz.plot_server_gauges`) is shown and redrawn in place
-while the work runs, at most once a second: drawing takes CPU from the server being watched.
+while the work runs, at most once a second and a tenth of the time: drawing takes CPU from the server.
 Outside a kernel nothing is drawn; the samples come back either way.
 """
 
@@ -28,7 +28,7 @@ GAUGES = {
     "waiting": "vllm:num_requests_waiting",
     "kv_usage": "vllm:kv_cache_usage_perc",
 }
-REDRAW_EVERY_S = 1.0  # the fastest the live plot is redrawn
+REDRAW_EVERY_S, DRAWING_SHARE = 1.0, 0.1  # at most once a second; drawing (0.4 s of CPU here) at most a tenth
 
 
 @dataclass(frozen=True)
@@ -123,13 +123,13 @@ class _LivePlot:
 
         self.figure = Figure(figsize=(7, 3), layout="constrained")  # not pyplot's: no second copy at cell end
         self.handle = display(self._render([]), display_id=True)
-        self.drawn_at = time.monotonic()
+        self.drawn_at, self.drawing_s = time.monotonic(), 0.0
 
     def draw(self, samples: list[GaugeSample], final: bool = False) -> None:
-        """Redraw, unless the last drawing is under REDRAW_EVERY_S old (the final one is always drawn)."""
-        if final or time.monotonic() - self.drawn_at >= REDRAW_EVERY_S:
+        """Redraw if the last drawing is REDRAW_EVERY_S old and its time is DRAWING_SHARE of that (or final)."""
+        if (began := time.monotonic()) - self.drawn_at >= max(REDRAW_EVERY_S, self.drawing_s / DRAWING_SHARE) or final:
             self.handle.update(self._render(samples))
-            self.drawn_at = time.monotonic()
+            self.drawn_at, self.drawing_s = time.monotonic(), time.monotonic() - began
 
     def _render(self, samples: list[GaugeSample]):
         from IPython.display import Image
