@@ -243,7 +243,7 @@ class Grader:
         self._oracle_lock = threading.Lock()  # one oracle at a time: they share the model and the cores
         self._cards: gpu_access.CardPool | None = None  # under --gpu: the cards, handed out one submission each
         self._seeds: dict[str, int] = {}  # submission name -> its seed, drawn once
-        self._prepared: dict[tuple[str, int], Any] = {}  # (exercise id, seed) -> expected answer made by prepare
+        self._prepared: dict[int, dict[str, Any]] = {}  # seed -> {exercise id: expected answer} made by prepare
 
     def prepare(self, labs: set[str], first: tuple[str, Path] | None = None) -> None:
         """Everything judging needs, made before any learner code runs: each lab's checks imported, the
@@ -258,19 +258,20 @@ class Grader:
                 self._cards = gpu_access.CardPool(gpu_access.usable_gpus(self.settings.sandbox))
             except gpu_access.GpuRefused as error:
                 raise SetupError(str(error)) from None
-        modules, seed = [], self.seed_for(first[0]) if first else 0
-        first_labs = labs_of(first[1:], self.settings.lab) if first else set()
+        modules = []
         for lab in sorted(labs):
             try:
                 modules.append(lab_module(lab))
             except ValueError:  # an unknown lab: reported per submission
                 continue
-            try:
-                with contents_verified():  # a model the oracles load must match its conversion's checksums
-                    for exercise in exercises_for_lab(lab) if lab in first_labs else []:
-                        self._prepared[exercise.id, seed] = expected_outputs(exercise, seed)
-            except ModelCacheError as error:
-                raise SetupError(str(error)) from None
+        seed, first_labs = (self.seed_for(first[0]), labs_of(first[1:], self.settings.lab)) if first else (0, set())
+        try:
+            with contents_verified():  # a model the oracles load must match its conversion's checksums
+                self._prepared[seed] = {
+                    e.id: expected_outputs(e, seed) for lab in first_labs for e in _exercises(lab, missing_ok=True)
+                }
+        except ModelCacheError as error:
+            raise SetupError(str(error)) from None
         if self.settings.sandbox and (hidden := sandbox.unreadable_in_sandbox(cache_root())):
             raise SetupError(
                 f"the sandboxed kernels could not read {hidden[0]} (and {len(hidden) - 1} more files in the "
@@ -309,7 +310,8 @@ class Grader:
             grade.notes += lab_notes(notebook, grade.lab)
             exercises = _exercises(grade.lab)
             with self._oracle_lock, contents_verified():  # before this submission's code runs
-                expected = {exercise.id: self._expected(exercise, seed) for exercise in exercises}
+                prepared = self._prepared.pop(seed, {})  # its answers, if prepare made them (the first submission's)
+                expected = {e.id: prepared[e.id] if e.id in prepared else expected_outputs(e, seed) for e in exercises}
             self._run_and_judge(path, notebook, exercises, expected, grade, seed, sandbox.sandbox_uid(1 + slot))
         except SubmissionError as error:
             grade.error = report_text(str(error))
@@ -324,12 +326,6 @@ class Grader:
             ]
         grade.elapsed_s = time.monotonic() - started
         return grade
-
-    def _expected(self, exercise: Exercise, seed: int) -> Any:
-        """The exercise's expected answer under `seed`: the one `prepare` made (given out once), or made now."""
-        if (exercise.id, seed) in self._prepared:
-            return self._prepared.pop((exercise.id, seed))
-        return expected_outputs(exercise, seed)
 
     @contextmanager
     def _card(self) -> Iterator[gpu_access.CardAccess | None]:
