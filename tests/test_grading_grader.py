@@ -18,6 +18,7 @@ import pytest
 from hostile_text import ESCAPES, FORGED_FILE_NAME, HOSTILE, raw_learner_text
 
 from labkit.cli import main
+from labkit.grading import grader as grader_module
 from labkit.grading import sandbox
 from labkit.grading.grader import kernel_env
 from labkit.grading.submissions import SubmissionError, infer_lab, lab_notes, read_notebook, submission_names
@@ -315,3 +316,18 @@ def test_kernel_gets_no_secrets_and_this_labkit_first(monkeypatch):
     assert "COURSE_API_TOKEN" not in env and env["LABKIT_CACHE"] == "/tmp/cache"
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(Path(__file__).resolve().parents[1])
     assert "TMPDIR" not in kernel_env(sandboxed=True)  # a sandbox has its own /tmp
+
+
+def test_prepare_makes_only_the_first_submissions_answers_under_its_seed(monkeypatch):
+    """A class of two labs: the checks of both are imported for the judges, but the expected answers made before
+    any learner code runs are those the first submission will be handed, its own lab's under its own seed."""
+    made = []
+    monkeypatch.setattr(grader_module, "expected_outputs", lambda exercise, seed: made.append((exercise.id, seed)))
+    monkeypatch.setattr(grader_module, "start_judges", lambda modules: made.append(tuple(modules)))
+    grader = grader_module.Grader(grader_module.GradeSettings(sandbox=False), seed=7)
+    grader.prepare({"demo", "lab2"}, ("solved", SUBMISSIONS["solved"]))
+    seed = grader.seed_for("solved")
+    assert made == [(id, seed) for id in ("demo.add", "demo.softmax", "demo.greedy_tokens")] + [
+        ("labkit.grading.exercises.demo", "labkit.labs.lab2")
+    ]
+    assert list(grader._prepared) == [seed] and list(grader._prepared[seed]) == [id for id, _ in made[:3]]

@@ -6,6 +6,7 @@ close that another batch shape's rounding may flip them): from there on the two 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -23,11 +24,15 @@ class SoloRun:
 
 
 def solo_greedy(model, prompt_ids: list[int], max_tokens: int, ignore_eos: bool = False) -> SoloRun:
-    """Decode one prompt alone with the model's dense contiguous cache (prefill, then decode)."""
+    """Decode one prompt alone with the model's dense contiguous cache (prefill, then decode), once per process."""
+    return _solo_greedy(model, tuple(prompt_ids), max_tokens, ignore_eos)
+
+
+@functools.lru_cache(maxsize=16)  # checks draw their prompts from short lists, and each seed and submission asks again
+def _solo_greedy(model, prompt_ids: tuple[int, ...], max_tokens: int, ignore_eos: bool) -> SoloRun:
     eos = set() if ignore_eos else set(model.config.eos_token_ids)
-    logits, cache = model.prefill(prompt_ids)
-    last = logits[-1]
-    run = SoloRun([], [], [])
+    logits, cache = model.prefill(list(prompt_ids))
+    last, run = logits[-1], SoloRun([], [], [])
     while True:
         top2 = torch.topk(last.float(), 2).values
         run.tokens.append(int(last.argmax()))

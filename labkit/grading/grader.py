@@ -243,15 +243,14 @@ class Grader:
         self._oracle_lock = threading.Lock()  # one oracle at a time: they share the model and the cores
         self._cards: gpu_access.CardPool | None = None  # under --gpu: the cards, handed out one submission each
         self._seeds: dict[str, int] = {}  # submission name -> its seed, drawn once
-        self._prepared: dict[tuple[str, int], Any] = {}  # (exercise id, seed) -> expected answer made by prepare
+        self._prepared: dict[int, dict[str, Any]] = {}  # seed -> {exercise id: expected answer} made by prepare
 
-    def prepare(self, labs: set[str], first: str | None = None) -> None:
-        """Everything judging needs, made before any learner code runs: each lab's checks imported, an
-        expected answer computed once (the model and the modules the oracles use are loaded) and the
-        judging processes started with those checks imported.
-
-        The expected answers computed are those of submission `first` (the first to be graded), under its
-        own seed: kept, they are its answers, so no oracle runs only to load what the oracles need."""
+    def prepare(self, labs: set[str], first: tuple[str, Path] | None = None) -> None:
+        """Everything judging needs, made before any learner code runs: each lab's checks imported, the
+        judging processes started with them, and the expected answers of submission `first` (its name and
+        path: the first to be graded) computed under its own seed, for its own lab only: kept, they are its
+        answers, so no oracle runs only to load what the oracles need (another lab's load theirs when graded,
+        its model checked then as here: `grade`)."""
         if self.settings.sandbox and (problem := sandbox.sandbox_problem()):
             raise SetupError(f"no sandbox can be made here: {problem}")
         if self.settings.gpu:  # the cards, once a cgroup is known to hold a sandbox's memory without --as
@@ -265,13 +264,14 @@ class Grader:
                 modules.append(lab_module(lab))
             except ValueError:  # an unknown lab: reported per submission
                 continue
-            try:
-                seed = self.seed_for(first) if first is not None else 0
-                with contents_verified():  # a model the oracles load must match its conversion's checksums
-                    for exercise in exercises_for_lab(lab):
-                        self._prepared[exercise.id, seed] = expected_outputs(exercise, seed)
-            except ModelCacheError as error:
-                raise SetupError(str(error)) from None
+        seed, first_labs = (self.seed_for(first[0]), labs_of(first[1:], self.settings.lab)) if first else (0, set())
+        try:
+            with contents_verified():  # a model the oracles load must match its conversion's checksums
+                self._prepared[seed] = {
+                    e.id: expected_outputs(e, seed) for lab in first_labs for e in _exercises(lab, missing_ok=True)
+                }
+        except ModelCacheError as error:
+            raise SetupError(str(error)) from None
         if self.settings.sandbox and (hidden := sandbox.unreadable_in_sandbox(cache_root())):
             raise SetupError(
                 f"the sandboxed kernels could not read {hidden[0]} (and {len(hidden) - 1} more files in the "
@@ -309,8 +309,9 @@ class Grader:
             grade.lab = grade.lab or infer_lab(notebook)
             grade.notes += lab_notes(notebook, grade.lab)
             exercises = _exercises(grade.lab)
-            with self._oracle_lock:  # before this submission's code runs
-                expected = {exercise.id: self._expected(exercise, seed) for exercise in exercises}
+            with self._oracle_lock, contents_verified():  # before this submission's code runs
+                prepared = self._prepared.pop(seed, {})  # its answers, if prepare made them (the first submission's)
+                expected = {e.id: prepared[e.id] if e.id in prepared else expected_outputs(e, seed) for e in exercises}
             self._run_and_judge(path, notebook, exercises, expected, grade, seed, sandbox.sandbox_uid(1 + slot))
         except SubmissionError as error:
             grade.error = report_text(str(error))
@@ -325,12 +326,6 @@ class Grader:
             ]
         grade.elapsed_s = time.monotonic() - started
         return grade
-
-    def _expected(self, exercise: Exercise, seed: int) -> Any:
-        """The exercise's expected answer under `seed`: the one `prepare` made (given out once), or made now."""
-        if (exercise.id, seed) in self._prepared:
-            return self._prepared.pop((exercise.id, seed))
-        return expected_outputs(exercise, seed)
 
     @contextmanager
     def _card(self) -> Iterator[gpu_access.CardAccess | None]:
@@ -480,7 +475,7 @@ def grade_submissions(
     """
     grader = Grader(settings, seed)
     jobs_list = list(zip(paths, names or submission_names(paths), range(len(paths))))
-    grader.prepare(labs_of(paths, settings.lab), jobs_list[0][1] if jobs_list else None)
+    grader.prepare(labs_of(paths, settings.lab), jobs_list[0][1::-1] if jobs_list else None)
     with ThreadPoolExecutor(max_workers=grader.concurrent_jobs(jobs)) as pool:
         running = pool.map(lambda job: grader.grade(*job), jobs_list)
         return list(tqdm(running, total=len(jobs_list), desc="grading", unit="notebook", disable=None))

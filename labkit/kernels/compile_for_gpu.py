@@ -74,9 +74,9 @@ class CompilerUnavailableError(RuntimeError):
 def compiler_problem() -> str | None:
     """Why Triton cannot compile for an NVIDIA target on this machine, or None when it can."""
     try:
-        from triton import knobs
+        from labkit.kernels.runtime import triton  # set up first: Triton imported bare would not interpret here
 
-        ptxas = knobs.nvidia.ptxas.path
+        ptxas = triton.knobs.nvidia.ptxas.path
     except Exception as error:  # no Triton, or no ptxas in its wheel nor on TRITON_PTXAS_PATH
         return f"Triton's compiler cannot run here ({type(error).__name__}: {error})"
     if not (ptxas and os.access(ptxas, os.X_OK)):
