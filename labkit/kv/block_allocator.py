@@ -51,7 +51,7 @@ class FreeListBlockAllocator:
 
     def num_new_blocks(self, seq_id: str, num_tokens: int) -> int:
         """Blocks a sequence still lacks to hold ``num_tokens`` tokens."""
-        return max(0, self.blocks_for(num_tokens) - len(self._tables.get(seq_id, ())))
+        return max(0, self.blocks_for(num_tokens) - len(self.block_table(seq_id)))
 
     def can_allocate(self, seq_id: str, num_tokens: int) -> bool:
         return self.num_new_blocks(seq_id, num_tokens) <= self.num_free_blocks

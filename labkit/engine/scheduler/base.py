@@ -29,7 +29,7 @@ def schedule_running(state: SchedulerState, output: SchedulerOutput, budget: int
 
     Without chunking, a prompt runs whole or waits for a step with room. Returns the budget left.
     """
-    order = sorted(state.running, key=lambda request: not request.is_decoding)  # stable: oldest first in each
+    order = [r for r in state.running if r.is_decoding] + [r for r in state.running if not r.is_decoding]
     for request in order:
         if request.status is not RequestStatus.RUNNING:
             continue  # preempted earlier in this loop
