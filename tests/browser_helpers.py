@@ -69,6 +69,9 @@ def new_tab(browser, **options):
 
 
 def screenshot(page, name: str) -> None:
-    """Keep what the browser shows as test-artifacts/NAME.png, for a person to look at after CI."""
+    """Keep what the browser shows as test-artifacts/NAME.png, for a person to look at after CI.
+
+    The window only, where the test left it (a figure it moved, an answer it opened): a whole page, tens of
+    thousands of pixels tall on a phone, took seconds to paint and encode each time, and no test reads it."""
     ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
