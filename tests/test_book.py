@@ -40,7 +40,7 @@ from quiz import (  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = Path(__file__).resolve().parents[2] / "shared" / "sources"
 RUN_LENGTH = 8  # no run of this many consecutive words may come from the sources
-BUILD_TIMEOUT_S = 420
+BUILD_TIMEOUT_S = 900  # against a hang only: the build takes ~150 s in CI, and went past 420 s at load 9-16
 
 
 def chapter_docs() -> list[str]:
