@@ -28,7 +28,8 @@ GAUGES = {
     "waiting": "vllm:num_requests_waiting",
     "kv_usage": "vllm:kv_cache_usage_perc",
 }
-REDRAW_EVERY_S, DRAWING_SHARE = 1.0, 0.1  # at most once a second; drawing (0.4 s of CPU here) at most a tenth
+REDRAW_EVERY_S = 1.0  # the fastest the live plot is redrawn
+DRAWING_SHARE = 0.1  # and no faster than drawing (0.4 s of CPU on a small machine) takes a tenth of the time
 
 
 @dataclass(frozen=True)
@@ -126,10 +127,12 @@ class _LivePlot:
         self.drawn_at, self.drawing_s = time.monotonic(), 0.0
 
     def draw(self, samples: list[GaugeSample], final: bool = False) -> None:
-        """Redraw if the last drawing is REDRAW_EVERY_S old and its time is DRAWING_SHARE of that (or final)."""
-        if (began := time.monotonic()) - self.drawn_at >= max(REDRAW_EVERY_S, self.drawing_s / DRAWING_SHARE) or final:
+        """Redraw once the last drawing is old enough (REDRAW_EVERY_S, DRAWING_SHARE); the final one always."""
+        began = time.monotonic()
+        if final or began - self.drawn_at >= max(REDRAW_EVERY_S, self.drawing_s / DRAWING_SHARE):
             self.handle.update(self._render(samples))
-            self.drawn_at, self.drawing_s = time.monotonic(), time.monotonic() - began
+            self.drawn_at = time.monotonic()
+            self.drawing_s = self.drawn_at - began
 
     def _render(self, samples: list[GaugeSample]):
         from IPython.display import Image
