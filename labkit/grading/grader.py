@@ -475,7 +475,8 @@ def grade_submissions(
     """
     grader = Grader(settings, seed)
     jobs_list = list(zip(paths, names or submission_names(paths), range(len(paths))))
-    grader.prepare(labs_of(paths, settings.lab), jobs_list[0][1::-1] if jobs_list else None)
+    first = (jobs_list[0][1], jobs_list[0][0]) if jobs_list else None  # its name and path
+    grader.prepare(labs_of(paths, settings.lab), first)
     with ThreadPoolExecutor(max_workers=grader.concurrent_jobs(jobs)) as pool:
         running = pool.map(lambda job: grader.grade(*job), jobs_list)
         return list(tqdm(running, total=len(jobs_list), desc="grading", unit="notebook", disable=None))
