@@ -46,10 +46,13 @@ def logits_difference(got: torch.Tensor, expected: torch.Tensor, where: str) -> 
     return None
 
 
-def difference_from_hf(model, prompt: torch.Tensor, steps: int = 32) -> str | None:
-    """The first way labkit's prefill and decode steps differ from transformers', or None."""
-    with torch.inference_mode():
-        ref_logits, tokens = hf_prefill_and_decode(model, prompt, steps)
+def difference_from_hf(model, prompt: torch.Tensor, steps: int = 32, hf_run=None) -> str | None:
+    """The first way labkit's prefill and decode steps differ from transformers', or None (``hf_run``: transformers'
+    logits and tokens for this prompt, if already at hand)."""
+    if hf_run is None:
+        with torch.inference_mode():
+            hf_run = hf_prefill_and_decode(model, prompt, steps)
+    ref_logits, tokens = hf_run
     logits, cache = model.prefill(prompt)
     problems = [logits_difference(logits, ref_logits[0], "prefill")]
     for step, token in enumerate(tokens):
@@ -93,10 +96,19 @@ def test_rope_scaling_variants_match_transformers(rope_scaling, matmul_path):
     assert_matches_hf(model, torch.arange(3, 60), steps=8)
 
 
-def test_default_model_matches_transformers(default_model_on_path):
-    model = default_model_on_path
-    prompt = torch.tensor(model.tokenizer.encode("The two phases of serving a language model are"))
-    assert_matches_hf(model, prompt, steps=32)
+@pytest.fixture(scope="module")
+def default_model_hf_run(default_model):
+    """The prompt, and transformers' logits and tokens for it, computed once for both matmul paths: transformers'
+    model runs over the checkpoint's own tensors, the same on either path (prepacking takes copies of its own)."""
+    prompt = torch.tensor(default_model.tokenizer.encode("The two phases of serving a language model are"))
+    with torch.inference_mode():
+        return prompt, hf_prefill_and_decode(default_model, prompt, 32)
+
+
+def test_default_model_matches_transformers(default_model_on_path, default_model_hf_run):
+    prompt, hf_run = default_model_hf_run
+    problem = difference_from_hf(default_model_on_path, prompt, 32, hf_run)
+    assert problem is None, problem
 
 
 def test_default_model_shape_is_smollm2(default_model):

@@ -65,27 +65,33 @@ def model():
 
 
 # --- (a) startup: the ready line means the socket accepts ----------------------------------
-def test_the_ready_line_comes_once_the_socket_accepts_even_when_the_engine_starts_late():
-    process, url = launch_raw("--late-start")  # the engine loop takes a second, as a big model's warm-up
+def soft_256():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
+def test_the_ready_line_comes_once_the_socket_accepts_and_the_soft_open_file_limit_is_raised_to_the_hard_one():
+    """One child for two startup facts: its engine loop takes a second (as a big model's warm-up), and it starts
+    with a soft open-file limit of 256 under a higher hard one."""
+    process, url = launch_raw("--late-start", preexec_fn=soft_256)
     try:
         host, port = url.removeprefix("http://").rsplit(":", 1)
         socket.create_connection((host, int(port)), timeout=30).close()  # at once: no refused connection
         assert httpx.get(url + "/health", timeout=30).status_code == 200
+        limits = open(f"/proc/{process.pid}/limits").read()
+        soft, hard = re.search(r"Max open files\s+(\S+)\s+(\S+)", limits).groups()
+        expected = 65535 if hard == "unlimited" else min(65535, int(hard))
+        assert int(soft) == expected > 256
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(60)
 
 
-def test_serve_process_returns_once_health_answers():
-    with TinyServe("--late-start") as served:
-        assert httpx.get(served.url + "/health", timeout=30).status_code == 200  # no retry needed
-
-
 # --- (b) shutdown that tells the client ------------------------------------------------------
-def test_sigterm_drains_tells_every_client_and_exits_within_the_grace_period():
+def test_serve_process_returns_once_health_answers_and_sigterm_drains_tells_every_client_and_exits_in_grace():
     grace = 2.0
-    served = TinyServe("--slow", "--shutdown-timeout", str(grace))
+    served = TinyServe("--slow", "--late-start", "--shutdown-timeout", str(grace))  # its engine starts a second late
     url, results = served.url, {}
+    assert httpx.get(url + "/health", timeout=30).status_code == 200  # ServeProcess returned once it did: no retry
 
     def stream():
         with httpx.stream("POST", url + "/v1/completions", json={**LONG, "stream": True}, timeout=120) as response:
@@ -272,21 +278,6 @@ def test_at_an_open_file_limit_of_256_idle_clients_leave_health_and_metrics_answ
         log = process.communicate(timeout=60)[1]
     assert "Traceback" not in log and log.count("Too many open files") <= 2, log[-3000:]  # a line, rate-limited
     assert len(log.splitlines()) < 20, log
-
-
-def test_the_soft_open_file_limit_is_raised_to_the_hard_one():
-    def soft_256():
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-
-    process, url = launch_raw(preexec_fn=soft_256)
-    try:
-        limits = open(f"/proc/{process.pid}/limits").read()
-        soft, hard = re.search(r"Max open files\s+(\S+)\s+(\S+)", limits).groups()
-        expected = 65535 if hard == "unlimited" else min(65535, int(hard))
-        assert int(soft) == expected > 256
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(60)
 
 
 # --- (d) counters equal what clients were sent, (e) vLLM's names ----------------------------
