@@ -557,7 +557,7 @@ def test_the_command_starts_its_replicas_routes_and_stops_them(default_model):
     try:
         found = None
         for line in process.stderr:  # the command says where it listens once every replica is healthy
-            found = re.search(r"over 1 replicas \((\S+)\) on (http://127\.0\.0\.1:\d+)/v1", line)
+            found = re.search(r"over 1 replica \((\S+)\) on (http://127\.0\.0\.1:\d+)/v1", line)
             if found:
                 break
         assert found, f"labkit route never said where it listens (exit code {process.poll()})"

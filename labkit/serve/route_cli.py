@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
         if len(set(urls)) != len(urls):
             raise ValueError(f"a replica is named twice: {' '.join(urls)}")
         server, sock = make_router_server(routing_for(urls, args), args.host, args.port)
-        ready = f"labkit route: {args.policy} over {len(urls)} replicas ({', '.join(urls)}) on {url_of(sock)}/v1"
+        replicas = f"{len(urls)} replica{'s' * (len(urls) > 1)} ({', '.join(urls)})"
+        ready = f"labkit route: {args.policy} over {replicas} on {url_of(sock)}/v1"
         serve_forever(server, sock, ready)
     finally:
         stop_watching.set()
