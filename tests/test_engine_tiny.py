@@ -9,6 +9,7 @@ how many such near-ties it met. Afterwards every block must be free.
 import random
 
 import pytest
+from teacher_forced import teacher_forced
 
 from labkit.device import default_device
 from labkit.engine import LLM
@@ -76,6 +77,21 @@ def test_every_policy_matches_solo_decoding(model, workload, policy, dials):
         assert any(s.num_prefill_tokens and s.num_decode_tokens for s in trace.steps)  # mixed steps
     if policy == "static":
         assert any(s.slots_held > s.num_active for s in trace.steps)  # finished members kept slots
+
+
+def test_one_pass_alone_gives_the_solo_runs_verdict(model, workload):
+    """``teacher_forced`` (the default model's oracle) agrees with decoding alone and names what parts from it."""
+    prompts, params, _, solos = workload
+    for prompt, sp, solo in zip(prompts[:12], params, solos):
+        assert teacher_forced(model, prompt, solo.tokens, sp.max_tokens).tokens == solo.tokens
+    prompt, solo, max_tokens = next(
+        (p, s, sp.max_tokens) for p, sp, s in zip(prompts, params, solos) if len(s.tokens) > 2
+    )
+    wrong = [*solo.tokens[:1], (solo.tokens[1] + 1) % 256, *solo.tokens[2:]]
+    assert compare_to_solo(wrong, teacher_forced(model, prompt, wrong, max_tokens)).startswith("token 1: batched run")
+    short = solo.tokens[:-1]
+    problem = compare_to_solo(short, teacher_forced(model, prompt, short, max_tokens))
+    assert problem == f"batched run made {len(short)} tokens, alone it made {len(solo.tokens)}"
 
 
 @pytest.mark.parametrize("policy", ["continuous", "chunked"])
