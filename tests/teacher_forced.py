@@ -22,7 +22,7 @@ def teacher_forced(model, prompt_ids: list[int], answer: list[int], max_tokens: 
     return _teacher_forced(model, tuple(prompt_ids), tuple(answer), max_tokens)
 
 
-@functools.lru_cache(maxsize=64)  # the same answer from another policy or k is checked once
+@functools.lru_cache(maxsize=16)  # the same answer from another policy or k is checked once (ten chats here)
 def _teacher_forced(model, prompt_ids: tuple[int, ...], answer: tuple[int, ...], max_tokens: int) -> SoloRun:
     eos = set(model.config.eos_token_ids)
     logits, _ = model.prefill(list(prompt_ids + answer))
