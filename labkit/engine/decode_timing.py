@@ -19,7 +19,17 @@ def labkit_decode_ms(model, batch_size: int, context: int, repeats: int) -> floa
 def decode_ms_in_turns(models: dict, batch_size: int, context: int, repeats: int) -> dict[str, float]:
     """:func:`labkit_decode_ms` of each of ``models`` (by name), their steps taken in turns (one step of each, then
     the next), so that a busy moment of the machine slows them all alike."""
-    engines = {name: _prompted(model, batch_size, context, repeats) for name, model in models.items()}
+    length, engines = context + repeats + 2, {}
+    for name, model in models.items():
+        engines[name] = llm = LLM(
+            model,
+            max_num_seqs=batch_size,
+            max_model_len=length,
+            num_blocks=batch_size * (length // 16 + 2),
+            enable_chunked_prefill=False,
+        )
+        for row in random_prompts(model, batch_size, context).tolist():
+            llm.add_request(row, SamplingParams(max_tokens=repeats + 1, ignore_eos=True), arrival_time=0.0)
     while any(llm.has_unfinished() for llm in engines.values()):
         for llm in engines.values():
             if llm.has_unfinished():
@@ -28,22 +38,6 @@ def decode_ms_in_turns(models: dict, batch_size: int, context: int, repeats: int
         name: 1e3 * statistics.median(s.duration for s in llm.trace.steps if s.num_prefill_tokens == 0)
         for name, llm in engines.items()
     }
-
-
-def _prompted(model, batch_size: int, context: int, repeats: int) -> LLM:
-    """An engine for ``model`` holding ``batch_size`` random prompts of ``context`` tokens, ``repeats`` decode steps
-    each to go after the prefill."""
-    llm = LLM(
-        model,
-        max_num_seqs=batch_size,
-        max_model_len=context + repeats + 2,
-        num_blocks=batch_size * ((context + repeats + 2) // 16 + 2),
-        enable_chunked_prefill=False,
-    )
-    params = SamplingParams(max_tokens=repeats + 1, ignore_eos=True)
-    for row in random_prompts(model, batch_size, context).tolist():
-        llm.add_request(row, params, arrival_time=0.0)
-    return llm
 
 
 def random_prompts(model, batch_size: int, context: int) -> torch.Tensor:

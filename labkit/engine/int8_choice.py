@@ -1,20 +1,20 @@
 """Which of PyTorch's int8 engines ``--quantization int8`` computes with here, and how fast that is against fp32.
 
-Every engine this torch lists is tried at each start (:func:`~labkit.models.int8_linear.try_backend`: it must
-pack, come within 5% of fp32 and give a row the same bits alone as in a batch). Which working one serves is
-decided by the default model's own decode steps at a serving batch, each engine's model made as
-``--quantization int8`` makes it and stepped in turns with the fp32 model: one matmul of one shape had timed
-qnnpack at 0.9x fp32's speed on an AVX2 EPYC where its decode steps took 1.5x fp32's time. That timing is taken
-once per machine and kept (:mod:`labkit.kept_measurements`), so every start chooses the same engine whatever the
-load, and the start-up line says the chosen engine's speed over fp32, slower or not.
+Each engine is tried at every start (:func:`~labkit.models.int8_linear.try_backend`); the working one that runs the
+default model's decode steps fastest, made as ``--quantization int8`` makes it and stepped in turns with the fp32
+model, serves. One matmul of one shape did not predict that: it timed qnnpack at 0.9x fp32's speed on an AVX2 EPYC
+where qnnpack's decode steps took 1.5x fp32's time. The timing is kept per machine (:mod:`labkit.kept_measurements`):
+every start chooses the same engine, and says its speed over fp32, slower or not.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 
 from labkit.kept_measurements import kept_measurement
+from labkit.models import load_model
 from labkit.models.int8_linear import ENGINE_VARIABLE, TOLERANCE, Int8Backend, _candidates, try_backend
 
 # 32 short chats. A longer context adds the same fp32 attention to every model's step: it pulls each ratio toward
@@ -26,15 +26,9 @@ MEASUREMENT = "int8 decode-step speed over fp32"  # its name among the kept meas
 _chosen: list[Int8Backend] = []
 
 
-def _default_model():
-    from labkit.models import load_model
-
-    return load_model(dtype="float32", progress=False)
-
-
 def decode_step_speeds(
     backends: list[Int8Backend],
-    make_model: Callable = _default_model,
+    make_model: Callable = functools.partial(load_model, dtype="float32", progress=False),
     batch: tuple[int, int] = PROBE_BATCH,
     steps: int = DECODE_STEPS,
 ) -> dict[str, float]:
