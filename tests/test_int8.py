@@ -218,12 +218,12 @@ def test_labkit_bench_refuses_an_unsupported_quantization_as_serve_does(capsys):
 
 def test_an_engine_named_in_the_environment_is_the_only_one_tried_and_is_not_timed(monkeypatch):
     monkeypatch.delenv(int8.ENGINE_VARIABLE, raising=False)
-    engines = sorted({engine for engine, _ in int8._candidates()})
+    engines = sorted({engine for engine, _ in int8.candidate_engines()})
     monkeypatch.setenv(int8.ENGINE_VARIABLE, engines[-1])
-    assert {engine for engine, _ in int8._candidates()} == {engines[-1]}
-    pinned = choose_int8_backend(candidates=int8._candidates, speeds=lambda _: pytest.fail("timed"))
+    assert {engine for engine, _ in int8.candidate_engines()} == {engines[-1]}
+    pinned = choose_int8_backend(candidates=int8.candidate_engines, speeds=lambda _: pytest.fail("timed"))
     assert pinned.works == any(int8.try_backend(engines[-1], bits)[0] is not None for bits in (False, True))
     assert not pinned.works or f"named by {int8.ENGINE_VARIABLE} (not timed)" in pinned.reason
     monkeypatch.setenv(int8.ENGINE_VARIABLE, "no-such-engine")
     with pytest.raises(ValueError, match="LABKIT_INT8_ENGINE='no-such-engine', but this torch's int8 engines are"):
-        int8._candidates()
+        int8.candidate_engines()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from labkit.kept_measurements import kept_measurement
 from labkit.models import load_model
-from labkit.models.int8_linear import ENGINE_VARIABLE, TOLERANCE, Int8Backend, _candidates, try_backend
+from labkit.models.int8_linear import ENGINE_VARIABLE, TOLERANCE, Int8Backend, candidate_engines, try_backend
 
 # 32 short chats. A longer context adds the same fp32 attention to every model's step: it pulls each ratio toward
 # 1 but neither reorders the engines nor moves a ratio across 1, and its prefill would be paid once per engine.
@@ -47,7 +47,7 @@ def decode_step_speeds(
 
 
 def choose_int8_backend(
-    candidates: Callable[[], list[tuple[str, bool]]] = _candidates,
+    candidates: Callable[[], list[tuple[str, bool]]] = candidate_engines,
     speeds: Callable[[list[Int8Backend]], dict[str, float]] = decode_step_speeds,
     remeasure: bool = False,
 ) -> Int8Backend:
@@ -57,7 +57,7 @@ def choose_int8_backend(
     Every engine is checked at each start (cheap); ``speeds`` are timed only when none kept for this machine
     covers the working engines (or ``remeasure`` asks), and not at all for the one ``LABKIT_INT8_ENGINE`` names.
     """
-    default = candidates is _candidates and speeds is decode_step_speeds
+    default = candidates is candidate_engines and speeds is decode_step_speeds
     if default and _chosen and not remeasure:
         return _chosen[0]
     working: dict[str, Int8Backend] = {}

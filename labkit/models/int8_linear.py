@@ -115,7 +115,7 @@ def _probe_inputs() -> tuple[torch.Tensor, torch.Tensor]:
 ENGINE_VARIABLE = "LABKIT_INT8_ENGINE"  # names the one engine to try (still checked), for runs that must match
 
 
-def _candidates() -> list[tuple[str, bool]]:
+def candidate_engines() -> list[tuple[str, bool]]:
     """(engine, reduce_range) to try: each engine this torch lists, full 8-bit activations before 7-bit; only
     the engine ``LABKIT_INT8_ENGINE`` names when it is set (the fastest is a race two processes may call apart)."""
     engines = [engine for engine in torch.backends.quantized.supported_engines if engine != "none"]
