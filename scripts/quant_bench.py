@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 
 from labkit.engine.decode_timing import labkit_decode_ms
+from labkit.engine.int8_choice import choose_int8_backend
 from labkit.models import load_model
 from labkit.models.fast_linear import probe_prepack
-from labkit.models.int8_linear import choose_int8_backend
 from labkit.models.int8_model import Int8Model
 from labkit.models.quant import SCHEMES, quality, quantize_model
 from labkit.workloads import sharegpt_quality_prompts

@@ -1,15 +1,19 @@
-"""Shared fixtures: the default model loaded once per test session, both matmul paths, the suite under load.
+"""Shared fixtures: the default model loaded once per test session, both matmul paths, the suite under load;
+int8 on a named engine.
 
 Also how the suite shares two cores (`pytest -n 2`, pytest-xdist): every test module stays on one
 worker, so its module fixtures (a graded class, a built book, a running server) are made once,
 except the modules listed in ``SPREAD``, whose tests are independent and each costs minutes.
 """
 
+import os
+
 import pytest
 import torch
 
 from labkit.bench.busy import busy_cores
 from labkit.labs.manifest import LABS
+from labkit.models.int8_linear import ENGINE_VARIABLE
 
 # Modules whose tests each stand alone (one notebook executed, graded or walked on a stand-in device per test): spread
 # over the workers.
@@ -138,6 +142,11 @@ def pytest_configure(config):
     """
     for lab in LABS:  # one marker per lab, from the manifest: `pytest -m lab5`
         config.addinivalue_line("markers", f"{lab.name}: lab {lab.number} ({lab.topic}): its checks and notebooks")
+    # int8 runs on torch's own default engine, named, so no test pays for timing every engine's decode steps on the
+    # default model (about 27 CPU s where nothing is kept, as in CI): tests/test_int8.py proves that choice with fake
+    # timings, and the probe itself on a tiny model.
+    if torch.backends.quantized.engine != "none":
+        os.environ.setdefault(ENGINE_VARIABLE, torch.backends.quantized.engine)
     if getattr(config, "workerinput", None) is not None:
         return
     config.option.loadscopereorder = False

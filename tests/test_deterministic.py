@@ -16,8 +16,8 @@ import torch
 
 from labkit.batch_invariant import TILE_ROWS, fixed_order_sum, tiled_linear
 from labkit.engine import LLM
+from labkit.engine.int8_choice import choose_int8_backend
 from labkit.models import tiny_model
-from labkit.models.int8_linear import choose_int8_backend
 from labkit.sampling import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

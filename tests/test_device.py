@@ -63,7 +63,7 @@ def test_labkit_info_says_which_matmul_path_runs_and_why(monkeypatch, capsys, pr
     out = capsys.readouterr().out
     for line in ("cpu:", "AVX2:", "AVX-512:", "AMX:", "native bf16:", "torch threads:", "matmuls:"):
         assert line in out
-    from labkit.models.int8_linear import choose_int8_backend
+    from labkit.engine.int8_choice import choose_int8_backend
 
     int8 = next(line for line in out.splitlines() if "--quantization int8 runs on:" in line)
     assert int8.endswith(choose_int8_backend().reason)  # the kernel chosen by trying, and why (or why none)

@@ -1,19 +1,22 @@
 """``quantization="int8"``: int8 x int8 linears on torch's int8 kernels, chosen by trying, batch-invariant per token."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from labkit import kept_measurements
-from labkit.engine import LLM
+from labkit.engine import LLM, decode_timing, int8_choice
+from labkit.engine.int8_choice import choose_int8_backend
 from labkit.engine.quantization import check_quantization, quantize_for_serving
 from labkit.models import int8_linear as int8
 from labkit.models import tiny_model
-from labkit.models.int8_linear import TOLERANCE, Int8Backend, choose_int8_backend, int8_linear, linear_error
+from labkit.models.int8_linear import TOLERANCE, Int8Backend, int8_linear, linear_error
 from labkit.models.int8_model import Int8Model
 from labkit.sampling import SamplingParams
 
-BACKEND = choose_int8_backend()
+BACKEND = choose_int8_backend()  # on the engine tests/conftest.py names: not timed
 needs_int8 = pytest.mark.skipif(not BACKEND.works, reason=f"no int8 kernel here: {BACKEND.reason}")
 
 
@@ -25,9 +28,16 @@ def kept_file(tmp_path, monkeypatch):
     return path
 
 
+@pytest.fixture
+def unpinned(monkeypatch):
+    """No engine named in the environment (tests/conftest.py names one for the suite): the choice is timed."""
+    monkeypatch.delenv(int8.ENGINE_VARIABLE, raising=False)
+    monkeypatch.setattr(int8_choice, "try_backend", lambda engine, rr: (Int8Backend(engine, rr, engine), ""))
+
+
 def working_engines() -> list[Int8Backend]:
-    engines = {engine for engine, _ in int8._candidates()}
-    tried = [int8.try_backend(engine, False)[0] for engine in sorted(engines)]
+    engines = [engine for engine in torch.backends.quantized.supported_engines if engine != "none"]
+    tried = [int8.try_backend(engine, False)[0] for engine in engines]
     return [backend for backend in tried if backend is not None] or [pytest.param(None, marks=needs_int8)]
 
 
@@ -60,7 +70,7 @@ def test_a_row_gets_the_same_bits_alone_as_beside_any_other_rows():
 
 
 def test_with_no_working_kernel_it_falls_back_and_says_why():
-    backend = choose_int8_backend(candidates=lambda: [("no-such-engine", False)], timer=lambda _: {})
+    backend = choose_int8_backend(candidates=lambda: [("no-such-engine", False)], speeds=lambda _: {})
     assert not backend.works and "no int8 kernel works here" in backend.reason and "no-such-engine" in backend.reason
     model = tiny_model("llama", seed=1)
     served, choice = quantize_for_serving(model, "int8", choose_backend=lambda: backend)
@@ -73,34 +83,81 @@ def test_with_no_working_kernel_it_falls_back_and_says_why():
 @needs_int8
 def test_a_kernel_off_by_more_than_the_tolerance_is_refused(monkeypatch):
     monkeypatch.setattr(int8, "linear_error", lambda *args: 0.5)  # what a saturating 16-bit sum looks like
-    backend = choose_int8_backend(candidates=lambda: [(BACKEND.engine, False)], timer=lambda _: {})
+    backend = choose_int8_backend(candidates=lambda: [(BACKEND.engine, False)], speeds=lambda _: {})
     assert not backend.works and "off by 0.50" in backend.reason
 
 
-def test_the_fastest_working_kernel_is_chosen_and_its_speed_stated(monkeypatch):
-    monkeypatch.setattr(int8, "try_backend", lambda engine, rr: (Int8Backend(engine, rr, engine), ""))
-    timings = {"fp32": 4.0, "slow": 2.0, "fast": 1.0}
-    backend = choose_int8_backend(candidates=lambda: [("slow", False), ("fast", False)], timer=lambda _: timings)
-    assert backend.engine == "fast" and "4.0x fp32's speed" in backend.reason and "slow 2.0x" in backend.reason
+def test_the_engine_whose_decode_steps_are_fastest_is_chosen_and_its_speed_stated(unpinned):
+    speeds = {"slow": 0.5, "fast": 1.25}  # fp32's decode-step time over each engine's
+    backend = choose_int8_backend(candidates=lambda: [("slow", False), ("fast", False)], speeds=lambda _: speeds)
+    assert backend.engine == "fast" and "decode steps (32 sequences) measured 1.25x fp32's speed" in backend.reason
+    assert "also working: slow 0.50x" in backend.reason and "not time" not in backend.reason
 
 
-def test_two_starts_pick_the_same_kernel_however_the_second_timing_comes_out(monkeypatch, kept_file):
-    monkeypatch.setattr(int8, "try_backend", lambda engine, rr: (Int8Backend(engine, rr, engine), ""))
-    timings = iter([{"fp32": 4.0, "x86": 4.0, "onednn": 2.8}, {"fp32": 4.0, "x86": 4.0, "onednn": 5.0}])
+def test_the_start_line_says_when_int8_is_slower_than_fp32_and_int8_still_serves(unpinned):
+    speeds = {"qnnpack": 0.66, "x86": 0.61}
+    backend = choose_int8_backend(candidates=lambda: [("qnnpack", False), ("x86", True)], speeds=lambda _: speeds)
+    served, choice = quantize_for_serving(tiny_model("llama", seed=1), "int8", choose_backend=lambda: backend)
+    assert choice.quantization == "int8" and isinstance(served, Int8Model)  # asked for: served, never switched off
+    assert "qnnpack int8 kernels" in choice.describe() and "x86 0.61x" in choice.describe()
+    assert "measured 0.66x fp32's speed: int8 saves memory, not time, on this CPU" in choice.describe()
+
+
+def test_a_single_working_engine_is_timed_against_fp32_too(unpinned, kept_file):
+    backend = choose_int8_backend(candidates=lambda: [("fbgemm", True)], speeds=lambda _: {"fbgemm": 1.4})
+    assert backend.engine == "fbgemm" and "(7-bit activations)" in backend.reason and "1.40x" in backend.reason
+    assert "also working" not in backend.reason and kept_file.exists()
+
+
+def test_two_starts_pick_the_same_kernel_the_kept_one_and_only_remeasure_times_again(unpinned, kept_file):
     engines = lambda: [("x86", False), ("onednn", False)]  # noqa: E731
-    first = choose_int8_backend(candidates=engines, timer=lambda _: next(timings))
+    first = choose_int8_backend(candidates=engines, speeds=lambda _: {"x86": 1.0, "onednn": 1.43})
     written = kept_file.read_text()
-    second = choose_int8_backend(candidates=engines, timer=lambda _: next(timings))
-    assert first == second and first.engine == "onednn" and "1.4x fp32's speed" in second.reason
+    second = choose_int8_backend(candidates=engines, speeds=lambda _: pytest.fail("timed although one is kept"))
+    assert first == second and first.engine == "onednn" and "1.43x fp32's speed" in second.reason
     assert str(kept_file) in second.reason and kept_file.read_text() == written
-    redone = choose_int8_backend(candidates=engines, timer=lambda _: next(timings), remeasure=True)
-    assert redone.engine == "x86"
+    redone = choose_int8_backend(candidates=engines, speeds=lambda _: {"x86": 1.2, "onednn": 0.8}, remeasure=True)
+    assert redone.engine == "x86" and "1.20x" in redone.reason
 
 
-def test_a_single_working_kernel_is_not_timed(monkeypatch, kept_file):
-    monkeypatch.setattr(int8, "try_backend", lambda engine, rr: (Int8Backend(engine, rr, engine), ""))
-    backend = choose_int8_backend(candidates=lambda: [("fbgemm", False)], timer=lambda _: pytest.fail("timed"))
-    assert backend.engine == "fbgemm" and "the one that works here" in backend.reason and not kept_file.exists()
+def test_a_kept_one_matmul_timing_is_not_taken_for_a_decode_step_one(unpinned, kept_file):
+    old = {"value": {"qnnpack": 0.883, "x86": 0.667}, "measured_on": "2026-12-07"}
+    content = {"machine": kept_measurements.machine_key(), "measurements": {"int8 kernels' speed over fp32": old}}
+    kept_file.write_text(json.dumps(content))
+    engines = lambda: [("qnnpack", False), ("x86", True)]  # noqa: E731
+    backend = choose_int8_backend(candidates=engines, speeds=lambda _: {"qnnpack": 0.66, "x86": 1.31})
+    assert backend.engine == "x86" and "1.31x" in backend.reason
+    assert json.loads(kept_file.read_text())["measurements"][int8_choice.MEASUREMENT]["value"]["x86"] == 1.31
+
+
+@needs_int8
+def test_the_probe_times_each_engines_served_model_in_turns_with_fp32(monkeypatch):
+    model, in_turns = tiny_model("llama", seed=1), decode_timing.decode_ms_in_turns
+    timed = {}
+
+    def fake_in_turns(models, batch_size, context, repeats):
+        timed.update(models, shape=(batch_size, context, repeats))
+        return {"fp32": 3.0, BACKEND.engine: 2.0}
+
+    monkeypatch.setattr(decode_timing, "decode_ms_in_turns", fake_in_turns)
+    speeds = int8_choice.decode_step_speeds([BACKEND], make_model=lambda: model, batch=(4, 8), steps=2)
+    assert speeds == {BACKEND.engine: 1.5} and timed["fp32"] is model and timed["shape"] == (4, 8, 2)
+    assert isinstance(timed[BACKEND.engine], Int8Model) and timed[BACKEND.engine].backend == BACKEND
+    monkeypatch.setattr(decode_timing, "decode_ms_in_turns", in_turns)  # and for real, on a tiny model: a ratio
+    speed = int8_choice.decode_step_speeds([BACKEND], make_model=lambda: model, batch=(2, 4), steps=2)[BACKEND.engine]
+    assert 0 < speed < float("inf")
+
+
+def test_decode_steps_are_timed_in_turns_one_step_of_each_model_then_the_next(monkeypatch):
+    stepped = []
+    step = LLM.step
+    monkeypatch.setattr(LLM, "step", lambda llm: stepped.append(id(llm)) or step(llm))
+    times = decode_timing.decode_ms_in_turns(
+        {"a": tiny_model("llama", seed=1), "b": tiny_model("llama", seed=2)}, 2, 4, 3
+    )
+    assert set(times) == {"a", "b"} and all(ms > 0 for ms in times.values())
+    first, second = stepped[:2]
+    assert first != second and stepped == [first, second] * 4  # the prefill, then 3 decode steps each
 
 
 @pytest.mark.parametrize("value", ["int4", "fp8", "INT8", ""])
@@ -159,13 +216,14 @@ def test_labkit_bench_refuses_an_unsupported_quantization_as_serve_does(capsys):
     assert "quantization 'int4' is not supported" in err and "Traceback" not in err
 
 
-def test_an_engine_named_in_the_environment_is_the_only_one_tried(monkeypatch):
-    engines = sorted({engine for engine, _ in int8._candidates()})
+def test_an_engine_named_in_the_environment_is_the_only_one_tried_and_is_not_timed(monkeypatch):
+    monkeypatch.delenv(int8.ENGINE_VARIABLE, raising=False)
+    engines = sorted({engine for engine, _ in int8.candidate_engines()})
     monkeypatch.setenv(int8.ENGINE_VARIABLE, engines[-1])
-    assert {engine for engine, _ in int8._candidates()} == {engines[-1]}
-    pinned = choose_int8_backend(candidates=int8._candidates, timer=lambda _: pytest.fail("timed"))
-    assert pinned.works == (BACKEND.works and pinned.engine == engines[-1])
-    assert not pinned.works or f"named by {int8.ENGINE_VARIABLE}" in pinned.reason
+    assert {engine for engine, _ in int8.candidate_engines()} == {engines[-1]}
+    pinned = choose_int8_backend(candidates=int8.candidate_engines, speeds=lambda _: pytest.fail("timed"))
+    assert pinned.works == any(int8.try_backend(engines[-1], bits)[0] is not None for bits in (False, True))
+    assert not pinned.works or f"named by {int8.ENGINE_VARIABLE} (not timed)" in pinned.reason
     monkeypatch.setenv(int8.ENGINE_VARIABLE, "no-such-engine")
     with pytest.raises(ValueError, match="LABKIT_INT8_ENGINE='no-such-engine', but this torch's int8 engines are"):
-        int8._candidates()
+        int8.candidate_engines()

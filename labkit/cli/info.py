@@ -98,7 +98,7 @@ def machine_facts(model, remeasure: bool = False) -> dict:
     facts["matmuls"] = model.matmul.describe()
     facts["labkit serve computes in"] = choose_serving_dtype(model.device, remeasure=remeasure).describe()
     if model.device.type == "cpu":
-        from labkit.models.int8_linear import choose_int8_backend
+        from labkit.engine.int8_choice import choose_int8_backend
 
         backend = choose_int8_backend(remeasure=remeasure)
         facts["--quantization int8 runs on"] = backend.reason if backend.works else f"nothing: {backend.reason}"

@@ -2,8 +2,9 @@
 
 vLLM never quantizes unasked, and neither does labkit: the flag is opt-in, with vLLM's name. The
 one value is ``"int8"``: int8 weights (per output channel) times int8 activations (per token) on
-PyTorch's int8 kernels, whichever of them works here and runs fastest (tried at start, see
-:mod:`labkit.models.int8_linear`). Where none works, the model serves unquantized and says why.
+PyTorch's int8 kernels, whichever of them works here (tried at start) and ran the model's decode steps
+fastest (timed once per machine, see :mod:`labkit.engine.int8_choice`). Where none works, the model serves
+unquantized and says why.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ def quantize_for_serving(
     """``model`` as asked: computing in int8 if ``quantization="int8"`` and an int8 kernel works here, else as is.
 
     ``choose_backend()`` returns the :class:`~labkit.models.int8_linear.Int8Backend` to use (default: the one
-    :func:`~labkit.models.int8_linear.choose_int8_backend` finds by trying).
+    :func:`~labkit.engine.int8_choice.choose_int8_backend` finds by trying).
     """
-    from labkit.models.int8_linear import choose_int8_backend  # torch: only once a model is at hand
+    from labkit.engine.int8_choice import choose_int8_backend  # torch: only once a model is at hand
     from labkit.models.int8_model import Int8Model
 
     if check_quantization(quantization) is None:

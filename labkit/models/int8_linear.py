@@ -7,8 +7,8 @@ request's numbers would depend on which others share its step. labkit quantizes 
 scale ``absmax / 127`` first and appends one guard row holding 127 and -128, so the kernel's own scale is exactly
 1 whatever the batch: the int32 sums are exact, and a row's result is the same alone or in a batch.
 
-Which kernel runs, if any, is decided by trying, never by CPU name (:func:`choose_int8_backend`); the fastest is
-timed once per machine and kept (:mod:`labkit.kept_measurements`), so every start computes with the same one.
+Which kernels work, if any, is decided by trying, never by CPU name (:func:`try_backend`); which working one
+serves, by the model's decode steps timed once per machine (:mod:`labkit.engine.int8_choice`).
 Quantized tensors are deprecated in PyTorch (github.com/pytorch/pytorch/issues/184982); when they go, the probe
 fails and the server says so and stays unquantized.
 """
@@ -16,27 +16,21 @@ fails and the server says so and stays unquantized.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import statistics
-import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from labkit.kept_measurements import kept_measurement
-from labkit.models.fast_linear import LinearFn, prepacked_linear
+from labkit.models.fast_linear import LinearFn
 from labkit.models.quant import INT8_MAX, quantize_int8
 
 # Largest error of the probe's product, relative to the product's largest value. Measured here on random
 # normal rows and weights: 0.010-0.016 (per-row x per-channel int8, 255 levels each); a kernel whose 16-bit
 # sums saturate is off by about 0.5 on the overflow row. 0.05 tells the two apart with room.
 TOLERANCE = 0.05
-PROBE_SHAPE = (32, 576, 1536)  # 32 sequences decoding through SmolLM2-135M's MLP up-projection
-ROUNDS = 5
 _SMALLEST_SCALE = 1e-12  # an all-zero row still divides by something
 # Activation codes per row: ±127 for 8-bit kernels, ±63 where the kernel takes 7 bits (reduce_range). With the
 # guard row's -128 (or -64) the kernel's own range is then exactly 255 (127) wide: its scale is 1, and it
@@ -121,7 +115,7 @@ def _probe_inputs() -> tuple[torch.Tensor, torch.Tensor]:
 ENGINE_VARIABLE = "LABKIT_INT8_ENGINE"  # names the one engine to try (still checked), for runs that must match
 
 
-def _candidates() -> list[tuple[str, bool]]:
+def candidate_engines() -> list[tuple[str, bool]]:
     """(engine, reduce_range) to try: each engine this torch lists, full 8-bit activations before 7-bit; only
     the engine ``LABKIT_INT8_ENGINE`` names when it is set (the fastest is a race two processes may call apart)."""
     engines = [engine for engine in torch.backends.quantized.supported_engines if engine != "none"]
@@ -150,97 +144,3 @@ def try_backend(engine: str, reduce_range: bool) -> tuple[Int8Backend | None, st
     if not batch_invariant:
         return None, f"{engine}: a row's product changes with the rows beside it"
     return candidate, ""
-
-
-def _seconds(fn: Callable[[], object], repeats: int = 20) -> float:
-    started = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - started) / repeats
-
-
-def measured_times(backends: list[Int8Backend], shape: tuple[int, int, int] = PROBE_SHAPE) -> dict[str, float]:
-    """Median seconds of one linear of ``shape`` (rows, in, out) per backend, and for fp32 (key "fp32"), in turns."""
-    rows, columns, outputs = shape
-    generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(outputs, columns, generator=generator) * 0.05
-    x = torch.randn(rows, columns, generator=generator)
-    linears: dict[str, LinearFn] = {"fp32": prepacked_linear(weight)}
-    linears.update({str(b.engine): int8_linear(weight, None, b) for b in backends})
-    times: dict[str, list[float]] = {name: [] for name in linears}
-    with torch.inference_mode():
-        for linear in linears.values():  # warm up: the first calls allocate and pick kernels
-            linear(x)
-        for _ in range(ROUNDS):
-            for name, linear in linears.items():
-                times[name].append(_seconds(functools.partial(linear, x)))
-    return {name: statistics.median(samples) for name, samples in times.items()}
-
-
-MEASUREMENT = "int8 kernels' speed over fp32"  # its name among the kept measurements
-_chosen: list[Int8Backend] = []
-
-
-def choose_int8_backend(
-    candidates: Callable[[], list[tuple[str, bool]]] = _candidates,
-    timer: Callable[[list[Int8Backend]], dict[str, float]] = measured_times,
-    remeasure: bool = False,
-) -> Int8Backend:
-    """The fastest quantized engine that computes int8 linears correctly here, with the reason;
-    ``Int8Backend(None, ...)`` with every engine's failure where none does. Tried once per process.
-
-    Every engine is checked at each start (cheap); which working one is fastest is timed only when no
-    timing of them is kept for this machine (or ``remeasure`` asks), and not at all for a single one.
-    """
-    default = candidates is _candidates and timer is measured_times
-    if default and _chosen and not remeasure:
-        return _chosen[0]
-    working: dict[str, Int8Backend] = {}
-    failures = []
-    for engine, reduce_range in candidates():
-        if engine in working:
-            continue
-        backend, why_not = try_backend(engine, reduce_range)
-        if backend is None:
-            failures.append(why_not)
-        else:
-            working[engine] = backend
-    if not working:
-        chosen = Int8Backend(None, False, "no int8 kernel works here (" + "; ".join(failures or ["none listed"]) + ")")
-    elif len(working) == 1:
-        (best,) = working.values()
-        named = f", named by {ENGINE_VARIABLE}" if os.environ.get(ENGINE_VARIABLE) else ", the one that works here"
-        chosen = _described(best, f"{named}, tried and within {TOLERANCE:.0%} of fp32")
-    else:
-        chosen = _fastest(working, timer, remeasure)
-    if default:
-        _chosen[:] = [chosen]
-    return chosen
-
-
-def _fastest(
-    working: dict[str, Int8Backend], timer: Callable[[list[Int8Backend]], dict[str, float]], remeasure: bool
-) -> Int8Backend:
-    """The working engine the kept timing says is fastest (timed now if none kept covers them all)."""
-
-    def speeds() -> dict:
-        times = timer(list(working.values()))
-        return {name: round(times["fp32"] / times[name], 3) for name in working}
-
-    kept = kept_measurement(MEASUREMENT, speeds, remeasure)
-    if not set(working) <= set(kept.value):  # the engines that work here changed: time them again
-        kept = kept_measurement(MEASUREMENT, speeds, remeasure=True)
-    speed = {name: float(kept.value[name]) for name in working}
-    engine = max(working, key=lambda name: (speed[name], name))
-    others = ", ".join(f"{name} {speed[name]:.1f}x" for name in sorted(working) if name != engine)
-    return _described(
-        working[engine],
-        f", tried and within {TOLERANCE:.0%} of fp32; measured {speed[engine]:.1f}x fp32's speed at "
-        f"{PROBE_SHAPE[0]} rows (also working: {others}); {kept.provenance()}",
-    )
-
-
-def _described(backend: Int8Backend, why: str) -> Int8Backend:
-    """``backend`` with its reason for ``labkit info`` and the start-up line."""
-    bits = " (7-bit activations)" if backend.reduce_range else ""
-    return Int8Backend(backend.engine, backend.reduce_range, f"{backend.engine} int8 kernels{bits}{why}")

@@ -1,0 +1,109 @@
+"""Which of PyTorch's int8 engines ``--quantization int8`` computes with here, and how fast that is against fp32.
+
+Each engine is tried at every start (:func:`~labkit.models.int8_linear.try_backend`); the working one that runs the
+default model's decode steps fastest, made as ``--quantization int8`` makes it and stepped in turns with the fp32
+model, serves. One matmul of one shape did not predict that: it timed qnnpack at 0.9x fp32's speed on an AVX2 EPYC
+where qnnpack's decode steps took 1.5x fp32's time. The timing is kept per machine (:mod:`labkit.kept_measurements`):
+every start chooses the same engine, and says its speed over fp32, slower or not.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+
+from labkit.kept_measurements import kept_measurement
+from labkit.models import load_model
+from labkit.models.int8_linear import ENGINE_VARIABLE, TOLERANCE, Int8Backend, candidate_engines, try_backend
+
+# 32 short chats. A longer context adds the same fp32 attention to every model's step: it pulls each ratio toward
+# 1 but neither reorders the engines nor moves a ratio across 1, and its prefill would be paid once per engine.
+# On the 2-core AVX2 EPYC the whole probe (4 engines) takes about 27 CPU seconds, a third of them building the models.
+PROBE_BATCH = (32, 8)  # (sequences, context tokens)
+DECODE_STEPS = 3  # timed decode steps per model, in turns
+MEASUREMENT = "int8 decode-step speed over fp32"  # its name among the kept measurements (one matmul's had another)
+_chosen: list[Int8Backend] = []
+
+
+def decode_step_speeds(
+    backends: list[Int8Backend],
+    make_model: Callable = functools.partial(load_model, dtype="float32", progress=False),
+    batch: tuple[int, int] = PROBE_BATCH,
+    steps: int = DECODE_STEPS,
+) -> dict[str, float]:
+    """fp32's decode-step time over each engine's, per engine: ``make_model()`` (the default model in fp32) and
+    its int8 versions as ``--quantization int8`` makes them, ``batch`` (sequences, context) prefilled, then
+    ``steps`` decode steps of each model in turns."""
+    from labkit.engine.decode_timing import decode_ms_in_turns
+    from labkit.engine.quantization import quantize_for_serving
+
+    model = make_model()
+    models = {"fp32": model}
+    for backend in backends:
+        models[str(backend.engine)] = quantize_for_serving(model, "int8", lambda backend=backend: backend)[0]
+    times = decode_ms_in_turns(models, batch[0], batch[1], steps)
+    return {name: round(times["fp32"] / times[name], 3) for name in models if name != "fp32"}
+
+
+def choose_int8_backend(
+    candidates: Callable[[], list[tuple[str, bool]]] = candidate_engines,
+    speeds: Callable[[list[Int8Backend]], dict[str, float]] = decode_step_speeds,
+    remeasure: bool = False,
+) -> Int8Backend:
+    """The working quantized engine whose decode steps are fastest here, with the reason and its speed over fp32;
+    ``Int8Backend(None, ...)`` with every engine's failure where none works. Tried once per process.
+
+    Every engine is checked at each start (cheap); ``speeds`` are timed only when none kept for this machine
+    covers the working engines (or ``remeasure`` asks), and not at all for the one ``LABKIT_INT8_ENGINE`` names.
+    """
+    default = candidates is candidate_engines and speeds is decode_step_speeds
+    if default and _chosen and not remeasure:
+        return _chosen[0]
+    working: dict[str, Int8Backend] = {}
+    failures = []
+    for engine, reduce_range in candidates():
+        if engine in working:
+            continue
+        backend, why_not = try_backend(engine, reduce_range)
+        if backend is None:
+            failures.append(why_not)
+        else:
+            working[engine] = backend
+    if not working:
+        chosen = Int8Backend(None, False, "no int8 kernel works here (" + "; ".join(failures or ["none listed"]) + ")")
+    elif os.environ.get(ENGINE_VARIABLE):
+        (pinned,) = working.values()
+        chosen = _described(
+            pinned, f", named by {ENGINE_VARIABLE} (not timed), tried and within {TOLERANCE:.0%} of fp32"
+        )
+    else:
+        chosen = _fastest(working, speeds, remeasure)
+    if default:
+        _chosen[:] = [chosen]
+    return chosen
+
+
+def _fastest(
+    working: dict[str, Int8Backend], speeds: Callable[[list[Int8Backend]], dict[str, float]], remeasure: bool
+) -> Int8Backend:
+    """The working engine whose kept decode-step speed is highest (timed now if none kept covers them all)."""
+    kept = kept_measurement(MEASUREMENT, lambda: speeds(list(working.values())), remeasure)
+    if not set(working) <= set(kept.value):  # the engines that work here changed: time them again
+        kept = kept_measurement(MEASUREMENT, lambda: speeds(list(working.values())), remeasure=True)
+    speed = {name: float(kept.value[name]) for name in working}
+    engine = max(working, key=lambda name: (speed[name], name))
+    slower = ": int8 saves memory, not time, on this CPU" if speed[engine] < 1 else ""
+    others = ", ".join(f"{name} {speed[name]:.2f}x" for name in sorted(working) if name != engine)
+    return _described(
+        working[engine],
+        f", tried and within {TOLERANCE:.0%} of fp32; its decode steps ({PROBE_BATCH[0]} sequences) measured "
+        f"{speed[engine]:.2f}x fp32's speed{slower}{f' (also working: {others})' if others else ''}; "
+        f"{kept.provenance()}",
+    )
+
+
+def _described(backend: Int8Backend, why: str) -> Int8Backend:
+    """``backend`` with its reason for ``labkit info`` and the start-up line."""
+    bits = " (7-bit activations)" if backend.reduce_range else ""
+    return Int8Backend(backend.engine, backend.reduce_range, f"{backend.engine} int8 kernels{bits}{why}")
