@@ -170,6 +170,7 @@ def llama_system(item: str, binary: str, common: list[str], prompt_tokens: Calla
     """``--llama NAME=GGUF [ARGS]``: llama-server on that GGUF file, its slots sized for each workload."""
     name, value = named_value(item, "--llama", "Q8_0=/path/model.Q8_0.gguf")
     gguf, *own = shlex.split(value) or [""]
+    gguf = str(Path(gguf).expanduser())  # bash expands NAME=~/x, zsh and sh do not
     if not Path(gguf).is_file():
         raise SystemExit(
             f"--llama {name}: no GGUF file at {gguf!r}; README.md, 'Side by side with llama.cpp', makes them"

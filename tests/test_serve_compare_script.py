@@ -101,6 +101,17 @@ def test_a_missing_gguf_is_named(script, fake_llama):
         script.build_systems(script.parse_args(argv), one_token_per_char)
 
 
+def test_a_gguf_written_with_a_tilde_is_found_under_home(script, fake_llama, monkeypatch):
+    """The README's `--llama Q8_0=~/llama-build/...`: bash expands that tilde, zsh and sh pass it on as it is."""
+    program, _, gguf = fake_llama
+    monkeypatch.setenv("HOME", str(gguf.parent))
+    monkeypatch.setattr(script, "LlamaServer", lambda _binary, *args: args)  # the arguments, no process
+    argv = ["--llama", f"Q8_0=~/{gguf.name}", "--llama-server", str(program)]
+    (system,) = script.build_systems(script.parse_args(argv), one_token_per_char)
+    started = system.start(script.trace_workload(script.WORKLOADS["W1"], "W1", 2))
+    assert started[started.index("-m") + 1] == str(gguf)
+
+
 def test_llama_server_gets_a_slot_per_request_each_holding_the_longest(script):
     workload = script.trace_workload(script.WORKLOADS["W1"], "W1")
     longest = max(one_token_per_char(s.prompt) + s.output_len for s in workload) + 64
