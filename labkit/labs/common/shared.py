@@ -107,14 +107,14 @@ def greedy_without_cache(inputs: tuple[LlamaModel, list[int], int]) -> dict:
     model, ids, steps = inputs
     sequence, step_logits = list(ids), []
     for _ in range(steps):
-        logits = transformers_logits(model, sequence)[-1]
+        logits = transformers_logits(model, tuple(sequence))[-1]
         step_logits.append(logits)
         sequence.append(int(logits.argmax()))
     return {"tokens": sequence[len(ids) :], "logits": step_logits, "prompt": list(ids)}
 
 
-@torch.inference_mode()
-def transformers_logits(model: LlamaModel, token_ids: list[int]) -> torch.Tensor:
+@functools.lru_cache(maxsize=16)  # lab 1 asks for its prefill prompt's thrice, and every seed for its ENDS_EARLY's
+@torch.inference_mode()  # which also makes the kept tensor one that nobody can change in place
+def transformers_logits(model: LlamaModel, token_ids: tuple[int, ...]) -> torch.Tensor:
     """Logits [T, V] from Hugging Face transformers' own forward pass: the oracle for one sequence."""
-    ids = torch.tensor([token_ids], device=model.device)
-    return model.hf(input_ids=ids).logits[0].float()
+    return model.hf(input_ids=torch.tensor([token_ids], device=model.device)).logits[0].float()

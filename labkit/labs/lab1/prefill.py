@@ -66,7 +66,7 @@ PREFILL = diagnosed(
         functions=("prefill",),
         make_inputs=_one_prompt,
         run=_run_prefill,
-        oracle=lambda inputs: {"logits": transformers_logits(*inputs), "prompt": list(inputs[1])},
+        oracle=lambda inputs: {"logits": transformers_logits(inputs[0], tuple(inputs[1])), "prompt": list(inputs[1])},
         compare=_compare_prefill,
         tested="prefill(model, prompt) on a short prompt with the default model (with the course's causal_mask and "
         "attention in place of yours, which are checked on their own): one forward pass, positions 0..T-1, causal "
