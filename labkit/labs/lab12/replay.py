@@ -24,7 +24,7 @@ SYSTEM_PROMPT = (
     "the customer's language. Never promise a refund or a delivery date; offer to open a ticket instead. "
 ) * 2
 # Each replica: prefix caching on (the default), eight sequences at a time, and a pool of 256 blocks (4,096 tokens),
-# which holds the whole replay (2,546 prompt tokens) so nothing is evicted; a pool sized to the free memory (the
+# which holds the whole replay (1,688 prompt tokens) so nothing is evicted; a pool sized to the free memory (the
 # default) took seconds to fill with zeros per replica, a tenth of a replay.
 REPLICA_DIALS = dict(max_num_seqs=8, num_blocks=256)
 
@@ -51,7 +51,7 @@ def routing_policies(
     }
 
 
-def chat_replay(tokenizer, conversations: int = 7, seed: int = 0) -> Workload:
+def chat_replay(tokenizer, conversations: int = 5, seed: int = 0) -> Workload:
     """Short multi-turn ShareGPT chats behind the shop's system prompt: 2 or 3 turns of at most 256 tokens, four-token
     answers, conversations 0.2 s apart, the next turn 10 s after the last (the replay's clock skips idle time)."""
     return sharegpt_multiturn(
