@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,6 +14,8 @@ import torch
 from labkit.grading.checks import get_exercise
 from labkit.grading.judge import expected_outputs
 from labkit.grading.judge_process import judge_result
+from labkit.grading.kernel_side import record_bytes
+from labkit.grading.request import build_request, request_bytes
 from labkit.grading.result_check import ResultRefused, Size, budget_for, load_result, measure, read_result_file
 
 BUDGET = Size(bytes=1 << 20, values=1000)
@@ -86,3 +91,64 @@ def test_judging_runs_under_a_time_and_a_memory_limit(tmp_path):
     torch.save({"status": "ok", "message": "", "outputs": torch.zeros(250_000)}, tmp_path / "large.pt")
     starved = judge_result(exercise, tmp_path, "large.pt", expected, 60, memory_bytes=0)
     assert starved.status == "error" and "memory" in starved.message
+
+
+@pytest.mark.parametrize(
+    "outputs, written_as",
+    [
+        ([3, 1, 4], b"{"),  # plain JSON data: JSON
+        (None, b"{"),
+        (torch.zeros(2, 3), b"PK"),  # a tensor, a tuple or a nan: torch.save, which keeps them
+        ((1, 2), b"PK"),
+        ([float("nan")], b"PK"),
+    ],
+)
+def test_a_record_is_saved_as_json_where_json_holds_it_exactly(outputs, written_as):
+    record = {"status": "ok", "message": "", "outputs": outputs}
+    data = record_bytes(record)
+    assert data.startswith(written_as)
+    loaded = load_result(data, BUDGET)
+    assert type(loaded["outputs"]) is type(outputs) and repr(loaded) == repr(record)  # repr: nan == nan
+
+
+@pytest.mark.parametrize(
+    "data, refusal",
+    [
+        (b'{"status": "ok", "outputs": [NaN]}', "could not be loaded safely"),  # the kernel writes no nan as JSON
+        (b"[" * 100_000 + b"]" * 100_000, "could not be loaded safely"),  # deeper than the parser goes
+        (b'{"status": "ok", "outputs": ' + b"[" * 40 + b"]" * 40 + b"}", "nested more than"),
+        (b'{"outputs": "' + b"x" * (2 << 20) + b'"}', "more than the"),
+        (b"\xff\xfe not JSON", "could not be loaded safely"),
+    ],
+)
+def test_a_crafted_json_result_is_refused(data, refusal):
+    with pytest.raises(ResultRefused, match=refusal):
+        load_result(data, BUDGET)
+
+
+# The grader's agent in a kernel whose notebook never imported torch: a request whose functions are missing,
+# the hint counts and the device report, all without importing it.
+KERNEL_WITHOUT_TORCH = """
+import json, sys
+import labkit.grading.kernel_side as kernel_side
+from labkit.grading.kernel_device import save_kernel_device
+request, result, hints, device = sys.argv[1:]
+kernel_side.save_attempt(request, result, {})
+kernel_side.save_hint_counts(hints)
+save_kernel_device(device)
+print(json.dumps("torch" in sys.modules))
+"""
+
+
+def test_the_kernel_side_needs_no_torch_where_the_notebook_never_imported_it(tmp_path):
+    request = tmp_path / "request.pkl"
+    request.write_bytes(request_bytes(build_request(get_exercise("demo.add"), 3)))  # its inputs are tensors
+    paths = [str(request), *(str(tmp_path / name) for name in ("result", "hints.json", "device.json"))]
+    done = subprocess.run(
+        [sys.executable, "-c", KERNEL_WITHOUT_TORCH, *paths], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) is False
+    record = load_result((tmp_path / "result").read_bytes(), BUDGET)
+    assert record["status"] == "missing" and "`add`" in record["message"]
+    assert not (tmp_path / "device.json").exists()  # no torch, so no Triton kernel: nothing to report

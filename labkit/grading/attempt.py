@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import numbers
 import os
+import sys
 import sysconfig
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from labkit.grading.answers import answers_blocked
 from labkit.grading.checks import Exercise
@@ -48,10 +47,12 @@ class Attempt:
 def to_plain_data(value: Any, where: str = "the output") -> Any:
     """A copy made only of tensors, numbers, strings, None, lists, tuples and str-keyed dicts.
 
-    This is all the grader will load back (with torch.load(weights_only=True)), so
-    anything else is rejected here with a message that says where it sits.
+    This is all the grader will load back (`result_check.py`), so anything else is rejected here with a
+    message that says where it sits. Torch is not imported for it: where the learner's code never
+    imported torch, no value can be a tensor.
     """
-    if isinstance(value, torch.Tensor):
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
         return value.detach().cpu().contiguous().clone().as_subclass(torch.Tensor)  # owns its data, as the grader asks
     if value is None or isinstance(value, (bool, int, float, str)):
         return value

@@ -168,8 +168,8 @@ def kernel_env(sandboxed: bool = False) -> dict[str, str]:
 
 
 def setup_code() -> str:
-    """Code for a fresh kernel: import the grader's agent (leaves no names behind). Never the lab's checks:
-    the kernel gets each exercise's inputs and run, not its oracle (request.py)."""
+    """Code for a fresh kernel: import the grader's agent (leaves no names behind; no torch, `kernel_side.py`).
+    Never the lab's checks: the kernel gets each exercise's inputs and run, not its oracle (request.py)."""
     return "__import__('labkit.grading.kernel_side');\n"
 
 

@@ -3,8 +3,9 @@
 After the exercises ran, the grader asks the kernel what it had: whether CUDA was available (and
 the card's name), and whether TRITON_INTERPRET=1 was set (labkit sets it where there is no CUDA,
 labkit/kernels/runtime.py: kernels are compiled exactly where CUDA is available and it is not set).
-Each report and the class summary record the answer. It is the kernel's word, so it is information
-(did `--gpu` reach this submission?), not evidence, and decides no points.
+Each report and the class summary record the answer; a kernel that never imported torch ran none, and
+says nothing. It is the kernel's word, so it is information (did `--gpu` reach this submission?), not
+evidence, and decides no points.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,9 +46,11 @@ class KernelDevice:
 
 
 def save_kernel_device(path: str) -> None:
-    """In the kernel: write what it has (CUDA's card, TRITON_INTERPRET) as JSON to `path`."""
-    import torch
-
+    """In the kernel: write what it has (CUDA's card, TRITON_INTERPRET) as JSON to `path`; nothing where the
+    kernel never imported torch, so ran no Triton kernel (importing it here would cost seconds to say so)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
     cuda = torch.cuda.is_available()
     with open(path, "w") as file:
         json.dump(

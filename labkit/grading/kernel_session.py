@@ -113,8 +113,8 @@ class KernelSession:
     """Runs a notebook's cells, then the grader's code, in one (restartable) kernel.
 
     `setup_code` runs first in every fresh kernel, outside the notebook's time
-    budget: the grader uses it to import the heavy libraries it needs anyway, so
-    a notebook's `import torch` is not what runs out of time.
+    budget: the grader imports its agent there. Not torch: a kernel imports it only
+    where the notebook or an exercise's inputs need it, inside the cell that does.
     """
 
     def __init__(

@@ -10,13 +10,18 @@ What travels, and how: `run` and whatever it reaches in the grader-only modules 
 importable in the sandbox: `grader_only.py`); the rest of labkit by reference; the course model, the tiny
 models and the course tokenizer by name (pickle's persistent ids), so that the kernel loads its own from
 the same read-only cache instead of receiving hundreds of megabytes. Pickle goes one way only, grader to
-kernel: the kernel is the untrusted side, and what comes back is read with torch.load(weights_only=True).
+kernel: the kernel is the untrusted side, and what comes back is read as plain data (`result_check.py`).
+
+The file's first line names the learner's functions (JSON), so that the kernel can find them missing before
+it unpickles the inputs: those hold tensors, and loading them imports torch, which a notebook that defines
+none of the functions may never have needed.
 """
 
 from __future__ import annotations
 
 import importlib
 import io
+import json
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -80,16 +85,23 @@ class _Unpickler(pickle.Unpickler):
 
 
 def request_bytes(request: Request, pickler: type[cloudpickle.CloudPickler] = _Pickler) -> bytes:
-    """The request as the file the kernel reads (`pickler` lets a test watch what it reaches)."""
+    """The request as the file the kernel reads: a line naming the functions, then the pickle (`pickler`
+    lets a test watch what it reaches)."""
     send_by_value()
     buffer = io.BytesIO()
+    buffer.write(json.dumps(list(request.functions)).encode() + b"\n")
     pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(request)
     return buffer.getvalue()
 
 
+def requested_functions(data: bytes) -> tuple[str, ...]:
+    """The names of the learner's functions a request file asks for, read without unpickling anything."""
+    return tuple(json.loads(data.partition(b"\n")[0]))
+
+
 def load_request(data: bytes) -> Request:
     """The request the grader wrote (only ever the grader's file: pickle runs code)."""
-    request = _Unpickler(io.BytesIO(data)).load()
+    request = _Unpickler(io.BytesIO(data.partition(b"\n")[2])).load()
     if not isinstance(request, Request):
         raise TypeError(f"the grader's request file holds a {type(request).__name__}, not a Request")
     return request

@@ -4,7 +4,8 @@ A result file is written by code the learner controls. Before any comparison see
 
 - it is opened without following a symlink and without blocking on a FIFO, must be a
   regular file, and is refused unread if it is larger than the limit;
-- it is loaded with `torch.load(weights_only=True)`, so it cannot run code;
+- it is loaded as JSON, or, where it is torch.save's zip (the kernel writes that only for a record
+  JSON cannot hold exactly: tensors, tuples), with `torch.load(weights_only=True)`; neither runs code;
 - every value in it is checked: only lists, tuples, dicts with string keys, numbers,
   strings, None and plain tensors (`torch.Tensor` itself, not a subclass; strided, on
   the CPU, an ordinary dtype, contiguous, starting at the start of a storage exactly
@@ -18,6 +19,7 @@ the file holds.
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,12 +125,23 @@ def read_result_file(folder: Path, name: str, limit: int) -> bytes | None:
         raise ResultRefused(f"the result file was refused: {refused}") from None
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # the kernel writes nan and infinities with torch.save
+
+
+def _loaded(data: bytes) -> Any:
+    """The record in a result file: torch.save's zip (it starts "PK") or JSON; either loaded without running code."""
+    if data.startswith(b"PK"):
+        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    return json.loads(data, parse_constant=_no_constant)
+
+
 def load_result(data: bytes, budget: Size) -> Any:
     """Load a result file's bytes without running code, and check that it is plain data within `budget`."""
     try:
-        record = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        record = _loaded(data)
     except Exception as error:
-        if "can't allocate memory" in str(error):  # how torch reports a failed allocation
+        if isinstance(error, MemoryError) or "can't allocate memory" in str(error):  # torch's words for it
             raise MemoryError(str(error)) from None
         raise ResultRefused(
             "the result from the kernel could not be loaded safely "
