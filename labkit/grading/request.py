@@ -13,7 +13,7 @@ the same read-only cache instead of receiving hundreds of megabytes. Pickle goes
 kernel: the kernel is the untrusted side, and what comes back is read as plain data (`result_check.py`).
 
 The file's first line names the learner's functions (JSON), so that the kernel can find them missing before
-it unpickles the inputs: those hold tensors, and loading them imports torch, which a notebook that defines
+it unpickles the inputs: where those hold tensors, loading them imports torch, which a notebook that defines
 none of the functions may never have needed.
 """
 
