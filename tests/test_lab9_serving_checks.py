@@ -230,9 +230,9 @@ def sent(rate, ttft_ms: float, tpot_ms: float, lost: int = 0, url: str = URL, **
     return {"url": url, "rate": rate, "load": {**EXPECTED["load"], **shape}, "requests": [failed] * lost + [ok] * 6}
 
 
-# TTFT breaks its limit at 4 req/s (a queue); TPOT would keep its own up to 16
-SWEEP = [sent(1.0, 180, 80), sent(2.0, 420, 85), sent(4.0, 1100, 90)]
-FAR = [*SWEEP, sent(8.0, 2500, 95), sent(16.0, 5000, 100)]
+# TTFT breaks its limit at 8 req/s (a queue); TPOT would keep its own up to 32
+SWEEP = [sent(2.0, 180, 80), sent(4.0, 420, 85), sent(8.0, 1100, 90)]
+FAR = [*SWEEP, sent(16.0, 2500, 95), sent(32.0, 5000, 100)]
 
 
 def judged(rate, loads=SWEEP):
@@ -240,28 +240,28 @@ def judged(rate, loads=SWEEP):
 
 
 def test_labkits_rule_on_the_sweeps_own_measurements_passes():
-    assert judged(2.0) == Note("your sweep: 2 req/s; labkit's rule on the same measurements: 2 req/s")
-    assert isinstance(judged(1.0, [sent(1.0, 180, 80), sent(2.0, 420, 85, lost=1)]), Note)  # a lost request breaks it
-    assert isinstance(judged(None, [sent(1.0, 700, 80)]), Note)  # nothing keeps it: None, after the lowest only
-    assert isinstance(judged(16.0, [sent(rate, 100, 80) for rate in EXPECTED["rates"]]), Note)  # all kept: all measured
+    assert judged(4.0) == Note("your sweep: 4 req/s; labkit's rule on the same measurements: 4 req/s")
+    assert isinstance(judged(2.0, [sent(2.0, 180, 80), sent(4.0, 420, 85, lost=1)]), Note)  # a lost request breaks it
+    assert isinstance(judged(None, [sent(2.0, 700, 80)]), Note)  # nothing keeps it: None, after the lowest only
+    assert isinstance(judged(32.0, [sent(rate, 100, 80) for rate in EXPECTED["rates"]]), Note)  # all kept: all measured
 
 
 @pytest.mark.parametrize(
     "rate, loads, named",
     [
-        (8.0, SWEEP, "2 steps of the grid above"),
-        (1.0, SWEEP, "1 step of the grid below"),
+        (16.0, SWEEP, "2 steps of the grid above"),
+        (2.0, SWEEP, "1 step of the grid below"),
         (None, SWEEP, "2 steps of the grid below"),
-        (4.0, SWEEP, "the first rate that broke the promise"),
-        (16.0, FAR, "the TPOT limit alone allows"),
+        (8.0, SWEEP, "the first rate that broke the promise"),
+        (32.0, FAR, "the TPOT limit alone allows"),
         (3.0, SWEEP, "one of the rates you were given"),
         ("fast", SWEEP, "'fast'"),
         (None, [], "measured nothing"),
-        (2.0, [sent(1.0, 180, 80, url="http://127.0.0.1:8000/v1")], "not the server it was given"),
-        (2.0, [sent(1.0, 180, 80, num_prompts=8, input_len=32)], "another load than the lab's LOAD"),
-        (2.0, [*SWEEP, sent(2.0, 400, 85)], "2 req/s more than once"),
-        (1.0, [sent(1.0, 180, 80), sent(4.0, 1100, 90)], "but not 2 req/s"),
-        (2.0, FAR, "right answer, but"),
+        (4.0, [sent(2.0, 180, 80, url="http://127.0.0.1:8000/v1")], "not the server it was given"),
+        (4.0, [sent(2.0, 180, 80, num_prompts=8, input_len=32)], "another load than the lab's LOAD"),
+        (4.0, [*SWEEP, sent(4.0, 400, 85)], "4 req/s more than once"),
+        (2.0, [sent(2.0, 180, 80), sent(8.0, 1100, 90)], "but not 4 req/s"),
+        (4.0, FAR, "right answer, but"),
     ],
     ids=[
         "two-above",
@@ -283,7 +283,7 @@ def test_each_sweep_mistake_fails_and_is_named(rate, loads, named):
     mismatch = judged(rate, loads)
     assert isinstance(mismatch, Mismatch) and named in mismatch.difference, mismatch
     if "of the grid" in named:  # the learner sees what was measured and what the rule makes of it
-        assert "4 req/s TTFT 1100 ms, TPOT 90.0 ms" in mismatch.difference and "signs 2 req/s" in mismatch.difference
+        assert "8 req/s TTFT 1100 ms, TPOT 90.0 ms" in mismatch.difference and "signs 4 req/s" in mismatch.difference
 
 
 find_capacity = solved("find_capacity", "highest_rate")
@@ -314,16 +314,16 @@ def judged_with_replay(live_rate, live_loads, replay):
 def test_the_replayed_sweep_has_a_known_capacity_mid_grid(replayed):
     runs = replayed(find_capacity)["loads"]
     results = {load["rate"]: from_requests(load["requests"]) for load in runs}
-    assert [load["rate"] for load in runs] == [1.0, 2.0, 4.0]  # the solved sweep stops where it breaks
-    assert highest_rate(results, Promise.from_limits(REPLAY_PROMISE)) == REPLAY_SIGNS == 2.0
+    assert [load["rate"] for load in runs] == [2.0, 4.0, 8.0]  # the solved sweep stops where it breaks
+    assert highest_rate(results, Promise.from_limits(REPLAY_PROMISE)) == REPLAY_SIGNS == 4.0
     everything = replayed(lambda url, rates, promise: [measure(url, rate, **LOAD) for rate in rates] and None)
     results = {load["rate"]: from_requests(load["requests"]) for load in everything["loads"]}
-    assert highest_rate(results, Promise.from_limits(EXAMPLE_PROMISE)) == 8.0  # the example promise signs another
+    assert highest_rate(results, Promise.from_limits(EXAMPLE_PROMISE)) == 16.0  # the example promise signs another
 
 
 def test_the_solved_sweep_passes_live_and_replayed(replayed):
-    verdict = judged_with_replay(2.0, SWEEP, replayed(find_capacity))
-    assert verdict == Note("your sweep: 2 req/s; labkit's rule on the same measurements: 2 req/s"), verdict
+    verdict = judged_with_replay(4.0, SWEEP, replayed(find_capacity))
+    assert verdict == Note("your sweep: 4 req/s; labkit's rule on the same measurements: 4 req/s"), verdict
 
 
 def example_promise(url, rates, promise):
@@ -347,16 +347,16 @@ def every_rate(url, rates, promise):
     "wrong, live, named",
     [
         # each passes live where the machine makes it coincide with the right answer; the replay does not
-        (example_promise, (2.0, SWEEP), "that is what exercise 5's example promise"),
-        (every_rate, (16.0, ALL_KEPT), "right answer, but"),
+        (example_promise, (4.0, SWEEP), "that is what exercise 5's example promise"),
+        (every_rate, (32.0, ALL_KEPT), "right answer, but"),
         # and each of these the live sweep already names, from the loads it sent
         (lambda url, rates, promise: None, (None, []), "measured nothing"),
         (
             forgets_the_load,
-            (2.0, [sent(1.0, 180, 80, num_prompts=8, input_len=32)]),
+            (4.0, [sent(2.0, 180, 80, num_prompts=8, input_len=32)]),
             "another load than the lab's LOAD",
         ),
-        (notebooks_server, (2.0, [sent(1.0, 180, 80, url=NOTEBOOKS_SERVER + "/v1")]), "not the server it was given"),
+        (notebooks_server, (4.0, [sent(2.0, 180, 80, url=NOTEBOOKS_SERVER + "/v1")]), "not the server it was given"),
     ],
     ids=["example-promise", "every-rate", "measures-nothing", "forgets-the-load", "the-notebooks-server"],
 )
@@ -364,7 +364,7 @@ def test_each_typical_sweep_fails_named(replayed, wrong, live, named):
     replay = replayed(wrong)
     mismatch = judged_with_replay(*live, replay)
     assert isinstance(mismatch, Mismatch) and named in mismatch.difference, mismatch
-    assert isinstance(judged_with_replay(2.0, SWEEP, replay), Mismatch)  # the replay alone fails it too
+    assert isinstance(judged_with_replay(4.0, SWEEP, replay), Mismatch)  # the replay alone fails it too
 
 
 @pytest.mark.timing
@@ -428,7 +428,7 @@ def test_a_wrong_search_fails_its_own_check_and_the_sweep_is_judged_by_labkits_r
     assert evaluate("lab9.highest_rate", namespace=namespace).status == FAIL
     with course_pieces(namespace["find_capacity"], [SEARCH_PIECE]):
         assert namespace["highest_rate"] is course_highest_rate
-        verdict = judged_with_replay(2.0, SWEEP, replayed(namespace["find_capacity"]))
+        verdict = judged_with_replay(4.0, SWEEP, replayed(namespace["find_capacity"]))
     assert isinstance(verdict, Note), verdict
     assert namespace["highest_rate"] is not course_highest_rate  # the learner's own is put back
 

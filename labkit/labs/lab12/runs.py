@@ -59,7 +59,7 @@ def measure_tier_costs(model, prefix_tokens: int = 128) -> TierCosts:
 
 
 def tier_off_and_on(
-    model, reload_or_recompute: ReloadDecision, costs: TierCosts, conversations: int = 3, prefix_tokens: int = 128
+    model, reload_or_recompute: ReloadDecision, costs: TierCosts, conversations: int = 2, prefix_tokens: int = 128
 ) -> dict[str, tuple[list[float], int]]:
     """``conversations`` chats on a pool that holds one at a time, then each returns with a new question: with no
     tier, and with a tier whose reloads ``reload_or_recompute`` decides on ``costs``. Printed, and returned as

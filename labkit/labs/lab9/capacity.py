@@ -35,10 +35,10 @@ from labkit.workloads import Workload
 MEASURE_HINT = "Measure each rate with the lab's LOAD, measure(url, rate, **LOAD), and let highest_rate decide."
 EXAMPLE_PROMISE = {"ttft_ms": 1000.0, "tpot_ms": 100.0}  # exercise 5's example, which a sweep must not put in
 # The replayed sweep: at each rate the p99 TTFT and TPOT (ms) every load of that rate reports. Its promise
-# keeps 1 and 2 req/s and breaks at 4 (TTFT); the example promise would sign 8.
+# keeps 2 and 4 req/s and breaks at 8 (TTFT); the example promise would sign 16, the TPOT limit alone 8.
 REPLAY_PROMISE = {"ttft_ms": 400.0, "tpot_ms": 60.0}
-REPLAY_SIGNS = 2.0  # what labkit's rule signs on the replayed sweep under REPLAY_PROMISE
-REPLAYED = {1.0: (150.0, 40.0), 2.0: (300.0, 45.0), 4.0: (700.0, 50.0), 8.0: (950.0, 70.0), 16.0: (2500.0, 120.0)}
+REPLAY_SIGNS = 4.0  # what labkit's rule signs on the replayed sweep under REPLAY_PROMISE
+REPLAYED = {2.0: (150.0, 40.0), 4.0: (300.0, 45.0), 8.0: (700.0, 50.0), 16.0: (950.0, 70.0), 32.0: (2500.0, 120.0)}
 SPREAD = (0.6, 0.7, 0.8, 0.9, 1.0, 1.0)  # each request's share of the p99, in turn
 
 
