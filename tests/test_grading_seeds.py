@@ -31,6 +31,10 @@ from labkit.grading.result_check import ResultRefused, budget_for, file_limit, l
 from labkit.labs.manifest import LABS
 
 HANDED_OUT = Path(__file__).resolve().parents[1] / "labs"
+# One torch thread: the tiny model's matrices are too small to share out. Lab 4's five seeds (a few hundred tiny solo
+# decode steps each) took 97 CPU s on two threads of a busy 2-core machine, 10 on one (24 and 5 on an idle one). A lab
+# that loads the course model still sets labkit's own count (one core left free), as its notebook does.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # Every lab from the manifest, with its number of seeds: 5, 10 for lab 1 (the issue this fixed lost its point in 6
 # seeds of 10, so 10 clean seeds leave a 1-in-10,000 chance), 3 where the course model runs about 20 s a seed (lab 8's
 # solo decodes, lab 10's quantized models): with the grader's seed 7 (test_grading_labs.py) and the notebook's own,
