@@ -223,7 +223,8 @@ def test_where_bf16_is_slower_or_fails_its_probe_the_rest_stays_in_fp32(unpinned
     slower = choose_int8_backend(
         candidates=engines, speeds=lambda _: {"onednn": 1.3, "onednn+bf16": 0.7}, bf16=lambda: True
     )
-    assert slower.activations == torch.float32 and "bf16" not in slower.reason.split(";")[0].split("(also")[0]
+    assert slower.activations == torch.float32 and "the rest of the model in bf16" not in slower.reason
+    assert "also working: onednn+bf16 0.70x" in slower.reason
     timed = []
     kept_file.unlink()
     absent = choose_int8_backend(
@@ -260,8 +261,9 @@ def test_an_int8_model_with_bf16_around_its_linears_computes_the_rest_in_bf16_cl
         m.forward(torch.tensor(prompts[7]), torch.arange(len(prompts[7])), lambda i, q, k, v: q)
         for m in (fp32_rest, bf16_rest)
     ]
-    # measured: 0.01-0.02 of the largest logit apart (bf16 norms and rows); a model that skipped its norms is ~1 off
-    assert float((logits[0] - logits[1]).abs().max() / logits[0].abs().max()) <= TOLERANCE
+    # measured here: 0.04 of the largest logit apart (bf16 norms and rows, on top of int8); the same model with its
+    # norms skipped was 1.7e6 apart. 0.1 leaves room for another CPU's rounding and still fails a broken model.
+    assert float((logits[0] - logits[1]).abs().max() / logits[0].abs().max()) <= 0.1
     alone, batch = greedy_alone_and_in_a_batch(llms[1], prompts, 12)
     assert alone == batch
 
