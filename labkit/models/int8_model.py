@@ -1,9 +1,16 @@
 """A model whose linear layers multiply in int8 (:func:`~labkit.models.int8_linear.int8_linear`): what
-``--quantization int8`` serves. The embedding stays as it was; the LM head is quantized when ``lm_head=True``.
+``--quantization int8`` serves. The LM head is quantized when ``lm_head=True``. The rest (embedding, norms,
+attention and so the KV cache) computes in the backend's ``activations`` dtype where the model given is in fp32:
+in bf16 where that made the decode steps faster (:mod:`labkit.engine.int8_choice`), as it was otherwise.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import torch
+
+from labkit.models.fast_linear import prepacked_linear
 from labkit.models.int8_linear import Int8Backend, int8_linear
 from labkit.models.llama import LlamaModel
 from labkit.models.quant import QuantizedMatmul
@@ -19,7 +26,9 @@ class Int8Model(LlamaModel):
     """``model`` with its decoder linears (and the LM head if ``lm_head``) computed in int8 by ``backend``.
 
     Shares the embedding, norms and weights dict with ``model`` (the float weights stay, for the
-    transformers oracle); ``model.layers`` (and their packed copies) are not kept.
+    transformers oracle); ``model.layers`` (and their packed copies) are not kept. An fp32 ``model`` under a
+    backend with bf16 ``activations`` gets a bf16 copy of its embedding and norms instead (the linears are
+    quantized from the fp32 weights all the same).
     """
 
     def __init__(self, model: LlamaModel, backend: Int8Backend, lm_head: bool = QUANTIZE_LM_HEAD):
@@ -33,9 +42,32 @@ class Int8Model(LlamaModel):
         self.quantized_lm_head = lm_head
         if lm_head:
             self.lm_head = int8_linear(self.weights["lm_head.weight"], None, backend)
+        if backend.activations != model.dtype and model.dtype == torch.float32:
+            self._compute_around_linears_in(backend.activations, lm_head)
         head = "LM head too" if lm_head else "LM head in " + str(model.dtype).removeprefix("torch.")
         self.matmul = QuantizedMatmul(False, f"int8 x int8, per channel x per token ({head}): {backend.reason}")
         self.prepacked = False
+
+    def _compute_around_linears_in(self, dtype: torch.dtype, lm_head: bool) -> None:
+        """The embedding, the norms (and an unquantized LM head) in ``dtype``: what the rest of a step computes in.
+        The weights the int8 layers stand for stay as they were, for the transformers oracle."""
+        tied = self.weights["lm_head.weight"] is self.embed
+        self.weights = {
+            name: weight if ".layers." in name and "proj." in name else weight.to(dtype)
+            for name, weight in self.weights.items()
+        }
+        if tied:
+            self.weights["lm_head.weight"] = self.weights["model.embed_tokens.weight"]
+        self.embed, self.final_norm = self.weights["model.embed_tokens.weight"], self.weights["model.norm.weight"]
+        norms = ("input_norm", "q_norm", "k_norm", "post_norm")
+        self.layers = [
+            replace(
+                layer, **{name: getattr(layer, name).to(dtype) for name in norms if getattr(layer, name) is not None}
+            )
+            for layer in self.layers
+        ]
+        if not lm_head:
+            self.lm_head = prepacked_linear(self.weights["lm_head.weight"], enabled=self.prepacked)
 
     def weight_bytes(self) -> int:
         """Bytes held: the int8 codes and one fp32 scale per output channel, plus what stays in float."""

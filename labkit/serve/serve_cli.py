@@ -160,7 +160,7 @@ def serving_dtype(args: argparse.Namespace):
     if args.quantization == "int8" and not args.dtype:
         import torch
 
-        return DtypeChoice(torch.float32, "int8 kernels take fp32 activations")
+        return DtypeChoice(torch.float32, "loaded so for int8: its linears line says what the rest computes in")
     return choose_serving_dtype(default_device(), args.dtype)  # bf16 only where tried and measured faster
 
 
