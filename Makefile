@@ -64,8 +64,11 @@ TIMING_TESTS = $(PY) -m pytest $(TIMING_XDIST) -m timing --busy $(BUSY) $(if $(f
 	$(PYTEST_ARGS) $(if $(JUNIT),--junitxml=$(JUNIT)/junit-busy.xml) || test $$? -eq 5
 
 # Lint (mypy is single-threaded) and the model's conversion share the two cores; each one's output is printed whole.
+# The tests name torch's own int8 engine (tests/conftest.py), so the model step before them names it too rather than
+# timing every engine's decode steps (about 40 CPU s where nothing is kept, as in CI).
 test: setup
-	$(MAKE) --no-print-directory -j2 --output-sync=target lint model
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint model \
+		LABKIT_INT8_ENGINE=$$($(PY) -c "import torch; print(torch.backends.quantized.engine)")
 	$(PY) -m pytest $(XDIST) -m "not timing" $(PYTEST_ARGS) $(if $(JUNIT),--junitxml=$(JUNIT)/junit.xml) || test $$? -eq 5
 	$(TIMING_TESTS)
 
