@@ -119,7 +119,15 @@ def test_a_speculating_request_verifies_1_plus_k_tokens_in_the_same_pass_as_pref
     prompts, params, answers = workload
     k = 3
     config = {"method": "ngram", "num_speculative_tokens": k, "propose": oracle_proposer(prompts, answers, 0.0)}
-    llm = LLM(model, num_blocks=400, block_size=4, max_model_len=512, speculative_config=config)
+    now = [0.0]  # the engine's clock moves 10 ms a pass, so when the late eight join never depends on the CPU's speed
+    llm = LLM(model, num_blocks=400, block_size=4, max_model_len=512, speculative_config=config, clock=lambda: now[0])
+    run_pass = llm.runner.execute
+
+    def pass_of_10_ms(batch, blocks):
+        now[0] += 0.01
+        return run_pass(batch, blocks)
+
+    llm.runner.execute = pass_of_10_ms
     llm.generate(prompts, params, arrival_times=[0.0] * 8 + [0.02] * 8, use_tqdm=False)
     sizes = {n for step in llm.trace.steps for n in step.scheduled.values()}
     assert 1 + k in sizes
